@@ -1,0 +1,152 @@
+"""Validation of trajectory groups that come from outside (a writer, a Flight stream, a file).
+
+Every check is vectorised with ``pyarrow.compute`` (no Python loop per row) and raises
+:class:`~trajflight.errors.SchemaError` naming the column and, where one row is at fault, the first such
+row. Nothing is modified or copied.
+
+It does not check semantic plausibility (token ids inside a vocabulary, logprobs <= 0): NaN and inf
+logprobs are legal data and round-trip unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from trajflight.codec._schema import KEY_COLUMNS, RAGGED_TOKEN_COLUMNS, STANDARD_SCHEMA, TrajectorySchema
+from trajflight.errors import SchemaError
+
+__all__ = ["GroupKey", "validate_group"]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupKey:
+    """The partition key of a group: ``(job_id, epoch, group_id)``."""
+
+    job_id: str
+    epoch: int
+    group_id: int
+
+
+def _first_false(mask: pa.Array | pa.ChunkedArray) -> int | None:
+    """Index of the first false (or null) entry of a boolean array, or None when all are true."""
+    filled = pc.fill_null(mask, False)
+    if pc.all(filled).as_py() in (True, None):
+        return None
+    return int(pc.index(filled, False).as_py())
+
+
+def _check_constant(batch: pa.RecordBatch, name: str, expected: object | None) -> object | None:
+    column = batch.column(name)
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    if len(column) == 0:
+        return expected
+    value = column[0].as_py() if expected is None else expected
+    row = _first_false(pc.equal(column, pa.scalar(value, type=column.type)))
+    if row is not None:
+        raise SchemaError(
+            f"column {name!r} row {row} is {column[row].as_py()!r}, expected {value!r}: all samples of "
+            "a group share job_id, epoch and group_id; put samples of different groups separately",
+            column=name,
+            row=row,
+        )
+    return value
+
+
+def _check_nulls(batch: pa.RecordBatch, schema: TrajectorySchema) -> None:
+    for name in batch.schema.names:
+        if name not in schema or schema.field(name).nullable:
+            continue
+        column = batch.column(name)
+        if column.null_count:
+            row = _first_false(pc.is_valid(column))
+            raise SchemaError(
+                f"column {name!r} row {row} is null; the column is not nullable", column=name, row=row
+            )
+
+
+def _check_ragged_lengths(batch: pa.RecordBatch) -> None:
+    names = batch.schema.names
+    present = [n for n in RAGGED_TOKEN_COLUMNS if n in names]
+    if "response_ids" not in present:
+        return
+    reference = pc.list_value_length(batch.column("response_ids"))
+    for name in present[1:]:
+        lengths = pc.list_value_length(batch.column(name))
+        # A null top_p row means "no candidates recorded" and is exempt; a null length compares as null.
+        row = _first_false(pc.fill_null(pc.equal(lengths, reference), True))
+        if row is not None:
+            raise SchemaError(
+                f"column {name!r} row {row} has {lengths[row].as_py()} entries but response_ids has "
+                f"{reference[row].as_py()}: per-token columns need one entry per response token",
+                column=name,
+                row=row,
+            )
+    if "top_p_ids" in names and "top_p_probs" in names:
+        ids, probs = batch.column("top_p_ids"), batch.column("top_p_probs")
+        both = pc.and_(pc.is_valid(ids), pc.is_valid(probs))
+        ids, probs = ids.filter(both), probs.filter(both)
+        inner_ids = pc.list_value_length(pc.list_flatten(ids))
+        inner_probs = pc.list_value_length(pc.list_flatten(probs))
+        token = _first_false(pc.fill_null(pc.equal(inner_ids, inner_probs), True))
+        if token is not None:
+            # Map the flat token index back to its sample row and position for the message.
+            lengths = pc.list_value_length(ids).to_numpy(zero_copy_only=False)
+            starts = np.concatenate(([0], np.cumsum(lengths)))
+            local = int(np.searchsorted(starts, token, side="right") - 1)
+            row = int(pc.indices_nonzero(both).to_numpy()[local])
+            raise SchemaError(
+                f"column 'top_p_probs' row {row} token {token - int(starts[local])} has "
+                f"{inner_probs[token].as_py()} candidates but top_p_ids has {inner_ids[token].as_py()}",
+                column="top_p_probs",
+                row=row,
+            )
+
+
+def validate_group(
+    batch: pa.RecordBatch,
+    schema: TrajectorySchema = STANDARD_SCHEMA,
+    *,
+    expect: GroupKey | None = None,
+    full: bool = True,
+) -> GroupKey | None:
+    """Check that ``batch`` is one well-formed trajectory group.
+
+    Checks, in order: Arrow's own ``RecordBatch.validate(full=...)`` (offsets in range, UTF-8, ...);
+    required columns present and standard columns of the declared types; no nulls in non-nullable
+    columns; every row carrying the same ``job_id``/``epoch``/``group_id`` (and equal to ``expect`` when
+    given); per-token columns of equal length per sample (``response_ids``, ``response_logprobs``,
+    ``loss_mask``, ``top_p_ids``, ``top_p_probs``) and top-p candidate sets of equal size per token.
+
+    Args:
+        batch: The group.
+        schema: The job's schema.
+        expect: The partition the group is meant for; rows naming another partition are refused.
+        full: Run Arrow's full (O(n)) structural validation; keep True for data from outside.
+
+    Returns:
+        The group's key, or None for a batch with zero rows and no ``expect``.
+
+    Raises:
+        SchemaError: naming the column and the first offending row.
+    """
+    if not isinstance(batch, pa.RecordBatch):
+        raise SchemaError(f"expected a pyarrow.RecordBatch, got {type(batch).__name__}")
+    try:
+        batch.validate(full=full)
+    except (pa.ArrowInvalid, pa.ArrowException) as exc:
+        raise SchemaError(f"invalid Arrow data: {exc}; the writer sent a malformed record batch") from exc
+    schema.check(batch.schema)
+    _check_nulls(batch, schema)
+    values = [
+        _check_constant(batch, name, None if expect is None else getattr(expect, name))
+        for name in KEY_COLUMNS[:3]
+    ]
+    _check_ragged_lengths(batch)
+    if values[0] is None:
+        return None
+    return GroupKey(str(values[0]), int(values[1]), int(values[2]))  # type: ignore[call-overload]

@@ -1,0 +1,57 @@
+"""Shared test configuration: capability markers and one Ray runtime for the whole session.
+
+* ``gpu`` tests skip where torch sees no CUDA device.
+* ``ray`` tests skip where ray is not installed and share one local runtime bound to loopback
+  (starting Ray costs about 7 s here; starting it per test would blow CI's budget).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Iterator
+
+import pytest
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is false)")
+    skip_ray = pytest.mark.skip(reason="needs ray: pip install 'trajflight[ray]'")
+    has_cuda = None
+    has_ray = importlib.util.find_spec("ray") is not None
+    for item in items:
+        if "gpu" in item.keywords:
+            if has_cuda is None:
+                has_cuda = _cuda_available()
+            if not has_cuda:
+                item.add_marker(skip_gpu)
+        if "ray" in item.keywords and not has_ray:
+            item.add_marker(skip_ray)
+
+
+@pytest.fixture(scope="session")
+def ray_runtime() -> Iterator[object]:
+    """One local Ray runtime on loopback shared by every ``ray`` test of the session."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    import ray
+
+    ray.init(
+        address="local",
+        _node_ip_address="127.0.0.1",
+        include_dashboard=False,
+        num_cpus=8,
+        log_to_driver=False,
+        namespace="trajflight-tests",
+    )
+    try:
+        yield ray
+    finally:
+        ray.shutdown()

@@ -1,0 +1,39 @@
+"""trajflight: RL post-training trajectories as Arrow, over Flight, under fenced leases.
+
+``import trajflight`` starts nothing and imports no optional dependency: the public names below are
+resolved lazily on first use, so the subpackages (``trajflight.codec``, ``trajflight.controller``,
+``trajflight.flight_server``) can be imported alone.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# name -> module that defines it
+_LAZY = {
+    "STANDARD_SCHEMA": "trajflight.codec",
+    "TrajectorySchema": "trajflight.codec",
+    "encode_group": "trajflight.codec",
+    "decode": "trajflight.codec",
+    "decode_numpy": "trajflight.codec",
+    "validate_group": "trajflight.codec",
+    "TrajflightError": "trajflight.errors",
+}
+
+__all__ = ["__version__", *sorted(_LAZY)]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trajflight' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,7 @@
+"""``python -m trajflight`` is the ``trajflight`` command."""
+
+import sys
+
+from trajflight.cli import main
+
+sys.exit(main())

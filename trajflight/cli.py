@@ -1,0 +1,39 @@
+"""The ``trajflight`` command line.
+
+Each subcommand lives in its own module exposing ``add_arguments(parser)`` and ``run(args) -> int``;
+this module only dispatches, so ``trajflight --help`` imports no heavy dependency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "example": ("trajflight._example", "encode a synthetic GRPO group, decode it to torch, print a summary"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the parser with every registered subcommand."""
+    parser = argparse.ArgumentParser(prog="trajflight", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        cmd.set_defaults(_module=module)
+        importlib.import_module(module).add_arguments(cmd)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``trajflight`` console script; returns the process exit status."""
+    args = build_parser().parse_args(argv)
+    status: int = importlib.import_module(args._module).run(args)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

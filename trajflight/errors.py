@@ -1,0 +1,155 @@
+"""The one error family of trajflight.
+
+Every error a user can hit derives from :class:`TrajflightError`. Each subclass has a stable ``code``
+(a short string) that the Flight layer puts on the wire and maps back to the same class on the client,
+so ``except StaleFenceError`` works the same in-process, across Flight and across Ray.
+
+This module imports nothing but the standard library, so every layer (codec, controller, storage
+server) can raise these without importing the others.
+
+It does not guarantee that an error raised in one process carries its traceback into another: only the
+class, the message and the structured fields (``column``, ``row``, ``retry_after``) travel.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "AlreadyExistsError",
+    "CapacityExceededError",
+    "ConfigError",
+    "DeadlineExceededError",
+    "InvalidRequestError",
+    "InvalidStateError",
+    "LeaseExpiredError",
+    "NotFoundError",
+    "SchemaError",
+    "StaleFenceError",
+    "TrajflightError",
+    "UnavailableError",
+    "error_class_for_code",
+]
+
+
+class TrajflightError(Exception):
+    """Root of every error trajflight raises on purpose.
+
+    Args:
+        message: What went wrong and what to do next.
+        **fields: Structured details (for example ``column``, ``row``, ``retry_after``); they are kept as
+            attributes, survive pickling (Ray) and are carried across Flight.
+    """
+
+    code: ClassVar[str] = "trajflight"
+
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fields = dict(fields)
+        for key, value in fields.items():
+            setattr(self, key, value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Default exception pickling replays ``args`` only and would drop the keyword fields.
+        return (_rebuild, (type(self), self.message, self.fields))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _rebuild(cls: type[TrajflightError], message: str, fields: dict[str, Any]) -> TrajflightError:
+    return cls(message, **fields)
+
+
+class SchemaError(TrajflightError):
+    """Data does not match the trajectory schema: a missing column, a wrong type, ragged lengths that
+    disagree, values out of range or samples of different groups. ``column`` and ``row`` (when known)
+    name the offending place."""
+
+    code = "schema"
+    column: str | None
+    row: int | None
+
+    def __init__(self, message: str, *, column: str | None = None, row: int | None = None, **fields: Any):
+        super().__init__(message, column=column, row=row, **fields)
+
+
+class StaleFenceError(TrajflightError):
+    """A write, read or lease operation carried a fencing token (epoch or lease generation) older than
+    the newest one seen. The caller is a zombie: stop and re-acquire."""
+
+    code = "stale_fence"
+
+
+class LeaseExpiredError(TrajflightError):
+    """The lease ran out before the operation; its groups went back to READY or to UNKNOWN."""
+
+    code = "lease_expired"
+
+
+class CapacityExceededError(TrajflightError):
+    """Storing more would exceed the bounded capacity. ``retry_after`` (seconds) hints when to retry."""
+
+    code = "capacity"
+    retry_after: float
+
+    def __init__(self, message: str, *, retry_after: float = 1.0, **fields: Any) -> None:
+        super().__init__(message, retry_after=retry_after, **fields)
+
+
+class NotFoundError(TrajflightError):
+    """The job, group, lease or partition named does not exist (or no longer exists)."""
+
+    code = "not_found"
+
+
+class AlreadyExistsError(TrajflightError):
+    """The partition is already stored; trajflight never overwrites a group."""
+
+    code = "already_exists"
+
+
+class InvalidStateError(TrajflightError):
+    """A compare-and-set transition found the group in another state than the one expected."""
+
+    code = "invalid_state"
+
+
+class InvalidRequestError(TrajflightError):
+    """A request is malformed: bad arguments, garbage or unknown-version wire messages."""
+
+    code = "invalid_request"
+
+
+class ConfigError(InvalidRequestError):
+    """A configuration value is unsupported or contradicts another; ``setting`` names it."""
+
+    code = "config"
+
+
+class DeadlineExceededError(TrajflightError):
+    """A call did not complete before its deadline."""
+
+    code = "deadline"
+
+
+class UnavailableError(TrajflightError):
+    """A server or the controller could not be reached."""
+
+    code = "unavailable"
+
+
+def _all_subclasses(cls: type[TrajflightError]) -> list[type[TrajflightError]]:
+    out = [cls]
+    for sub in cls.__subclasses__():
+        out.extend(_all_subclasses(sub))
+    return out
+
+
+def error_class_for_code(code: str) -> type[TrajflightError]:
+    """Return the error class whose ``code`` is ``code``; unknown codes map to :class:`TrajflightError`."""
+    for cls in _all_subclasses(TrajflightError):
+        if cls.code == code:
+            return cls
+    return TrajflightError
