@@ -14,6 +14,7 @@ from collections.abc import Sequence
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "example": ("trajflight._example", "encode a synthetic GRPO group, decode it to torch, print a summary"),
+    "server": ("trajflight.flight_server._cli", "run one storage server on loopback"),
 }
 
 

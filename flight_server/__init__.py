@@ -1,0 +1,43 @@
+"""trajflight.flight_server: the Arrow Flight storage server and its low-level client.
+
+* :class:`StorageServer` keeps trajectory groups as Arrow IPC segments in memory, publishes each put
+  atomically, streams projected groups from C++, enforces epoch fences and lease generations itself, and
+  bounds capacity in bytes and groups.
+* :class:`StorageClient` puts, appends, reads, deletes and fences, every call with a deadline;
+  :func:`get_parallel` reads from several servers at once.
+* The wire records (:class:`PutDescriptor`, :class:`GetTicket`, ...) are documented in
+  ``docs/wire-format.md``; any plain ``pyarrow.flight`` client can list and read stored groups.
+"""
+
+from __future__ import annotations
+
+from trajflight.flight_server._client import GroupInfo, StorageClient, get_parallel
+from trajflight.flight_server._errors import WIRE_ERRORS
+from trajflight.flight_server._server import ACTIONS, StorageServer
+from trajflight.flight_server._store import StoreLimits
+from trajflight.flight_server._wire import (
+    WIRE_VERSION,
+    GetTicket,
+    GroupRead,
+    LeaseToken,
+    ListCriteria,
+    PutDescriptor,
+    TokenSigner,
+)
+
+__all__ = [
+    "ACTIONS",
+    "WIRE_ERRORS",
+    "WIRE_VERSION",
+    "GetTicket",
+    "GroupInfo",
+    "GroupRead",
+    "LeaseToken",
+    "ListCriteria",
+    "PutDescriptor",
+    "StorageClient",
+    "StorageServer",
+    "StoreLimits",
+    "TokenSigner",
+    "get_parallel",
+]

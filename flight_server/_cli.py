@@ -1,0 +1,100 @@
+"""``trajflight server``: run one storage server (loopback by default) until SIGTERM or SIGINT.
+
+The first line on stdout is the server's location (``grpc://127.0.0.1:40123``), so a parent process can
+read it; everything else goes to stderr. On SIGTERM/SIGINT the server shuts down from a helper thread
+with a deadline (``--shutdown-grace``); if a stalled client keeps a call open past it, the process exits
+anyway (``os._exit``), so the whole shutdown takes under 5 s with the defaults.
+
+The deployment secret is read from ``--secret-file`` or the ``TRAJFLIGHT_SECRET`` environment variable
+(never from the command line, where ``ps`` shows it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from types import FrameType
+
+from trajflight._units import format_size, parse_duration, parse_size
+from trajflight.errors import ConfigError, TrajflightError
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the ``server`` subcommand's options."""
+    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: loopback)")
+    parser.add_argument("--port", type=int, default=0, help="TCP port; 0 picks a free one (default)")
+    parser.add_argument("--capacity", default="8GiB", help="bytes held at most, e.g. 8GiB (default)")
+    parser.add_argument("--max-groups", type=int, default=1_000_000, help="groups held at most")
+    parser.add_argument("--max-group-size", default="2GiB", help="largest single group, e.g. 256MiB")
+    parser.add_argument("--retry-after", default="1s", help="retry hint of capacity refusals, e.g. 500ms")
+    parser.add_argument("--secret-file", default=None, help="file holding the deployment secret (optional)")
+    parser.add_argument("--shutdown-grace", default="3s", help="wait this long for in-flight calls on exit")
+    parser.add_argument("--log-level", default="WARNING", help="Python logging level for stderr")
+
+
+def _secret(args: argparse.Namespace) -> bytes | None:
+    if args.secret_file:
+        try:
+            with open(args.secret_file, "rb") as f:
+                return f.read().strip()
+        except OSError as exc:
+            raise ConfigError(
+                f"--secret-file: cannot read {args.secret_file!r}: {exc}", setting="secret-file"
+            ) from exc
+    env = os.environ.get("TRAJFLIGHT_SECRET")
+    return env.encode() if env else None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM/SIGINT; returns the exit status (0 after a clean or deadline-forced stop)."""
+    from trajflight.flight_server._server import StorageServer
+    from trajflight.flight_server._store import StoreLimits
+
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
+    )
+    try:
+        limits = StoreLimits(
+            capacity_bytes=parse_size(args.capacity, setting="capacity"),
+            capacity_groups=args.max_groups,
+            max_group_bytes=parse_size(args.max_group_size, setting="max-group-size"),
+            retry_after=parse_duration(args.retry_after, setting="retry-after"),
+        )
+        grace = parse_duration(args.shutdown_grace, setting="shutdown-grace")
+        server = StorageServer(args.host, args.port, limits=limits, secret=_secret(args))
+    except TrajflightError as exc:
+        print(f"trajflight server: {exc}", file=sys.stderr)
+        return 2
+
+    stop = threading.Event()
+
+    def _on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    print(server.location, flush=True)
+    print(
+        f"trajflight server listening on {server.location}, capacity {format_size(limits.capacity_bytes)}",
+        file=sys.stderr,
+        flush=True,
+    )
+    while not stop.wait(0.5):  # a timed wait so the main thread runs signal handlers promptly
+        pass
+    if server.close(timeout=grace):
+        print("trajflight server: stopped", file=sys.stderr, flush=True)
+        return 0
+    # A stalled client keeps gRPC's shutdown waiting; the data is in memory only, nothing to flush.
+    print(
+        f"trajflight server: in-flight calls still open after {grace:g}s; exiting anyway",
+        file=sys.stderr,
+        flush=True,
+    )
+    sys.stdout.flush()
+    os._exit(0)

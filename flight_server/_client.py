@@ -1,0 +1,334 @@
+"""The low-level client of the storage server, and parallel reads from several servers.
+
+Every call has a deadline (``FlightCallOptions(timeout=...)``): a server that accepts TCP but never
+answers costs at most the timeout. Reads use ``IpcReadOptions(ensure_alignment=...)`` (Flight receive
+buffers can be misaligned; DLPack consumers need natural alignment). Errors come back as the trajflight
+classes the server raised (:mod:`trajflight.flight_server._errors`).
+
+Tables returned by reads own their memory (received buffers, or aligned copies of them); they alias
+nothing on the server. Inputs to puts are only read, never kept.
+
+This module does not retry: capacity refusals carry ``retry_after`` for the caller's own policy, and a
+failed put leaves nothing stored, so putting the same group again is safe.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import pyarrow.ipc as ipc
+
+from trajflight.codec import GroupKey
+from trajflight.errors import DeadlineExceededError, InvalidRequestError, TrajflightError
+from trajflight.flight_server._errors import translate_errors
+from trajflight.flight_server._wire import (
+    AppendDescriptor,
+    DeleteRequest,
+    FenceRequest,
+    GenerationRequest,
+    GetTicket,
+    GroupRead,
+    LeaseToken,
+    ListCriteria,
+    PutDescriptor,
+    encode,
+    encode_json,
+)
+
+__all__ = ["GroupInfo", "StorageClient", "get_parallel"]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """What ``list_flights`` says about one stored group.
+
+    Attributes:
+        key: The partition.
+        schema: Its columns.
+        num_rows: Samples.
+        nbytes: Bytes the server holds for it.
+        ticket: A ticket any Flight client can pass to ``do_get``.
+        locations: Where to read it (empty: the same server).
+    """
+
+    key: GroupKey
+    schema: pa.Schema
+    num_rows: int
+    nbytes: int
+    ticket: bytes
+    locations: tuple[str, ...]
+
+
+def _as_read(group: GroupKey | GroupRead) -> GroupRead:
+    if isinstance(group, GroupRead):
+        return group
+    if isinstance(group, GroupKey):
+        return GroupRead(group)
+    raise InvalidRequestError(f"expected a GroupKey or GroupRead, got {type(group).__name__}")
+
+
+class StorageClient:
+    """A connection to one storage server. Thread-safe; use one per server and share it across threads.
+
+    Args:
+        location: ``grpc://host:port`` of the server.
+        timeout: Default deadline of every call, seconds.
+        write_size_limit_bytes: Largest record batch sent in one message; a larger group is split by rows
+            into several batches of the same group (one put, one atomic publish). None: no limit.
+        alignment: ``ensure_alignment`` of reads; ``DataTypeSpecific`` copies only misaligned buffers.
+    """
+
+    def __init__(
+        self,
+        location: str,
+        *,
+        timeout: float = 30.0,
+        write_size_limit_bytes: int | None = None,
+        alignment: ipc.Alignment = ipc.Alignment.DataTypeSpecific,
+    ) -> None:
+        if timeout <= 0:
+            raise InvalidRequestError(f"timeout must be > 0 seconds, got {timeout!r}")
+        if write_size_limit_bytes is not None and write_size_limit_bytes <= 0:
+            raise InvalidRequestError(f"write_size_limit_bytes must be > 0, got {write_size_limit_bytes!r}")
+        self.location = location
+        self.timeout = float(timeout)
+        self.write_size_limit_bytes = write_size_limit_bytes
+        self._read_options = ipc.IpcReadOptions(ensure_alignment=alignment)
+        with translate_errors(f"connect to {location}"):
+            self._client = flight.FlightClient(location, write_size_limit_bytes=write_size_limit_bytes or 0)
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        self._client.close()
+
+    def __enter__(self) -> StorageClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _options(self, timeout: float | None) -> flight.FlightCallOptions:
+        return flight.FlightCallOptions(
+            timeout=self.timeout if timeout is None else timeout, read_options=self._read_options
+        )
+
+    # ------------------------------------------------------------------------------------------ writes
+
+    def _split(self, table: pa.Table) -> list[pa.RecordBatch]:
+        limit = self.write_size_limit_bytes
+        if limit is None or table.nbytes <= limit or table.num_rows <= 1:
+            return table.to_batches()
+        rows = max(1, int(table.num_rows * limit / table.nbytes / 2))  # half the limit: framing headroom
+        return table.to_batches(max_chunksize=rows)
+
+    def _put(self, descriptor: bytes, table: pa.Table, timeout: float | None, what: str) -> None:
+        batches = self._split(table)
+        with translate_errors(what):
+            writer, _ = self._client.do_put(
+                flight.FlightDescriptor.for_command(descriptor), table.schema, options=self._options(timeout)
+            )
+            try:
+                for batch in batches:
+                    writer.write_batch(batch)
+                # Never read the metadata stream before done_writing(): that hangs (PITFALLS.md).
+                writer.done_writing()
+            except BaseException:
+                # The server refused mid-stream (capacity, schema): its status, not the broken write, is
+                # the error to report; close() raises it.
+                writer.close()
+                raise
+            writer.close()
+
+    def put_group(
+        self,
+        key: GroupKey,
+        data: pa.RecordBatch | pa.Table,
+        *,
+        writer: str = "",
+        sig: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """Put one whole group; it is visible to readers only once every row arrived.
+
+        Args:
+            key: The partition; every row's ``job_id``/``epoch``/``group_id`` must match it.
+            data: The group (read, not kept).
+            writer: Writer id for logs and stats.
+            sig: Put credential from the controller where the server requires signatures.
+            timeout: Deadline of the whole put (default: the client's).
+
+        Raises:
+            AlreadyExistsError, StaleFenceError (fenced epoch), SchemaError, CapacityExceededError (with
+            ``retry_after``; nothing was stored), InvalidRequestError, DeadlineExceededError,
+            UnavailableError.
+        """
+        table = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
+        descriptor = PutDescriptor(key, writer, nbytes=table.nbytes, num_rows=table.num_rows, sig=sig)
+        self._put(encode(descriptor), table, timeout, f"put of group {key.group_id}")
+
+    def append_columns(
+        self,
+        key: GroupKey,
+        data: pa.RecordBatch | pa.Table,
+        token: LeaseToken,
+        *,
+        timeout: float | None = None,
+    ) -> None:
+        """Add new columns (one value per stored row, in stored order) to a group, under a lease token.
+
+        Existing columns are not rewritten; readers see the group with or without all new columns.
+
+        Raises:
+            StaleFenceError (older generation or fenced epoch), NotFoundError, AlreadyExistsError (a column
+            exists), SchemaError (row count or type), CapacityExceededError.
+        """
+        table = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
+        descriptor = AppendDescriptor(key, token, nbytes=table.nbytes)
+        self._put(encode(descriptor), table, timeout, f"column append to group {key.group_id}")
+
+    # ------------------------------------------------------------------------------------------- reads
+
+    def get(
+        self,
+        groups: Sequence[GroupKey | GroupRead],
+        *,
+        columns: Sequence[str] | None = None,
+        timeout: float | None = None,
+    ) -> pa.Table:
+        """Read groups in one stream, rows in the order given, projected to ``columns``.
+
+        The result owns its memory (nothing aliases the server). Groups of one job share column types;
+        a column appended to only some groups reads as null for the others (unless projected, then it is
+        an error).
+
+        Raises:
+            NotFoundError, StaleFenceError, SchemaError (unknown projected column), DeadlineExceededError.
+        """
+        ticket = GetTicket(tuple(_as_read(g) for g in groups), None if columns is None else tuple(columns))
+        with translate_errors("get"):
+            reader = self._client.do_get(flight.Ticket(encode(ticket)), options=self._options(timeout))
+            return reader.read_all()
+
+    def list_groups(
+        self, job_id: str | None = None, epoch: int | None = None, *, timeout: float | None = None
+    ) -> list[GroupInfo]:
+        """Stored groups, optionally of one job and epoch, sorted by key."""
+        criteria = encode(ListCriteria(job_id, epoch)) if job_id is not None or epoch is not None else b""
+        out = []
+        with translate_errors("list_flights"):
+            for info in self._client.list_flights(criteria, options=self._options(timeout)):
+                job, ep, gid = (p.decode() for p in info.descriptor.path)
+                endpoint = info.endpoints[0]
+                out.append(
+                    GroupInfo(
+                        GroupKey(job, int(ep), int(gid)),
+                        info.schema,
+                        info.total_records,
+                        info.total_bytes,
+                        endpoint.ticket.ticket,
+                        tuple(loc.uri.decode() for loc in endpoint.locations),
+                    )
+                )
+        return out
+
+    # ----------------------------------------------------------------------------------------- actions
+
+    def _action(self, name: str, body: bytes, timeout: float | None) -> dict[str, Any]:
+        with translate_errors(f"action {name}"):
+            results = list(self._client.do_action(flight.Action(name, body), options=self._options(timeout)))
+        if len(results) != 1:
+            raise TrajflightError(f"action {name}: expected one result, got {len(results)}")
+        value: dict[str, Any] = json.loads(results[0].body.to_pybytes())
+        return value
+
+    def delete(self, groups: Sequence[GroupRead], *, timeout: float | None = None) -> dict[str, Any]:
+        """Delete groups under their lease tokens; idempotent.
+
+        Returns:
+            ``{"deleted", "bytes_freed", "missing"}``.
+
+        Raises:
+            StaleFenceError: a token is missing or stale (nothing was deleted).
+        """
+        return self._action("delete", encode(DeleteRequest(tuple(groups))), timeout)
+
+    def fence(
+        self,
+        job_id: str,
+        min_epoch: int,
+        *,
+        purge: bool = False,
+        sig: str | None = None,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """Refuse every epoch of ``job_id`` below ``min_epoch`` on this server (controller's call)."""
+        return self._action("fence", encode(FenceRequest(job_id, min_epoch, purge, sig)), timeout)
+
+    def advance_generation(
+        self, groups: Sequence[GroupRead], *, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Raise the highest lease generation of groups (controller's call after a re-grant)."""
+        return self._action("advance_generation", encode(GenerationRequest(tuple(groups))), timeout)
+
+    def stats(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """Groups, bytes, reservations, capacity and per-job counts of the server."""
+        return self._action("stats", encode_json({}), timeout)
+
+    def health(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """Liveness: ``{"status": "ok", ...}``; raises UnavailableError/DeadlineExceededError otherwise."""
+        return self._action("health", b"", timeout)
+
+    def list_actions(self, *, timeout: float | None = None) -> list[tuple[str, str]]:
+        """``(name, description)`` of every action the server offers."""
+        with translate_errors("list_actions"):
+            return [
+                (a.type, a.description) for a in self._client.list_actions(options=self._options(timeout))
+            ]
+
+
+def get_parallel(
+    requests: Sequence[tuple[StorageClient, Sequence[GroupKey | GroupRead]]],
+    *,
+    columns: Sequence[str] | None = None,
+    timeout: float = 30.0,
+) -> list[pa.Table]:
+    """Read from several servers at once: one stream per server, each on its own thread.
+
+    Flight releases the GIL while streaming, so the streams overlap. One deadline covers the whole call.
+
+    Args:
+        requests: ``(client, groups)`` per server.
+        columns: Projection applied on every server.
+        timeout: Deadline of the whole call, seconds.
+
+    Returns:
+        One table per request, in request order (each owns its memory).
+
+    Raises:
+        The first error in request order (after every stream ended or hit the deadline).
+    """
+    if not requests:
+        return []
+    deadline = time.monotonic() + timeout
+
+    def _one(request: tuple[StorageClient, Sequence[GroupKey | GroupRead]]) -> pa.Table:
+        client, groups = request
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise DeadlineExceededError(
+                f"get_parallel: deadline of {timeout:g}s passed before {client.location}"
+            )
+        return client.get(groups, columns=columns, timeout=remaining)
+
+    if len(requests) == 1:
+        return [_one(requests[0])]
+    with ThreadPoolExecutor(max_workers=len(requests), thread_name_prefix="trajflight-get") as pool:
+        futures = [pool.submit(_one, r) for r in requests]
+        return [f.result() for f in futures]

@@ -1,0 +1,179 @@
+"""The error table: each trajflight error class <-> one ``pyarrow.flight`` error type at the wire.
+
+On the server, :func:`to_flight_error` turns a :class:`~trajflight.errors.TrajflightError` into the Flight
+error of :data:`WIRE_ERRORS`, with the message prefixed ``[trajflight:<code>]`` (what a bare Flight client
+sees) and ``extra_info`` holding ``{"v": 1, "code": ..., "message": ..., "fields": {...}}`` (checked to
+survive the wire on pyarrow 26 for every Flight error type). On the client, :func:`from_flight_error`
+rebuilds the same class with the same message and fields; an error without trajflight details (a
+deadline hit by the client, a refused connection) maps by its Flight type.
+
+Several classes share one Flight type (Flight has seven); the ``code`` disambiguates. This module does
+not guarantee that fields which are not JSON-serialisable travel: they are sent as their ``repr``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from trajflight.errors import (
+    AlreadyExistsError,
+    CapacityExceededError,
+    ConfigError,
+    DeadlineExceededError,
+    InvalidRequestError,
+    InvalidStateError,
+    LeaseExpiredError,
+    NotFoundError,
+    SchemaError,
+    StaleFenceError,
+    TrajflightError,
+    UnavailableError,
+    error_class_for_code,
+)
+
+__all__ = ["WIRE_ERRORS", "from_flight_error", "server_errors", "to_flight_error", "translate_errors"]
+
+log = logging.getLogger("trajflight.flight_server")
+
+WIRE_ERRORS: dict[type[TrajflightError], type[flight.FlightError]] = {
+    StaleFenceError: flight.FlightUnauthorizedError,
+    LeaseExpiredError: flight.FlightUnauthorizedError,
+    CapacityExceededError: flight.FlightUnavailableError,
+    UnavailableError: flight.FlightUnavailableError,
+    DeadlineExceededError: flight.FlightTimedOutError,
+    NotFoundError: flight.FlightServerError,
+    AlreadyExistsError: flight.FlightServerError,
+    SchemaError: flight.FlightServerError,
+    InvalidStateError: flight.FlightServerError,
+    InvalidRequestError: flight.FlightServerError,
+    ConfigError: flight.FlightServerError,
+    TrajflightError: flight.FlightInternalError,
+}
+"""trajflight class -> Flight error type raised at the wire (the table the tests check)."""
+
+# Flight errors that carry no trajflight details: mapped by type alone.
+_BY_FLIGHT_TYPE: tuple[tuple[type[Exception], type[TrajflightError]], ...] = (
+    (flight.FlightTimedOutError, DeadlineExceededError),
+    (flight.FlightUnavailableError, UnavailableError),
+    (flight.FlightWriteSizeExceededError, InvalidRequestError),
+)
+
+_PREFIX = re.compile(r"^\[trajflight:([a-z_]+)\] ")
+_EXTRA_VERSION = 1
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+    return value
+
+
+def to_flight_error(exc: TrajflightError) -> flight.FlightError:
+    """Build the Flight error that carries ``exc`` to the client (class, message, fields)."""
+    flight_type = WIRE_ERRORS.get(type(exc))
+    if flight_type is None:  # a subclass defined elsewhere: use its nearest mapped ancestor
+        flight_type = next(WIRE_ERRORS[c] for c in type(exc).__mro__ if c in WIRE_ERRORS)
+    extra = {
+        "v": _EXTRA_VERSION,
+        "code": exc.code,
+        "message": exc.message,
+        "fields": {k: _jsonable(v) for k, v in exc.fields.items()},
+    }
+    return flight_type(f"[trajflight:{exc.code}] {exc.message}", json.dumps(extra).encode())
+
+
+def from_flight_error(exc: BaseException) -> TrajflightError | None:
+    """Rebuild the trajflight error a server sent; None when ``exc`` is not a Flight/Arrow error.
+
+    The result is a new exception object; chain it (``raise err from exc``) to keep the gRPC detail.
+    """
+    if not isinstance(exc, flight.FlightError | pa.ArrowException):
+        return None
+    extra = getattr(exc, "extra_info", None) or b""
+    if extra:
+        try:
+            body = json.loads(extra.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            body = None
+        if isinstance(body, dict) and body.get("v") == _EXTRA_VERSION and isinstance(body.get("code"), str):
+            cls = error_class_for_code(body["code"])
+            fields = body.get("fields") if isinstance(body.get("fields"), dict) else {}
+            return _build(cls, str(body.get("message", exc)), fields)
+    text = str(exc)
+    match = _PREFIX.match(text)
+    if match is not None:  # extra_info lost (e.g. a proxy): the message prefix still names the class
+        message = text[match.end() :].split(". Detail:", 1)[0]
+        return _build(error_class_for_code(match.group(1)), message, {})
+    for flight_type, cls in _BY_FLIGHT_TYPE:
+        if isinstance(exc, flight_type):
+            return cls(_hint(cls, text))
+    return TrajflightError(f"Flight call failed: {text}")
+
+
+def _build(cls: type[TrajflightError], message: str, fields: dict[str, Any]) -> TrajflightError:
+    try:
+        return cls(message, **fields)
+    except TypeError:  # fields the class's constructor does not take (a newer server): keep the class
+        return cls(message)
+
+
+def _hint(cls: type[TrajflightError], text: str) -> str:
+    if cls is DeadlineExceededError:
+        return f"the call did not finish before its deadline; retry with a longer timeout ({text})"
+    if cls is UnavailableError:
+        return f"the storage server could not be reached; check it runs and its location ({text})"
+    return text
+
+
+@contextlib.contextmanager
+def translate_errors(what: str) -> Iterator[None]:
+    """Client side: re-raise Flight/Arrow errors of the block as trajflight errors (chained)."""
+    try:
+        yield
+    except TrajflightError:
+        raise
+    except (flight.FlightError, pa.ArrowException) as exc:
+        err = from_flight_error(exc)
+        if err is None:  # pragma: no cover - from_flight_error handles every Flight/Arrow error
+            raise
+        if type(err) is TrajflightError:
+            err = TrajflightError(f"{what}: {err.message}", **err.fields)
+        raise err from exc
+
+
+@contextlib.contextmanager
+def server_errors(what: str) -> Iterator[None]:
+    """Server side: turn errors of a handler into Flight errors a client maps back.
+
+    trajflight errors go by :data:`WIRE_ERRORS`; Arrow decode errors of client data become
+    ``InvalidRequestError``; anything else is logged with its traceback and sent as an internal error
+    (never a crashed server).
+    """
+    try:
+        yield
+    except TrajflightError as exc:
+        raise to_flight_error(exc) from exc
+    except flight.FlightError:
+        raise  # cancellation or transport errors of the stream itself: already Flight errors
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowIndexError, pa.ArrowSerializationError) as exc:
+        raise to_flight_error(InvalidRequestError(f"{what}: malformed Arrow data: {exc}")) from exc
+    except OSError as exc:  # the stream broke (client gone, cancelled): nothing to tell it, little to log
+        log.info("%s: stream broke: %s", what, exc)
+        raise to_flight_error(UnavailableError(f"{what}: the stream broke: {exc}")) from exc
+    except Exception as exc:
+        log.exception("%s failed unexpectedly", what)
+        raise to_flight_error(
+            TrajflightError(
+                f"{what}: internal server error ({type(exc).__name__}: {exc}); see the server log"
+            )
+        ) from exc

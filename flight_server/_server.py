@@ -1,0 +1,344 @@
+"""The storage server: a ``pyarrow.flight.FlightServerBase`` over a :class:`GroupStore`.
+
+* ``do_put`` receives a whole group (or appended columns), checks the writer's credentials, the schema,
+  ``validate_group(full=True)`` and the size limits, and publishes it atomically: a stream that fails, is
+  cancelled or whose client dies leaves nothing visible and gives its reservation back.
+* ``do_get`` streams one or more stored groups, projected, from C++ (``RecordBatchStream`` over a table
+  that aliases the stored segments: no Python loop per batch, no re-serialisation in Python).
+* ``list_flights`` / ``get_flight_info`` / ``get_schema`` let any Flight client list and read groups.
+* ``do_action``: ``delete``, ``fence``, ``advance_generation``, ``stats``, ``health``.
+
+Errors leave a handler only as Flight errors from :mod:`trajflight.flight_server._errors`.
+
+It does not guarantee that :meth:`StorageServer.close` returns quickly while a client stalls a stream
+(gRPC waits for in-flight calls): it gives up after its deadline and reports it; a process that must exit
+then exits (see :mod:`trajflight.flight_server._cli`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from trajflight.codec import STANDARD_SCHEMA, GroupKey, TrajectorySchema, validate_group
+from trajflight.errors import InvalidRequestError, SchemaError
+from trajflight.flight_server._errors import server_errors
+from trajflight.flight_server._store import (
+    Allocator,
+    GroupStore,
+    Reservation,
+    StoredGroup,
+    StoreLimits,
+    heap_allocator,
+)
+from trajflight.flight_server._wire import (
+    WIRE_VERSION,
+    AppendDescriptor,
+    DeleteRequest,
+    FenceRequest,
+    GenerationRequest,
+    GetTicket,
+    GroupRead,
+    PutDescriptor,
+    TokenSigner,
+    decode_action_body,
+    decode_criteria,
+    decode_descriptor,
+    decode_ticket,
+    encode,
+    group_descriptor,
+)
+
+__all__ = ["ACTIONS", "StorageServer"]
+
+log = logging.getLogger("trajflight.flight_server")
+
+ACTIONS: dict[str, str] = {
+    "delete": (
+        'Delete groups. Body {"v":1,"groups":[{"job_id","epoch","group_id","generation","sig"?}]}; each '
+        "needs a lease generation >= the highest seen for the group. Idempotent. Result "
+        '{"deleted","bytes_freed","missing"}.'
+    ),
+    "fence": (
+        'Refuse epochs of a job below min_epoch. Body {"v":1,"job_id","min_epoch","purge"?,"sig"?}; '
+        'monotonic; purge also deletes stored groups of fenced epochs. Result {"job_id","min_epoch",'
+        '"purged_groups","bytes_freed"}.'
+    ),
+    "advance_generation": (
+        'Raise the highest lease generation of groups (the controller re-granted them). Body {"v":1,'
+        '"groups":[{"job_id","epoch","group_id","generation","sig"?}]}. Result {"raised"}.'
+    ),
+    "stats": 'Groups, bytes, reservations, capacity, per job and epoch. Empty body or {"v":1}. Result: JSON.',
+    "health": 'Liveness. Empty body or {"v":1}. Result {"status":"ok","location","wire_version",...}.',
+}
+"""Action name -> description, as ``list_actions`` returns them (``docs/wire-format.md`` has more)."""
+
+
+class StorageServer(flight.FlightServerBase):
+    """One trajflight storage server; starts serving on construction. Use it as a context manager.
+
+    Args:
+        host: Interface to listen on; loopback by default.
+        port: TCP port; 0 picks a free one (see :attr:`location`).
+        limits: Capacity and size bounds.
+        schema: The trajectory schema puts are validated against.
+        secret: Deployment secret shared with the controller; when given, puts, lease tokens, fences and
+            generation raises must carry valid HMAC signatures (:class:`TokenSigner`), and bare path-
+            descriptor puts are refused. Tokenless reads stay open.
+        allocate: Where group segments live (Arrow's pool by default; a shared-memory arena later).
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        limits: StoreLimits | None = None,
+        schema: TrajectorySchema = STANDARD_SCHEMA,
+        secret: bytes | None = None,
+        allocate: Allocator = heap_allocator,
+    ) -> None:
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
+            raise InvalidRequestError(f"port must be an int in 0..65535, got {port!r}")
+        self._signer = TokenSigner(secret) if secret is not None else None
+        self.store = GroupStore(limits, schema=schema, allocate=allocate)
+        self._started = time.monotonic()
+        self._close_lock = threading.Lock()
+        self._closed = False
+        super().__init__(f"grpc://{host}:{port}")
+        self._location = f"grpc://{host}:{self.port}"
+
+    @property
+    def location(self) -> str:
+        """The URI clients connect to, with the real port (``grpc://127.0.0.1:40123``)."""
+        return self._location
+
+    # ------------------------------------------------------------------------------------ lifecycle
+
+    def close(self, timeout: float = 5.0) -> bool:
+        """Shut down from a helper thread, waiting at most ``timeout`` seconds; idempotent.
+
+        Returns:
+            True when the server stopped; False when in-flight calls (a stalled client) kept it up past
+            the deadline. The gRPC server then stops when they end; a process that must exit now
+            should exit (``os._exit``), as the CLI does.
+        """
+        with self._close_lock:
+            if self._closed:
+                return True
+            self._closed = True
+        # Calling shutdown() inside a handler deadlocks, and with a stalled DoGet it does not return:
+        # always from another thread, with a deadline (PITFALLS.md, "Flight servers in Python").
+        done = threading.Event()
+
+        def _shutdown() -> None:
+            try:
+                self.shutdown()
+            finally:
+                done.set()
+
+        threading.Thread(target=_shutdown, name="trajflight-server-shutdown", daemon=True).start()
+        if done.wait(timeout):
+            return True
+        log.warning(
+            "server %s: shutdown still waiting for in-flight calls after %.1fs", self.location, timeout
+        )
+        return False
+
+    def __enter__(self) -> StorageServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --------------------------------------------------------------------------------------- checks
+
+    def _verify_put(self, put: PutDescriptor) -> None:
+        if self._signer is not None and not self._signer.verify(self._signer.sign_put(put.key), put.sig):
+            raise InvalidRequestError(
+                "put credential does not verify for this group; writers get credentials from the "
+                "controller of this deployment (check the shared secret)"
+            )
+
+    def _verify_tokens(self, reads: Sequence[GroupRead]) -> None:
+        if self._signer is None:
+            return
+        for r in reads:
+            if r.token is not None and not self._signer.verify(
+                self._signer.sign_lease(r.key, r.token.generation), r.token.sig
+            ):
+                raise InvalidRequestError(
+                    f"lease token of group ({r.key.job_id!r}, {r.key.epoch}, {r.key.group_id}) does not "
+                    "verify; tokens come from the controller of this deployment (check the shared secret)"
+                )
+
+    # ------------------------------------------------------------------------------------------ put
+
+    def do_put(
+        self,
+        context: flight.ServerCallContext,
+        descriptor: flight.FlightDescriptor,
+        reader: flight.MetadataRecordBatchReader,
+        writer: flight.FlightMetadataWriter,
+    ) -> None:
+        """Receive a group (or appended columns) and publish it atomically; see the module docstring."""
+        with server_errors("do_put"):
+            request = decode_descriptor(descriptor)
+            if isinstance(request, AppendDescriptor):
+                self._append(context, request, reader)
+                return
+            if isinstance(request, GroupKey):
+                if self._signer is not None:
+                    raise InvalidRequestError(
+                        "bare path-descriptor puts are refused: this server requires signed put credentials"
+                    )
+                request = PutDescriptor(request, writer="bare")
+            self._verify_put(request)
+            key, schema = request.key, reader.schema
+            with self.store.begin_put(key, schema, request.nbytes) as res:
+                batches = _receive(context, reader, res)
+                rows = sum(b.num_rows for b in batches)
+                if rows == 0:
+                    raise InvalidRequestError(f"put of group {key.group_id}: the stream carried no samples")
+                if request.num_rows is not None and rows != request.num_rows:
+                    raise InvalidRequestError(
+                        f"put of group {key.group_id}: {rows} rows arrived, {request.num_rows} announced; "
+                        "the stream was cut short: put the group again",
+                    )
+                for batch in batches:
+                    validate_group(batch, self.store.schema, expect=key, full=True)
+                self.store.publish(res, batches, schema, request.writer)
+
+    def _append(
+        self,
+        context: flight.ServerCallContext,
+        request: AppendDescriptor,
+        reader: flight.MetadataRecordBatchReader,
+    ) -> None:
+        self._verify_tokens([GroupRead(request.key, request.token)])
+        schema = reader.schema
+        for name in ("job_id", "epoch", "group_id", "sample_index"):
+            if name in schema.names:
+                raise SchemaError(
+                    f"column {name!r} is a key column; appends add new columns only", column=name
+                )
+        with self.store.begin_append(request.key, request.token, schema, request.nbytes) as res:
+            batches = _receive(context, reader, res)
+            for batch in batches:
+                batch.validate(full=True)
+            self.store.publish_append(res, request.token, batches, schema)
+
+    # ------------------------------------------------------------------------------------------ get
+
+    def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.RecordBatchStream:
+        """Stream the groups a ticket names, projected; C++ drives the stream over the stored buffers."""
+        with server_errors("do_get"):
+            request = decode_ticket(ticket.ticket)
+            self._verify_tokens(request.groups)
+            return flight.RecordBatchStream(self.store.read(request.groups, request.columns))
+
+    # ---------------------------------------------------------------------------------------- flights
+
+    def _info(self, group: StoredGroup) -> flight.FlightInfo:
+        ticket = flight.Ticket(encode(GetTicket((GroupRead(group.key),))))
+        endpoint = flight.FlightEndpoint(ticket, [self._location])
+        return flight.FlightInfo(
+            group.table.schema, group_descriptor(group.key), [endpoint], group.num_rows, group.nbytes
+        )
+
+    def list_flights(self, context: flight.ServerCallContext, criteria: bytes) -> Iterator[flight.FlightInfo]:
+        """One FlightInfo per stored group matching the criteria (empty, or ``{"v":1,"job_id","epoch"}``)."""
+        with server_errors("list_flights"):
+            groups = self.store.list(decode_criteria(criteria))
+        for group in groups:
+            yield self._info(group)
+
+    def _group_of(self, descriptor: flight.FlightDescriptor) -> StoredGroup:
+        key = decode_descriptor(descriptor)
+        if not isinstance(key, GroupKey):
+            raise InvalidRequestError(
+                "flight info needs a group descriptor: path [job_id, epoch, group_id] or "
+                '{"v":1,"kind":"group",...}'
+            )
+        return self.store.get(key)
+
+    def get_flight_info(
+        self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor
+    ) -> flight.FlightInfo:
+        """Schema, rows, bytes and an endpoint (ticket + location) for one stored group."""
+        with server_errors("get_flight_info"):
+            return self._info(self._group_of(descriptor))
+
+    def get_schema(
+        self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor
+    ) -> flight.SchemaResult:
+        """The stored schema of one group."""
+        with server_errors("get_schema"):
+            return flight.SchemaResult(self._group_of(descriptor).table.schema)
+
+    # ---------------------------------------------------------------------------------------- actions
+
+    def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
+        """Every action with its description."""
+        return list(ACTIONS.items())
+
+    def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> list[flight.Result]:
+        """Run one action; the result is one JSON message."""
+        name = action.type
+        with server_errors(f"action {name!r}"):
+            body = decode_action_body(name, action.body.to_pybytes() if action.body is not None else b"")
+            result = self._run_action(name, body)
+            return [flight.Result(json.dumps(result).encode())]
+
+    def _run_action(self, name: str, body: Any) -> dict[str, Any]:
+        if isinstance(body, DeleteRequest):
+            self._verify_tokens(body.groups)
+            return self.store.delete(body.groups)
+        if isinstance(body, GenerationRequest):
+            self._verify_tokens(body.groups)
+            return {"raised": self.store.advance_generation(body.groups)}
+        if isinstance(body, FenceRequest):
+            if self._signer is not None and not self._signer.verify(
+                self._signer.sign_fence(body.job_id, body.min_epoch), body.sig
+            ):
+                raise InvalidRequestError(
+                    "fence signature does not verify; only the controller may fence a job"
+                )
+            return self.store.fence(body.job_id, body.min_epoch, purge=body.purge)
+        if name == "stats":
+            return self.store.stats()
+        stats = self.store.stats()
+        return {
+            "status": "ok",
+            "location": self._location,
+            "wire_version": WIRE_VERSION,
+            "uptime_s": round(time.monotonic() - self._started, 3),
+            "groups": stats["groups"],
+            "bytes": stats["bytes"],
+            "free_bytes": stats["free_bytes"],
+            "signed": self._signer is not None,
+        }
+
+
+def _receive(
+    context: flight.ServerCallContext, reader: flight.MetadataRecordBatchReader, res: Reservation
+) -> list[pa.RecordBatch]:
+    """Read the rest of a do_put stream, accounting each batch as it arrives (capacity refused early)."""
+    batches: list[pa.RecordBatch] = []
+    while True:
+        try:
+            chunk = reader.read_chunk()
+        except StopIteration:
+            return batches
+        batch = chunk.data
+        if batch is None:  # metadata-only message
+            continue
+        res.grow(batch.nbytes)
+        batches.append(batch)

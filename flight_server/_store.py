@@ -1,0 +1,632 @@
+"""The in-memory group store: atomic publish, fencing, capacity accounting and column append.
+
+Layout: each stored group is a tuple of *segments*, each one complete Arrow IPC stream (schema, record
+batches, end-of-stream marker) in one contiguous buffer. The first segment holds the columns the writer
+put; each column append adds one segment with only the new columns, so existing columns are never
+rewritten. Segments come from an injected ``allocate(size) -> pyarrow.Buffer`` (Arrow's default pool by
+default): a later issue can hand out regions of a shared-memory file instead, and a same-host reader can
+map a segment and open it with ``pyarrow.ipc.open_stream`` with no copy. The table served to readers is a
+zero-copy view over the segments, built once at publish.
+
+Capacity counts segment sizes (what the store really holds; Arrow's memory pool does not see buffers
+received by Flight) and in-flight reservations, in bytes and in groups. Fencing: per job the lowest epoch
+still accepted, per group the highest lease generation seen (kept after a delete, so a zombie's late
+delete or append is still refused; forgotten when the group's epoch is fenced).
+
+This module does not verify signatures (the server does) and does no I/O. It is thread-safe: one lock
+guards the maps; serialisation and validation run outside it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from trajflight._units import format_size
+from trajflight.codec import STANDARD_SCHEMA, GroupKey, TrajectorySchema
+from trajflight.errors import (
+    AlreadyExistsError,
+    CapacityExceededError,
+    InvalidRequestError,
+    NotFoundError,
+    SchemaError,
+    StaleFenceError,
+)
+from trajflight.flight_server._wire import GroupRead, LeaseToken, ListCriteria
+
+__all__ = ["Allocator", "GroupStore", "StoreLimits", "StoredGroup", "heap_allocator", "open_segment"]
+
+Allocator = Callable[[int], pa.Buffer]
+"""``allocate(size)`` returns a mutable buffer of exactly ``size`` bytes that the store may keep."""
+
+
+def heap_allocator(size: int) -> pa.Buffer:
+    """Allocate from Arrow's default memory pool (64-byte aligned, returned on free)."""
+    return pa.allocate_buffer(size)
+
+
+def serialize_segment(batches: Sequence[pa.RecordBatch], schema: pa.Schema, allocate: Allocator) -> pa.Buffer:
+    """Write ``batches`` as one IPC stream into one buffer of exactly the stream's size (one copy).
+
+    The result is owned by the caller (and whoever ``allocate`` delegates to); it does not alias the
+    batches, so the received Flight buffers can be freed right after.
+    """
+    sizer = pa.MockOutputStream()
+    with ipc.new_stream(sizer, schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    buffer = allocate(sizer.size())
+    with pa.FixedSizeBufferWriter(buffer) as out, ipc.new_stream(out, schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    return buffer
+
+
+def open_segment(segment: pa.Buffer) -> pa.Table:
+    """Open a segment as a table whose columns alias the segment's memory (no copy)."""
+    return ipc.open_stream(pa.BufferReader(segment)).read_all()
+
+
+@dataclass(frozen=True, slots=True)
+class StoredGroup:
+    """One published group: immutable; an append publishes a new one.
+
+    Attributes:
+        key: The partition.
+        segments: IPC streams in one buffer each; the first holds the put, the rest appended columns.
+        table: Zero-copy view over the segments (what ``do_get`` streams). Aliases the segments: never
+            write through it (``torch.from_dlpack`` ignores Arrow's read-only flag).
+        writer: The writer id given at put.
+        created: Monotonic publish time.
+    """
+
+    key: GroupKey
+    segments: tuple[pa.Buffer, ...]
+    table: pa.Table
+    writer: str = ""
+    created: float = 0.0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held (sum of segment sizes): what capacity counts."""
+        return sum(seg.size for seg in self.segments)
+
+    @property
+    def num_rows(self) -> int:
+        """Samples in the group."""
+        return self.table.num_rows
+
+
+@dataclass(frozen=True, slots=True)
+class StoreLimits:
+    """Bounds of one store.
+
+    Attributes:
+        capacity_bytes: Bytes held plus reserved by in-flight puts/appends.
+        capacity_groups: Groups held plus in-flight puts.
+        max_group_bytes: Largest single put or append (refused as invalid: retrying cannot help).
+        retry_after: Hint (seconds) carried by :class:`CapacityExceededError`.
+    """
+
+    capacity_bytes: int = 8 * 2**30
+    capacity_groups: int = 1_000_000
+    max_group_bytes: int = 2**31
+    retry_after: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("capacity_bytes", "capacity_groups", "max_group_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise InvalidRequestError(f"StoreLimits.{name} must be a positive int, got {value!r}")
+        if self.retry_after < 0:
+            raise InvalidRequestError(f"StoreLimits.retry_after must be >= 0, got {self.retry_after!r}")
+
+
+@dataclass(slots=True)
+class Reservation:
+    """Capacity held by one in-flight put or append; release it (context manager) on any failure.
+
+    Attributes:
+        key: The group being written.
+        counts_group: Whether it holds a group slot (a put) or only bytes (an append).
+        reserved: Bytes reserved so far.
+        received: Payload bytes received so far.
+    """
+
+    store: GroupStore
+    key: GroupKey
+    counts_group: bool
+    reserved: int = 0
+    received: int = 0
+    done: bool = False
+
+    def grow(self, nbytes: int) -> None:
+        """Account ``nbytes`` more received; reserves more capacity when needed.
+
+        Raises:
+            InvalidRequestError: the write exceeds ``max_group_bytes``.
+            CapacityExceededError: the store is full (with ``retry_after``); nothing is kept.
+        """
+        self.received += nbytes
+        if self.received > self.reserved:
+            self.store._reserve(self, self.received - self.reserved)
+
+    def reserve(self, nbytes: int) -> None:
+        """Reserve ``nbytes`` up front (a size announced by the writer); raises like :meth:`grow`."""
+        self.store._reserve(self, nbytes)
+
+    def release(self) -> None:
+        """Give the reservation back (idempotent)."""
+        if not self.done:
+            self.done = True
+            self.store._release(self)
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+@dataclass(slots=True)
+class _JobState:
+    min_epoch: int = 0
+    column_types: dict[str, pa.DataType] = field(default_factory=dict)
+
+
+class GroupStore:
+    """Groups by partition key, with fencing and bounded capacity.
+
+    Args:
+        limits: Capacity and size bounds.
+        schema: The trajectory schema groups are checked against (types of user columns are fixed per job
+            by the first group that carries them).
+        allocate: Where segments live (see :data:`Allocator`).
+        clock: Monotonic clock, injectable for tests.
+    """
+
+    def __init__(
+        self,
+        limits: StoreLimits | None = None,
+        *,
+        schema: TrajectorySchema = STANDARD_SCHEMA,
+        allocate: Allocator = heap_allocator,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.limits = limits or StoreLimits()
+        self.schema = schema
+        self._allocate = allocate
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._groups: dict[GroupKey, StoredGroup] = {}
+        self._pending: dict[GroupKey, Reservation] = {}  # in-flight puts, by key
+        self._appends: set[int] = set()  # ids of in-flight append reservations
+        self._generation: dict[GroupKey, int] = {}
+        self._jobs: dict[str, _JobState] = {}
+        self._held_bytes = 0
+        self._reserved_bytes = 0
+        self._pending_groups = 0
+
+    # ------------------------------------------------------------------------------------- accounting
+
+    def _reserve(self, res: Reservation, nbytes: int) -> None:
+        limits = self.limits
+        if res.reserved + nbytes > limits.max_group_bytes:
+            raise InvalidRequestError(
+                f"group {_fmt(res.key)}: {format_size(res.reserved + nbytes)} exceeds the server's "
+                f"max_group_bytes of {format_size(limits.max_group_bytes)}; split the group or raise the "
+                "limit",
+                nbytes=res.reserved + nbytes,
+                limit=limits.max_group_bytes,
+            )
+        with self._lock:
+            used = self._held_bytes + self._reserved_bytes
+            if used + nbytes > limits.capacity_bytes:
+                raise CapacityExceededError(
+                    f"server full: {format_size(used)} of {format_size(limits.capacity_bytes)} used, "
+                    f"{format_size(nbytes)} more needed for group {_fmt(res.key)}; retry after "
+                    f"{limits.retry_after:g}s (trainers free space as they commit)",
+                    retry_after=limits.retry_after,
+                    needed_bytes=nbytes,
+                    free_bytes=max(0, limits.capacity_bytes - used),
+                )
+            self._reserved_bytes += nbytes
+            res.reserved += nbytes
+
+    def _release(self, res: Reservation) -> None:
+        with self._lock:
+            self._release_locked(res)
+
+    def _release_locked(self, res: Reservation) -> None:
+        self._reserved_bytes -= res.reserved
+        res.reserved = 0
+        if res.counts_group and self._pending.get(res.key) is res:
+            del self._pending[res.key]
+            self._pending_groups -= 1
+        self._appends.discard(id(res))
+
+    # ---------------------------------------------------------------------------------------- fencing
+
+    def _job(self, job_id: str) -> _JobState:
+        state = self._jobs.get(job_id)
+        if state is None:
+            state = self._jobs[job_id] = _JobState()
+        return state
+
+    def _check_epoch(self, key: GroupKey, what: str) -> None:
+        state = self._jobs.get(key.job_id)
+        if state is not None and key.epoch < state.min_epoch:
+            raise StaleFenceError(
+                f"{what} of group {_fmt(key)} refused: epoch {key.epoch} of job {key.job_id!r} is fenced "
+                f"(epochs below {state.min_epoch} are closed); this process belongs to an old incarnation "
+                "of the job: stop it",
+                job_id=key.job_id,
+                epoch=key.epoch,
+                min_epoch=state.min_epoch,
+            )
+
+    def _check_token(self, key: GroupKey, token: LeaseToken | None, what: str, *, required: bool) -> None:
+        if token is None:
+            if required:
+                raise StaleFenceError(
+                    f"{what} of group {_fmt(key)} refused: it needs the holder's lease token; "
+                    "acquire a lease",
+                    generation=None,
+                    highest=self._generation.get(key),
+                )
+            return
+        highest = self._generation.get(key, -1)
+        if token.generation < highest:
+            raise StaleFenceError(
+                f"{what} of group {_fmt(key)} refused: lease generation {token.generation} is older than "
+                f"generation {highest} already seen; the lease was re-granted: stop and re-acquire",
+                generation=token.generation,
+                highest=highest,
+            )
+
+    def _check_schema(self, key: GroupKey, schema: pa.Schema) -> None:
+        state = self._jobs.get(key.job_id)
+        if state is None:
+            return
+        for f in schema:
+            known = state.column_types.get(f.name)
+            if known is not None and known != f.type:
+                raise SchemaError(
+                    f"column {f.name!r} of group {_fmt(key)} has type {f.type}, but job {key.job_id!r} "
+                    f"stores it as {known}; every group of a job uses one type per column",
+                    column=f.name,
+                )
+
+    # -------------------------------------------------------------------------------------------- put
+
+    def begin_put(self, key: GroupKey, schema: pa.Schema, announced_bytes: int | None = None) -> Reservation:
+        """Admit a put of ``key`` before its payload arrives; returns its reservation.
+
+        Checks, in order: the epoch is not fenced, the schema fits the job, the key is neither stored nor
+        being put, a group slot is free, and the announced bytes fit.
+
+        Raises:
+            StaleFenceError, SchemaError, AlreadyExistsError, CapacityExceededError, InvalidRequestError.
+        """
+        self.schema.check(schema)
+        res = Reservation(self, key, counts_group=True)
+        with self._lock:
+            self._check_epoch(key, "put")
+            self._check_schema(key, schema)
+            if key in self._groups or key in self._pending:
+                state = "stored" if key in self._groups else "being written by another put"
+                raise AlreadyExistsError(
+                    f"group {_fmt(key)} is already {state}; trajflight never overwrites a group: "
+                    "use a new group_id",
+                    job_id=key.job_id,
+                    epoch=key.epoch,
+                    group_id=key.group_id,
+                )
+            groups = len(self._groups) + self._pending_groups
+            if groups >= self.limits.capacity_groups:
+                raise CapacityExceededError(
+                    f"server full: {groups} of {self.limits.capacity_groups} groups held or in flight; "
+                    f"retry after {self.limits.retry_after:g}s",
+                    retry_after=self.limits.retry_after,
+                )
+            self._pending[key] = res
+            self._pending_groups += 1
+        try:
+            if announced_bytes:
+                res.reserve(announced_bytes)
+        except BaseException:
+            res.release()
+            raise
+        return res
+
+    def publish(
+        self, res: Reservation, batches: Sequence[pa.RecordBatch], schema: pa.Schema, writer: str
+    ) -> StoredGroup:
+        """Make a fully received, validated group visible, atomically; consumes the reservation.
+
+        The batches are copied once into a segment (see :func:`serialize_segment`) and not kept.
+
+        Raises:
+            CapacityExceededError: the segment does not fit (framing overhead at the edge of capacity).
+            StaleFenceError: the job was fenced while the stream arrived.
+        """
+        segment = serialize_segment(batches, schema, self._allocate)
+        table = open_segment(segment)
+        group = StoredGroup(res.key, (segment,), table, writer, self._clock())
+        if segment.size > res.reserved:
+            self._reserve(res, segment.size - res.reserved)
+        with self._lock:
+            try:
+                self._check_epoch(res.key, "put")
+                self._check_schema(res.key, schema)
+            except BaseException:
+                self._release_locked(res)
+                res.done = True
+                raise
+            self._groups[res.key] = group
+            self._held_bytes += segment.size
+            types = self._job(res.key.job_id).column_types
+            for f in schema:
+                types.setdefault(f.name, f.type)
+            self._release_locked(res)
+            res.done = True
+        return group
+
+    # ----------------------------------------------------------------------------------------- append
+
+    def begin_append(
+        self, key: GroupKey, token: LeaseToken, schema: pa.Schema, announced: int | None
+    ) -> Reservation:
+        """Admit a column append to ``key`` under ``token`` before its payload arrives.
+
+        Raises:
+            NotFoundError, StaleFenceError, AlreadyExistsError (a column exists), SchemaError,
+            CapacityExceededError.
+        """
+        with self._lock:
+            self._check_append_locked(key, token, schema)
+            res = Reservation(self, key, counts_group=False)
+            self._appends.add(id(res))
+        try:
+            if announced:
+                res.reserve(announced)
+        except BaseException:
+            res.release()
+            raise
+        return res
+
+    def _check_append_locked(self, key: GroupKey, token: LeaseToken, schema: pa.Schema) -> StoredGroup:
+        self._check_epoch(key, "column append")
+        self._check_token(key, token, "column append", required=True)
+        group = self._groups.get(key)
+        if group is None:
+            raise NotFoundError(f"group {_fmt(key)} is not stored here; nothing to append to", **_kd(key))
+        existing = set(group.table.schema.names)
+        for f in schema:
+            if f.name in existing:
+                raise AlreadyExistsError(
+                    f"group {_fmt(key)} already has column {f.name!r}; appends add new columns only",
+                    column=f.name,
+                )
+            if f.name in self.schema and not self.schema.accepts(f.name, f.type):
+                raise SchemaError(
+                    f"column {f.name!r} has type {f.type}, the schema declares "
+                    f"{self.schema.field(f.name).type}",
+                    column=f.name,
+                )
+        self._check_schema(key, schema)
+        return group
+
+    def publish_append(
+        self, res: Reservation, token: LeaseToken, batches: Sequence[pa.RecordBatch], schema: pa.Schema
+    ) -> StoredGroup:
+        """Add the new columns to the stored group atomically, re-checking the fence at commit.
+
+        Existing segments are kept as they are; readers see either the old or the new group.
+
+        Raises:
+            SchemaError: the row count differs from the group's. Plus those of :meth:`begin_append`.
+        """
+        rows = sum(b.num_rows for b in batches)
+        segment = serialize_segment(batches, schema, self._allocate)
+        added = open_segment(segment)
+        if segment.size > res.reserved:
+            self._reserve(res, segment.size - res.reserved)
+        with self._lock:
+            try:
+                group = self._check_append_locked(res.key, token, schema)
+                if rows != group.num_rows:
+                    raise SchemaError(
+                        f"appended columns have {rows} rows, group {_fmt(res.key)} has {group.num_rows}; "
+                        "send one value per sample, in the stored order",
+                    )
+            except BaseException:
+                self._release_locked(res)
+                res.done = True
+                raise
+            table = group.table
+            for name, column in zip(added.column_names, added.columns, strict=True):
+                table = table.append_column(added.schema.field(name), column)
+            new = StoredGroup(res.key, (*group.segments, segment), table, group.writer, group.created)
+            self._groups[res.key] = new
+            self._held_bytes += segment.size
+            self._generation[res.key] = max(token.generation, self._generation.get(res.key, -1))
+            types = self._job(res.key.job_id).column_types
+            for f in schema:
+                types.setdefault(f.name, f.type)
+            self._release_locked(res)
+            res.done = True
+        return new
+
+    # ------------------------------------------------------------------------------------ read/delete
+
+    def read(self, reads: Sequence[GroupRead], columns: Sequence[str] | None = None) -> pa.Table:
+        """Return the groups as one table (in ticket order), projected to ``columns``.
+
+        A read carrying a token is fenced (and raises the group's highest generation); a tokenless read is
+        an analyst's and is allowed. The result aliases stored segments (zero-copy).
+
+        Raises:
+            NotFoundError, StaleFenceError, SchemaError (a projected column is not stored).
+        """
+        with self._lock:
+            groups = []
+            for r in reads:
+                group = self._groups.get(r.key)
+                if group is None:
+                    raise NotFoundError(
+                        f"group {_fmt(r.key)} is not stored here (never put, deleted, or on another server)",
+                        **_kd(r.key),
+                    )
+                if r.token is not None:
+                    self._check_epoch(r.key, "read")
+                    self._check_token(r.key, r.token, "read", required=False)
+                groups.append(group)
+            for r in reads:
+                if r.token is not None:
+                    self._generation[r.key] = max(r.token.generation, self._generation.get(r.key, -1))
+        tables = [_project(g, columns) for g in groups]
+        if len(tables) == 1:
+            return tables[0]
+        try:
+            return pa.concat_tables(tables)
+        except pa.ArrowInvalid:  # groups with different appended columns: missing ones read as nulls
+            return pa.concat_tables(tables, promote_options="default")
+
+    def get(self, key: GroupKey) -> StoredGroup:
+        """The stored group ``key`` (no fencing: metadata only). Raises :class:`NotFoundError`."""
+        with self._lock:
+            group = self._groups.get(key)
+        if group is None:
+            raise NotFoundError(f"group {_fmt(key)} is not stored here", **_kd(key))
+        return group
+
+    def delete(self, reads: Sequence[GroupRead]) -> dict[str, Any]:
+        """Delete groups under their holders' tokens; idempotent (absent groups are reported, not errors).
+
+        All tokens are checked before anything is deleted. Bytes go back to capacity at once; memory is
+        freed when the last reader's stream over the segments ends.
+
+        Raises:
+            StaleFenceError: a token is missing or older than the highest generation seen.
+        """
+        with self._lock:
+            for r in reads:
+                self._check_token(r.key, r.token, "delete", required=True)
+            deleted, missing, freed = 0, [], 0
+            for r in reads:
+                generation = -1 if r.token is None else r.token.generation  # never None: checked above
+                self._generation[r.key] = max(generation, self._generation.get(r.key, -1))
+                group = self._groups.pop(r.key, None)
+                if group is None:
+                    missing.append(_kd(r.key))
+                    continue
+                deleted += 1
+                freed += group.nbytes
+            self._held_bytes -= freed
+        return {"deleted": deleted, "bytes_freed": freed, "missing": missing}
+
+    def fence(self, job_id: str, min_epoch: int, *, purge: bool = False) -> dict[str, Any]:
+        """Refuse epochs of ``job_id`` below ``min_epoch`` (monotonic: a lower fence changes nothing).
+
+        With ``purge``, stored groups of fenced epochs are deleted and their bytes given back.
+        """
+        with self._lock:
+            state = self._job(job_id)
+            state.min_epoch = max(state.min_epoch, min_epoch)
+            fenced = [k for k in self._generation if k.job_id == job_id and k.epoch < state.min_epoch]
+            for k in fenced:
+                if k not in self._groups:
+                    del self._generation[k]
+            purged, freed = 0, 0
+            if purge:
+                for key in [k for k in self._groups if k.job_id == job_id and k.epoch < state.min_epoch]:
+                    freed += self._groups.pop(key).nbytes
+                    self._generation.pop(key, None)
+                    purged += 1
+                self._held_bytes -= freed
+            return {
+                "job_id": job_id,
+                "min_epoch": state.min_epoch,
+                "purged_groups": purged,
+                "bytes_freed": freed,
+            }
+
+    def advance_generation(self, reads: Iterable[GroupRead]) -> int:
+        """Raise the highest generation of groups (the controller re-granted them); returns how many rose."""
+        raised = 0
+        with self._lock:
+            for r in reads:
+                if r.token is None:
+                    raise InvalidRequestError(f"advance_generation of group {_fmt(r.key)} needs a generation")
+                if r.token.generation > self._generation.get(r.key, -1):
+                    self._generation[r.key] = r.token.generation
+                    raised += 1
+        return raised
+
+    # ------------------------------------------------------------------------------------ inspection
+
+    def list(self, criteria: ListCriteria | None = None) -> list[StoredGroup]:
+        """Stored groups matching ``criteria`` (None: all), sorted by key."""
+        criteria = criteria or ListCriteria()
+        with self._lock:
+            groups = [
+                g
+                for k, g in self._groups.items()
+                if (criteria.job_id is None or k.job_id == criteria.job_id)
+                and (criteria.epoch is None or k.epoch == criteria.epoch)
+            ]
+        return sorted(groups, key=lambda g: (g.key.job_id, g.key.epoch, g.key.group_id))
+
+    def stats(self) -> dict[str, Any]:
+        """Counts for the ``stats`` action: groups, bytes, reservations, capacity, and per job/epoch."""
+        with self._lock:
+            jobs: dict[str, Any] = {}
+            for key, group in self._groups.items():
+                job = jobs.setdefault(key.job_id, {"groups": 0, "bytes": 0, "epochs": {}})
+                epoch = job["epochs"].setdefault(str(key.epoch), {"groups": 0, "bytes": 0})
+                for entry in (job, epoch):
+                    entry["groups"] += 1
+                    entry["bytes"] += group.nbytes
+            for job_id, state in self._jobs.items():
+                jobs.setdefault(job_id, {"groups": 0, "bytes": 0, "epochs": {}})["min_epoch"] = (
+                    state.min_epoch
+                )
+            return {
+                "groups": len(self._groups),
+                "bytes": self._held_bytes,
+                "pending_puts": self._pending_groups,
+                "pending_appends": len(self._appends),
+                "reserved_bytes": self._reserved_bytes,
+                "capacity_bytes": self.limits.capacity_bytes,
+                "capacity_groups": self.limits.capacity_groups,
+                "free_bytes": self.limits.capacity_bytes - self._held_bytes - self._reserved_bytes,
+                "jobs": jobs,
+            }
+
+
+def _project(group: StoredGroup, columns: Sequence[str] | None) -> pa.Table:
+    if columns is None:
+        return group.table
+    names = group.table.schema.names
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise SchemaError(
+            f"group {_fmt(group.key)} has no column {missing[0]!r}; stored columns: {', '.join(names)}",
+            column=missing[0],
+        )
+    return group.table.select(list(columns))
+
+
+def _fmt(key: GroupKey) -> str:
+    return f"({key.job_id!r}, epoch {key.epoch}, group {key.group_id})"
+
+
+def _kd(key: GroupKey) -> dict[str, Any]:
+    return {"job_id": key.job_id, "epoch": key.epoch, "group_id": key.group_id}

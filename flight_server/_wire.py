@@ -1,0 +1,495 @@
+"""Wire records of the storage server: descriptors, tickets, list criteria and action bodies.
+
+Every message trajflight puts on the wire is a UTF-8 JSON object with an integer ``"v"`` field (the wire
+version, :data:`WIRE_VERSION`). Decoding is strict: bytes that are not JSON, an unknown version, a missing
+field or a field of the wrong type raise :class:`~trajflight.errors.InvalidRequestError` with a message
+naming the field, never a crash and never a silent default. ``docs/wire-format.md`` is the reference.
+
+Path descriptors ``[job_id, epoch, group_id]`` (all strings) are accepted too, so a bare Flight client that
+knows nothing of trajflight can ask for a group or write one (the latter only where no deployment secret
+is configured).
+
+Optional signatures: where a deployment secret is shared by the controller and the servers, put
+credentials, lease tokens and fences carry an HMAC-SHA256 (:class:`TokenSigner`). This module does not
+guarantee confidentiality: signatures stop zombies and strangers from writing, deleting or fencing; they
+do not encrypt (use TLS for that) and tokenless reads stay open to analysts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow.flight as flight
+
+from trajflight.codec import GroupKey
+from trajflight.errors import InvalidRequestError
+
+__all__ = [
+    "WIRE_VERSION",
+    "AppendDescriptor",
+    "DeleteRequest",
+    "FenceRequest",
+    "GenerationRequest",
+    "GetTicket",
+    "GroupRead",
+    "LeaseToken",
+    "ListCriteria",
+    "PutDescriptor",
+    "TokenSigner",
+    "decode_action_body",
+    "decode_criteria",
+    "decode_descriptor",
+    "decode_ticket",
+    "encode",
+    "encode_json",
+    "group_descriptor",
+]
+
+WIRE_VERSION = 1
+"""The only wire version this build speaks; a message with another ``"v"`` is refused."""
+
+_MAX_MESSAGE_BYTES = 16 * 2**20  # a ticket naming ~100k groups; anything larger is not a real request
+
+
+# --------------------------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseToken:
+    """The fencing token of a lease on one group.
+
+    Attributes:
+        generation: The lease generation; strictly increases per group across re-grants. Servers refuse
+            a token lower than the highest generation they have seen for the group.
+        sig: Hex HMAC-SHA256 from :meth:`TokenSigner.sign_lease`, required where the server has a secret.
+    """
+
+    generation: int
+    sig: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PutDescriptor:
+    """A ``do_put`` of a whole group: the partition plus the writer's credentials.
+
+    Attributes:
+        key: The partition ``(job_id, epoch, group_id)``.
+        writer: Free-form writer id, for logs and stats.
+        nbytes: Announced payload size (sum of Arrow buffer sizes); lets the server refuse an oversized or
+            over-capacity put before any payload arrives. Optional.
+        num_rows: Announced row count; when given, a stream that ends with fewer rows is refused.
+        sig: Hex HMAC from :meth:`TokenSigner.sign_put`, required where the server has a secret.
+    """
+
+    key: GroupKey
+    writer: str = ""
+    nbytes: int | None = None
+    num_rows: int | None = None
+    sig: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AppendDescriptor:
+    """A ``do_put`` that adds columns to a stored group, under the holder's lease token.
+
+    Attributes:
+        key: The stored group.
+        token: The holder's lease token; refused when lower than the highest generation seen.
+        nbytes: Announced size of the new columns, optional.
+    """
+
+    key: GroupKey
+    token: LeaseToken
+    nbytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRead:
+    """One group named by a ticket, with the reader's lease token when the group is leased."""
+
+    key: GroupKey
+    token: LeaseToken | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GetTicket:
+    """A ``do_get`` ticket: groups (streamed in this order) and an optional column projection.
+
+    Attributes:
+        groups: The groups; at least one.
+        columns: Column names to stream, in this order; None streams every column.
+    """
+
+    groups: tuple[GroupRead, ...]
+    columns: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ListCriteria:
+    """``list_flights`` filter; None matches everything."""
+
+    job_id: str | None = None
+    epoch: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRequest:
+    """Body of the ``delete`` action: groups with the deleter's lease tokens."""
+
+    groups: tuple[GroupRead, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FenceRequest:
+    """Body of the ``fence`` action: refuse every epoch of ``job_id`` below ``min_epoch``.
+
+    Attributes:
+        purge: Also delete stored groups of the fenced epochs and give their bytes back.
+        sig: Hex HMAC from :meth:`TokenSigner.sign_fence`, required where the server has a secret.
+    """
+
+    job_id: str
+    min_epoch: int
+    purge: bool = False
+    sig: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """Body of the ``advance_generation`` action: the controller raises the fence of groups it re-granted.
+
+    Each entry's token carries the new generation (signed like a lease token).
+    """
+
+    groups: tuple[GroupRead, ...]
+
+
+# ------------------------------------------------------------------------------------------ signatures
+
+
+class TokenSigner:
+    """HMAC-SHA256 signatures over put credentials, lease tokens and fences.
+
+    The controller and every storage server of a deployment share one secret; writers and trainers only
+    ever see signatures, never the secret. Signatures bind every field that matters (job, epoch, group,
+    generation), so a token for one group cannot be replayed on another.
+
+    Args:
+        secret: The deployment secret (at least 16 bytes).
+
+    Raises:
+        InvalidRequestError: the secret is shorter than 16 bytes.
+    """
+
+    __slots__ = ("_secret",)
+
+    def __init__(self, secret: bytes) -> None:
+        if not isinstance(secret, bytes) or len(secret) < 16:
+            raise InvalidRequestError(
+                "the deployment secret must be at least 16 bytes; generate 32 random bytes"
+            )
+        self._secret = secret
+
+    def _sign(self, *parts: object) -> str:
+        message = "\x1f".join(str(p) for p in parts).encode()
+        return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
+
+    def sign_put(self, key: GroupKey) -> str:
+        """Signature letting a writer put ``key`` (bound to job, epoch and group)."""
+        return self._sign("put", key.job_id, key.epoch, key.group_id)
+
+    def sign_lease(self, key: GroupKey, generation: int) -> str:
+        """Signature of the lease token of ``key`` at ``generation``."""
+        return self._sign("lease", key.job_id, key.epoch, key.group_id, generation)
+
+    def sign_fence(self, job_id: str, min_epoch: int) -> str:
+        """Signature of a fence of ``job_id`` below ``min_epoch``."""
+        return self._sign("fence", job_id, min_epoch)
+
+    def lease_token(self, key: GroupKey, generation: int) -> LeaseToken:
+        """A signed :class:`LeaseToken` for ``key``."""
+        return LeaseToken(generation, self.sign_lease(key, generation))
+
+    @staticmethod
+    def verify(expected: str, given: str | None) -> bool:
+        """Constant-time comparison of a signature; a missing one never verifies."""
+        return given is not None and hmac.compare_digest(expected, given)
+
+
+# --------------------------------------------------------------------------------------------- encode
+
+
+def encode_json(body: Mapping[str, Any]) -> bytes:
+    """Encode a wire body as compact UTF-8 JSON, adding ``"v": WIRE_VERSION``."""
+    return json.dumps({"v": WIRE_VERSION, **body}, separators=(",", ":")).encode()
+
+
+def _key_dict(key: GroupKey) -> dict[str, Any]:
+    return {"job_id": key.job_id, "epoch": key.epoch, "group_id": key.group_id}
+
+
+def _read_dict(read: GroupRead) -> dict[str, Any]:
+    out = _key_dict(read.key)
+    if read.token is not None:
+        out["generation"] = read.token.generation
+        if read.token.sig is not None:
+            out["sig"] = read.token.sig
+    return out
+
+
+def _put_body(put: PutDescriptor) -> dict[str, Any]:
+    body: dict[str, Any] = {"kind": "put", **_key_dict(put.key), "writer": put.writer}
+    for name in ("nbytes", "num_rows", "sig"):
+        if getattr(put, name) is not None:
+            body[name] = getattr(put, name)
+    return body
+
+
+def _append_body(app: AppendDescriptor) -> dict[str, Any]:
+    body: dict[str, Any] = {"kind": "append", **_read_dict(GroupRead(app.key, app.token))}
+    if app.nbytes is not None:
+        body["nbytes"] = app.nbytes
+    return body
+
+
+def _encode(record: object) -> bytes:
+    if isinstance(record, PutDescriptor):
+        return encode_json(_put_body(record))
+    if isinstance(record, AppendDescriptor):
+        return encode_json(_append_body(record))
+    if isinstance(record, GetTicket):
+        body: dict[str, Any] = {"groups": [_read_dict(g) for g in record.groups]}
+        if record.columns is not None:
+            body["columns"] = list(record.columns)
+        return encode_json(body)
+    if isinstance(record, ListCriteria):
+        return encode_json(
+            {k: v for k, v in (("job_id", record.job_id), ("epoch", record.epoch)) if v is not None}
+        )
+    if isinstance(record, DeleteRequest | GenerationRequest):
+        return encode_json({"groups": [_read_dict(g) for g in record.groups]})
+    if isinstance(record, FenceRequest):
+        fence = {"job_id": record.job_id, "min_epoch": record.min_epoch, "purge": record.purge}
+        return encode_json(fence if record.sig is None else {**fence, "sig": record.sig})
+    raise TypeError(f"not a wire record: {type(record).__name__}")
+
+
+def encode(record: object) -> bytes:
+    """Encode any wire record of this module to its JSON bytes (see ``docs/wire-format.md``)."""
+    return _encode(record)
+
+
+def group_descriptor(key: GroupKey) -> flight.FlightDescriptor:
+    """The path descriptor ``[job_id, epoch, group_id]`` under which ``list_flights`` shows a group."""
+    return flight.FlightDescriptor.for_path(key.job_id, str(key.epoch), str(key.group_id))
+
+
+# --------------------------------------------------------------------------------------------- decode
+
+
+def _load(data: bytes, what: str) -> dict[str, Any]:
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise InvalidRequestError(f"{what}: expected bytes, got {type(data).__name__}")
+    if len(data) > _MAX_MESSAGE_BYTES:
+        raise InvalidRequestError(
+            f"{what}: {len(data)} bytes is larger than the {_MAX_MESSAGE_BYTES} allowed"
+        )
+    try:
+        body = json.loads(bytes(data).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        preview = bytes(data[:32])
+        raise InvalidRequestError(
+            f"{what}: not a trajflight message (expected UTF-8 JSON with a 'v' field, got {preview!r}...); "
+            "build it with trajflight.flight_server or follow docs/wire-format.md"
+        ) from None
+    if not isinstance(body, dict):
+        raise InvalidRequestError(f"{what}: expected a JSON object, got {type(body).__name__}")
+    version = body.get("v")
+    if version != WIRE_VERSION or isinstance(version, bool):
+        raise InvalidRequestError(
+            f"{what}: unknown wire version {version!r}; this server speaks v{WIRE_VERSION}. "
+            "Upgrade the older side so both speak the same version",
+            version=version,
+        )
+    return body
+
+
+def _field(
+    body: Mapping[str, Any], name: str, kind: type | tuple[type, ...], what: str, *, required: bool = True
+) -> Any:
+    if name not in body or body[name] is None:
+        if required:
+            raise InvalidRequestError(f"{what}: missing field {name!r}", field=name)
+        return None
+    value = body[name]
+    # bool is an int subclass in Python; true/false is never a valid number here.
+    if isinstance(value, bool) and kind is not bool:
+        raise InvalidRequestError(
+            f"{what}: field {name!r} must be {_kind_name(kind)}, got a boolean", field=name
+        )
+    if not isinstance(value, kind):
+        raise InvalidRequestError(
+            f"{what}: field {name!r} must be {_kind_name(kind)}, got {type(value).__name__} {value!r}"[:300],
+            field=name,
+        )
+    return value
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    names = {int: "an integer", str: "a string", bool: "a boolean", list: "a list"}
+    if isinstance(kind, tuple):
+        return " or ".join(names.get(k, k.__name__) for k in kind)
+    return names.get(kind, kind.__name__)
+
+
+def _nonneg(body: Mapping[str, Any], name: str, what: str, *, required: bool = True) -> int | None:
+    value = _field(body, name, int, what, required=required)
+    if value is not None and value < 0:
+        raise InvalidRequestError(f"{what}: field {name!r} must be >= 0, got {value}", field=name)
+    return value
+
+
+def _key(body: Mapping[str, Any], what: str) -> GroupKey:
+    job_id = _field(body, "job_id", str, what)
+    if not job_id:
+        raise InvalidRequestError(f"{what}: job_id must not be empty", field="job_id")
+    epoch = _nonneg(body, "epoch", what)
+    group_id = _nonneg(body, "group_id", what)
+    return GroupKey(job_id, int(epoch), int(group_id))  # type: ignore[arg-type]
+
+
+def _token(body: Mapping[str, Any], what: str) -> LeaseToken | None:
+    generation = _nonneg(body, "generation", what, required=False)
+    sig = _field(body, "sig", str, what, required=False)
+    if generation is None:
+        if sig is not None:
+            raise InvalidRequestError(f"{what}: 'sig' given without 'generation'", field="generation")
+        return None
+    return LeaseToken(generation, sig)
+
+
+def _reads(body: Mapping[str, Any], what: str) -> tuple[GroupRead, ...]:
+    groups = _field(body, "groups", list, what)
+    if not groups:
+        raise InvalidRequestError(f"{what}: 'groups' must name at least one group", field="groups")
+    out = []
+    for i, entry in enumerate(groups):
+        if not isinstance(entry, dict):
+            raise InvalidRequestError(f"{what}: groups[{i}] must be an object, got {type(entry).__name__}")
+        out.append(GroupRead(_key(entry, f"{what} groups[{i}]"), _token(entry, f"{what} groups[{i}]")))
+    return tuple(out)
+
+
+def _path_key(path: Iterable[bytes], what: str) -> GroupKey:
+    parts = list(path)
+    if len(parts) != 3:
+        raise InvalidRequestError(
+            f"{what}: a path descriptor is [job_id, epoch, group_id], got {len(parts)} parts", field="path"
+        )
+    try:
+        job_id = parts[0].decode("utf-8")
+        epoch, group_id = int(parts[1]), int(parts[2])
+    except (UnicodeDecodeError, ValueError):
+        raise InvalidRequestError(
+            f"{what}: path {parts!r} is not [job_id, epoch, group_id] with integer epoch and group_id"[:300]
+        ) from None
+    if not job_id or epoch < 0 or group_id < 0:
+        raise InvalidRequestError(f"{what}: path {parts!r} needs a job_id and epoch, group_id >= 0"[:300])
+    return GroupKey(job_id, epoch, group_id)
+
+
+def decode_descriptor(descriptor: flight.FlightDescriptor) -> PutDescriptor | AppendDescriptor | GroupKey:
+    """Decode a Flight descriptor.
+
+    Returns:
+        A :class:`PutDescriptor` or :class:`AppendDescriptor` for command descriptors of kind ``put`` /
+        ``append``; a :class:`GroupKey` for kind ``group`` or a path descriptor ``[job_id, epoch,
+        group_id]`` (a bare put, or a ``get_flight_info`` of one group).
+
+    Raises:
+        InvalidRequestError: the descriptor is not one of the above.
+    """
+    what = "descriptor"
+    if descriptor.descriptor_type == flight.DescriptorType.PATH:
+        return _path_key(descriptor.path or [], what)
+    body = _load(descriptor.command or b"", what)
+    kind = _field(body, "kind", str, what)
+    if kind == "put":
+        return PutDescriptor(
+            _key(body, what),
+            writer=_field(body, "writer", str, what, required=False) or "",
+            nbytes=_nonneg(body, "nbytes", what, required=False),
+            num_rows=_nonneg(body, "num_rows", what, required=False),
+            sig=_field(body, "sig", str, what, required=False),
+        )
+    if kind == "append":
+        token = _token(body, what)
+        if token is None:
+            raise InvalidRequestError(
+                f"{what}: an append needs the holder's lease 'generation'", field="generation"
+            )
+        return AppendDescriptor(_key(body, what), token, _nonneg(body, "nbytes", what, required=False))
+    if kind == "group":
+        return _key(body, what)
+    raise InvalidRequestError(
+        f"{what}: unknown kind {kind!r}; expected 'put', 'append' or 'group'", field="kind"
+    )
+
+
+def decode_ticket(data: bytes) -> GetTicket:
+    """Decode a ``do_get`` ticket; raises :class:`InvalidRequestError` when malformed."""
+    body = _load(data, "ticket")
+    columns = _field(body, "columns", list, "ticket", required=False)
+    if columns is not None:
+        if not all(isinstance(c, str) for c in columns):
+            raise InvalidRequestError("ticket: 'columns' must be a list of column names", field="columns")
+        if len(set(columns)) != len(columns):
+            raise InvalidRequestError("ticket: 'columns' names a column twice", field="columns")
+        columns = tuple(columns)
+    return GetTicket(_reads(body, "ticket"), columns)
+
+
+def decode_criteria(data: bytes) -> ListCriteria:
+    """Decode ``list_flights`` criteria; empty bytes match everything."""
+    if not data:
+        return ListCriteria()
+    body = _load(data, "criteria")
+    return ListCriteria(
+        _field(body, "job_id", str, "criteria", required=False),
+        _nonneg(body, "epoch", "criteria", required=False),
+    )
+
+
+def decode_action_body(action: str, data: bytes) -> DeleteRequest | FenceRequest | GenerationRequest | None:
+    """Decode the body of action ``action``; actions without a body (stats, health) return None.
+
+    Raises:
+        InvalidRequestError: the body is malformed.
+    """
+    what = f"action {action!r}"
+    if action in ("stats", "health", "list_actions"):
+        if data:
+            _load(data, what)  # an empty body or {"v": 1}; garbage is still refused
+        return None
+    body = _load(data, what)
+    if action == "delete":
+        return DeleteRequest(_reads(body, what))
+    if action == "advance_generation":
+        reads = _reads(body, what)
+        missing = [i for i, r in enumerate(reads) if r.token is None]
+        if missing:
+            raise InvalidRequestError(f"{what}: groups{missing} carry no 'generation'", field="generation")
+        return GenerationRequest(reads)
+    if action == "fence":
+        job_id = _field(body, "job_id", str, what)
+        min_epoch = _nonneg(body, "min_epoch", what)
+        purge = _field(body, "purge", bool, what, required=False) or False
+        return FenceRequest(job_id, int(min_epoch), purge, _field(body, "sig", str, what, required=False))  # type: ignore[arg-type]
+    raise InvalidRequestError(
+        f"unknown action {action!r}; list_actions names the supported ones", action=action
+    )

@@ -1,0 +1,119 @@
+"""Round trips through one storage server: put, get, projection, duplicates and put validation."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from flight_testkit import make_group, serving
+
+from trajflight.codec import GroupKey
+from trajflight.errors import AlreadyExistsError, InvalidRequestError, NotFoundError, SchemaError
+from trajflight.flight_server import StoreLimits
+
+KEY = GroupKey("job-a", 0, 7)
+
+
+def test_put_then_get_round_trips_bit_exact():
+    group = make_group(KEY)
+    with serving() as (_, client):
+        client.put_group(KEY, group, writer="rollout-0")
+        table = client.get([KEY])
+    assert table.equals(pa.Table.from_batches([group]))
+
+
+def test_second_put_to_a_stored_partition_is_refused_and_keeps_the_first():
+    first, second = make_group(KEY, seed=1), make_group(KEY, seed=2)
+    with serving() as (_, client):
+        client.put_group(KEY, first)
+        with pytest.raises(AlreadyExistsError, match="never overwrites"):
+            client.put_group(KEY, second)
+        assert client.get([KEY]).equals(pa.Table.from_batches([first]))
+        assert client.stats()["groups"] == 1
+
+
+def test_projection_streams_only_the_named_columns_in_order():
+    group = make_group(KEY)
+    with serving() as (_, client):
+        client.put_group(KEY, group)
+        table = client.get([KEY], columns=["response_logprobs", "response_ids"])
+    assert table.column_names == ["response_logprobs", "response_ids"]
+    assert table.column("response_ids").combine_chunks().equals(group.column("response_ids"))
+
+
+def test_projection_of_an_unknown_column_names_it():
+    with serving() as (_, client):
+        client.put_group(KEY, make_group(KEY))
+        with pytest.raises(SchemaError, match="no column 'nope'") as info:
+            client.get([KEY], columns=["nope"])
+    assert info.value.column == "nope"
+
+
+def test_get_of_many_groups_keeps_ticket_order():
+    keys = [GroupKey("job-a", 0, g) for g in (3, 1, 2)]
+    with serving() as (_, client):
+        for key in keys:
+            client.put_group(key, make_group(key))
+        table = client.get(keys, columns=["group_id"])
+    assert table.column("group_id").to_pylist() == [3] * 8 + [1] * 8 + [2] * 8
+
+
+def test_unknown_group_is_not_found():
+    with serving() as (_, client), pytest.raises(NotFoundError, match="not stored here"):
+        client.get([GroupKey("job-a", 0, 99)])
+
+
+def test_reads_are_aligned_for_dlpack_consumers():
+    with serving() as (_, client):
+        client.put_group(KEY, make_group(KEY))
+        values = client.get([KEY]).column("response_logprobs").chunk(0).values
+    assert values.buffers()[1].address % 4 == 0
+
+
+def test_rows_of_another_partition_are_refused_with_the_row():
+    other = make_group(GroupKey("job-a", 0, 8))
+    with serving() as (_, client):
+        with pytest.raises(SchemaError, match="group_id") as info:
+            client.put_group(KEY, other)
+        assert info.value.column == "group_id"
+        assert client.stats()["groups"] == 0
+
+
+def test_a_group_missing_a_required_column_is_refused():
+    group = make_group(KEY).drop_columns(["reward"])
+    with serving() as (_, client), pytest.raises(SchemaError, match="'reward' is missing"):
+        client.put_group(KEY, group)
+
+
+def test_a_user_column_keeps_one_type_per_job():
+    a, b = GroupKey("job-a", 0, 1), GroupKey("job-a", 0, 2)
+    with serving() as (_, client):
+        client.put_group(a, make_group(a).append_column("score", pa.array([1.0] * 8, pa.float64())))
+        with pytest.raises(SchemaError, match="one type per column"):
+            client.put_group(b, make_group(b).append_column("score", pa.array([1] * 8, pa.int64())))
+
+
+def test_write_size_limit_splits_a_group_into_batches_of_one_put():
+    group = make_group(KEY, k=32, response_len=512)
+    with serving() as (_, client_unused):
+        from trajflight.flight_server import StorageClient
+
+        with StorageClient(client_unused.location, write_size_limit_bytes=group.nbytes // 3) as client:
+            client.put_group(KEY, group)
+            table = client.get([KEY])
+    assert table.num_rows == 32
+    assert table.combine_chunks().equals(pa.Table.from_batches([group]).combine_chunks())
+
+
+def test_a_group_over_max_group_bytes_is_refused_as_invalid():
+    group = make_group(KEY, k=16, response_len=512)
+    with serving(StoreLimits(max_group_bytes=group.nbytes // 2)) as (_, client):
+        with pytest.raises(InvalidRequestError, match="max_group_bytes"):
+            client.put_group(KEY, group)
+        assert client.stats()["reserved_bytes"] == 0
+
+
+def test_an_empty_stream_publishes_nothing():
+    with serving() as (_, client):
+        with pytest.raises(InvalidRequestError, match="no samples"):
+            client.put_group(KEY, make_group(KEY).slice(0, 0))
+        assert client.stats()["groups"] == 0
