@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 __all__ = [
     "AlreadyExistsError",
     "CapacityExceededError",
+    "CheckpointError",
     "ConfigError",
     "DeadlineExceededError",
     "InvalidRequestError",
@@ -71,7 +72,9 @@ class SchemaError(TrajflightError):
     column: str | None
     row: int | None
 
-    def __init__(self, message: str, *, column: str | None = None, row: int | None = None, **fields: Any):
+    def __init__(
+        self, message: str, *, column: str | None = None, row: int | None = None, **fields: Any
+    ) -> None:
         super().__init__(message, column=column, row=row, **fields)
 
 
@@ -126,6 +129,13 @@ class ConfigError(InvalidRequestError):
     """A configuration value is unsupported or contradicts another; ``setting`` names it."""
 
     code = "config"
+
+
+class CheckpointError(InvalidRequestError):
+    """A checkpoint file is truncated, corrupt (checksum mismatch), of another format version, or does
+    not belong to the job it is restored into. Nothing was restored; ``path`` names the file when known."""
+
+    code = "checkpoint"
 
 
 class DeadlineExceededError(TrajflightError):

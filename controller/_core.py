@@ -1,0 +1,769 @@
+"""The core of the ledger: internal records, jobs and epochs, storage servers, policy versions, partitions.
+
+:mod:`._ledger` builds the lease state machine, the GC list and the queries on top of it.
+
+Events in, decisions out, time passed in. No method reads a clock, opens a file or a socket, or starts a
+thread: every call gets ``now`` (seconds, any monotonic-enough origin) and first applies what time has
+done since the last call (lazy expiry of leases and put grants). The ledger never goes back in time: a
+``now`` smaller than one already seen is treated as the latest one seen. Given the same calls with the
+same arguments, it makes the same decisions, so a host can journal the calls and replay them.
+
+Fencing tokens come from one counter, ``incarnation << 32 | counter``: each grant and each lease takes the
+next value, so a group's generation strictly increases across re-grants, and across restarts as long as the
+incarnation does (hosts persist it).
+
+It does not guarantee anything about the storage servers: it tells the host what to delete
+(``take_deletes``) and believes what the host reports (``delete_done``). It is not
+thread-safe; hosts serialise calls.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from trajflight.errors import (
+    AlreadyExistsError,
+    CapacityExceededError,
+    InvalidRequestError,
+    InvalidStateError,
+    LeaseExpiredError,
+    NotFoundError,
+    StaleFenceError,
+)
+
+from ._gc import GcList
+from ._index import ReadyIndex
+from ._records import (
+    GroupInfo,
+    GroupState,
+    JobConfig,
+    OldReady,
+    Partition,
+    PolicyStatus,
+    PutGrant,
+    ServerInfo,
+)
+
+__all__ = ["LedgerCore"]
+
+READY = GroupState.READY
+LEASED = GroupState.LEASED
+PREPARED = GroupState.PREPARED
+TRAINING = GroupState.TRAINING
+TRAINED = GroupState.TRAINED
+COMMITTED = GroupState.COMMITTED
+UNKNOWN = GroupState.UNKNOWN
+DROPPED = GroupState.DROPPED
+ALLOCATED = GroupState.ALLOCATED
+
+_ENDED_KEPT = 65536  # ended leases remembered for idempotent repeats and precise errors
+_COUNTER_BITS = 32
+
+
+class _Group:
+    __slots__ = (
+        "batch_id",
+        "colset",
+        "columns",
+        "expires_at",
+        "generation",
+        "grant_token",
+        "key",
+        "lease",
+        "nbytes",
+        "policy_version",
+        "ready_seq",
+        "rows",
+        "server_id",
+        "state",
+        "tokens",
+    )
+
+    def __init__(self, key: Partition, server_id: str, token: int, nbytes: int, expires_at: float) -> None:
+        self.key = key
+        self.server_id = server_id
+        self.state = ALLOCATED
+        self.generation = token
+        self.grant_token = token
+        self.nbytes = nbytes  # the reservation until published, then the stored size
+        self.expires_at = expires_at
+        self.rows = 0
+        self.tokens = 0
+        self.policy_version = 0
+        self.colset: frozenset[str] = frozenset()
+        self.columns: tuple[str, ...] = ()
+        self.batch_id: str | None = None
+        self.lease: int | None = None
+        self.ready_seq = 0
+
+
+class _Lease:
+    __slots__ = ("batches", "ended", "expires_at", "job_id", "keys", "live", "owner", "stage", "token", "ttl")
+
+    def __init__(self, token: int, job_id: str, owner: str, ttl: float, expires_at: float) -> None:
+        self.token = token
+        self.job_id = job_id
+        self.owner = owner
+        self.ttl = ttl
+        self.expires_at = expires_at
+        self.keys: list[Partition] = []  # every group granted, in order
+        self.live: dict[Partition, None] = {}  # groups still LEASED..TRAINED under this lease
+        self.batches: dict[str, tuple[Partition, ...]] = {}
+        self.stage: dict[str, GroupState] = {}  # batch -> state all its groups are in
+        self.ended: str | None = None  # None while live; else "done", "expired", "fenced", "restart"
+
+
+class _Writer:
+    __slots__ = ("acked", "node")
+
+    def __init__(self, node: str, acked: int) -> None:
+        self.node = node
+        self.acked = acked
+
+
+class _Server:
+    __slots__ = (
+        "capacity_bytes",
+        "capacity_groups",
+        "location",
+        "node",
+        "server_id",
+        "used_bytes",
+        "used_groups",
+    )
+
+    def __init__(
+        self, server_id: str, node: str, location: str, capacity_bytes: int, capacity_groups: int
+    ) -> None:
+        self.server_id = server_id
+        self.node = node
+        self.location = location
+        self.capacity_bytes = capacity_bytes
+        self.capacity_groups = capacity_groups
+        self.used_bytes = 0
+        self.used_groups = 0
+
+    def info(self) -> ServerInfo:
+        return ServerInfo(
+            self.server_id,
+            self.node,
+            self.location,
+            self.capacity_bytes,
+            self.capacity_groups,
+            self.used_bytes,
+            self.used_groups,
+        )
+
+
+class _Job:
+    __slots__ = (
+        "committed",
+        "config",
+        "counts",
+        "deleted",
+        "epoch",
+        "gc",
+        "groups",
+        "job_id",
+        "next_group_id",
+        "policy_version",
+        "ready",
+        "used_bytes",
+        "used_groups",
+        "writers",
+    )
+
+    def __init__(self, job_id: str, epoch: int, config: JobConfig, ready: ReadyIndex[Partition]) -> None:
+        self.job_id = job_id
+        self.epoch = epoch
+        self.config = config
+        self.next_group_id = 0
+        self.writers: dict[str, _Writer] = {}
+        self.policy_version = 0
+        self.groups: dict[Partition, None] = {}
+        self.counts: dict[GroupState, int] = dict.fromkeys(GroupState, 0)
+        self.committed = 0
+        self.deleted = 0
+        self.used_bytes = 0
+        self.used_groups = 0
+        self.ready = ready
+        self.gc: GcList[Partition] = GcList(
+            config.delete_retry_initial, config.delete_retry_max, config.delete_timeout
+        )
+
+    def pending_writers(self) -> list[str]:
+        return sorted(w for w, writer in self.writers.items() if writer.acked < self.policy_version)
+
+
+def _check_name(value: object, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidRequestError(f"{what} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _check_int(value: object, what: str, *, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidRequestError(f"{what} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+class LedgerCore:
+    """Jobs, epochs, servers, policy versions and partitions; :class:`~._ledger.Ledger` adds the leases.
+
+    Args:
+        incarnation: Fencing tokens start at ``incarnation << 32``; hosts pass a value larger than any
+            previous run's (they persist it) so that tokens keep increasing across restarts.
+    """
+
+    def __init__(self, *, incarnation: int = 0) -> None:
+        self._incarnation = _check_int(incarnation, "incarnation")
+        self._counter = 0
+        self._now = float("-inf")
+        self._servers: dict[str, _Server] = {}
+        self._jobs: dict[str, _Job] = {}
+        self._groups: dict[Partition, _Group] = {}
+        self._leases: dict[int, _Lease] = {}
+        self._ended: dict[int, _Lease] = {}
+        self._lease_heap: list[tuple[float, int]] = []
+        self._grant_heap: list[tuple[float, Partition]] = []
+        self._colcache: dict[frozenset[str], tuple[str, ...]] = {}
+        self.ready_version = 0
+        """Incremented whenever a group becomes READY: hosts wake long-polling acquirers on a change."""
+
+    # ------------------------------------------------------------------ internals
+    @property
+    def incarnation(self) -> int:
+        """The incarnation folded into the tokens issued now."""
+        return self._incarnation
+
+    @property
+    def last_token(self) -> int:
+        """The newest fencing token issued (0 before any)."""
+        return (self._incarnation << _COUNTER_BITS) | self._counter
+
+    def _next_token(self) -> int:
+        self._counter += 1
+        if self._counter >= 1 << _COUNTER_BITS:
+            self._incarnation += 1
+            self._counter = 1
+        return (self._incarnation << _COUNTER_BITS) | self._counter
+
+    def _advance(self, now: float) -> float:
+        if now > self._now:
+            self._now = float(now)
+        now = self._now
+        heap = self._lease_heap
+        while heap and heap[0][0] <= now:
+            expires_at, token = heapq.heappop(heap)
+            lease = self._leases.get(token)
+            if lease is not None and lease.expires_at == expires_at:
+                self._end_live_lease(lease, "expired")
+        grants = self._grant_heap
+        while grants and grants[0][0] <= now:
+            expires_at, key = heapq.heappop(grants)
+            g = self._groups.get(key)
+            if g is not None and g.state is ALLOCATED and g.expires_at == expires_at:
+                self._to_gc(g, DROPPED)
+        return now
+
+    def _set_state(self, g: _Group, state: GroupState) -> None:
+        counts = self._jobs[g.key.job_id].counts
+        counts[g.state] -= 1
+        counts[state] += 1
+        g.state = state
+
+    def _make_ready(self, g: _Group, *, front: bool) -> None:
+        self._set_state(g, READY)
+        g.lease = None
+        g.batch_id = None
+        g.ready_seq = self._jobs[g.key.job_id].ready.push(g.key, g.policy_version, g.colset, front=front)
+        self.ready_version += 1
+
+    def _to_gc(self, g: _Group, state: GroupState) -> None:
+        self._set_state(g, state)
+        g.lease = None
+        self._jobs[g.key.job_id].gc.add(g.key, self._now)
+
+    def _end_live_lease(self, lease: _Lease, reason: str) -> None:
+        """End a live lease: LEASED/PREPARED groups go back to READY, TRAINING/TRAINED to UNKNOWN."""
+        for key in lease.live:
+            g = self._groups[key]
+            if g.state is LEASED or g.state is PREPARED:
+                self._make_ready(g, front=True)
+            elif g.state is TRAINING or g.state is TRAINED:
+                self._set_state(g, UNKNOWN)
+                g.lease = None
+        lease.live.clear()
+        self._retire(lease, reason)
+
+    def _retire(self, lease: _Lease, reason: str) -> None:
+        lease.ended = reason
+        del self._leases[lease.token]
+        self._ended[lease.token] = lease
+        if len(self._ended) > _ENDED_KEPT:
+            del self._ended[next(iter(self._ended))]
+
+    def _job(self, job_id: str) -> _Job:
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise NotFoundError(f"job {job_id!r} is not open; call open_job first", job_id=job_id)
+        return job
+
+    def _job_epoch(self, job_id: str, epoch: int) -> _Job:
+        job = self._job(job_id)
+        if epoch < job.epoch:
+            raise StaleFenceError(
+                f"epoch {epoch} of job {job_id!r} is fenced by epoch {job.epoch}: this caller belongs to an "
+                "older run of the job; stop it",
+                job_id=job_id,
+                epoch=epoch,
+                current_epoch=job.epoch,
+            )
+        if epoch > job.epoch:
+            raise NotFoundError(
+                f"epoch {epoch} of job {job_id!r} is not open (current epoch {job.epoch}); "
+                "call open_job first",
+                job_id=job_id,
+            )
+        return job
+
+    def _columns(self, colset: frozenset[str]) -> tuple[str, ...]:
+        cols = self._colcache.get(colset)
+        if cols is None:
+            cols = self._colcache[colset] = tuple(sorted(colset))
+        return cols
+
+    def _info(self, g: _Group) -> GroupInfo:
+        return GroupInfo(
+            g.key,
+            g.state,
+            g.server_id,
+            self._servers[g.server_id].location,
+            g.generation,
+            g.rows,
+            g.nbytes,
+            g.tokens,
+            g.policy_version,
+            g.columns,
+            g.batch_id,
+        )
+
+    def _lease(self, token: int) -> _Lease:
+        """The lease of ``token``, live or ended; raise if the token was never a lease or is forgotten."""
+        lease = self._leases.get(token)
+        if lease is None:
+            lease = self._ended.get(token)
+        if lease is not None:
+            return lease
+        if isinstance(token, int) and 0 < token <= self.last_token:
+            raise StaleFenceError(
+                f"token {token} belongs to a lease that ended long ago; stop and acquire a new lease",
+                token=token,
+            )
+        raise NotFoundError(f"no lease has token {token!r}; use the token returned by acquire", token=token)
+
+    def _ended_error(self, lease: _Lease) -> Exception:
+        if lease.ended == "expired":
+            return LeaseExpiredError(
+                f"lease {lease.token} expired; its LEASED/PREPARED groups went back to READY and its "
+                "TRAINING/TRAINED groups to UNKNOWN; acquire a new lease (do not commit this work)",
+                token=lease.token,
+            )
+        if lease.ended == "restart":
+            return LeaseExpiredError(
+                f"lease {lease.token} ended when the controller restarted; acquire a new lease",
+                token=lease.token,
+            )
+        if lease.ended == "fenced":
+            return StaleFenceError(
+                f"lease {lease.token} belongs to an epoch of job {lease.job_id!r} that a newer epoch fenced; "
+                "stop this trainer",
+                token=lease.token,
+            )
+        return InvalidStateError(
+            f"lease {lease.token} is finished (every group was committed or released); acquire a new lease",
+            token=lease.token,
+        )
+
+    def _live_lease(self, token: int) -> _Lease:
+        lease = self._lease(token)
+        if lease.ended is not None:
+            raise self._ended_error(lease)
+        return lease
+
+    # ------------------------------------------------------------------ storage servers
+    def register_server(
+        self,
+        server_id: str,
+        *,
+        node: str,
+        location: str,
+        capacity_bytes: int,
+        capacity_groups: int,
+        now: float,
+    ) -> ServerInfo:
+        """Register (or update) a storage server that groups can be placed on.
+
+        Re-registering an id updates its node, location and capacities and keeps what is reserved on it.
+
+        Raises:
+            InvalidRequestError: an empty name or a negative capacity.
+        """
+        self._advance(now)
+        _check_name(server_id, "server_id")
+        _check_name(node, "node")
+        _check_name(location, "location")
+        _check_int(capacity_bytes, "capacity_bytes")
+        _check_int(capacity_groups, "capacity_groups")
+        server = self._servers.get(server_id)
+        if server is None:
+            server = self._servers[server_id] = _Server(
+                server_id, node, location, capacity_bytes, capacity_groups
+            )
+        else:
+            server.node, server.location = node, location
+            server.capacity_bytes, server.capacity_groups = capacity_bytes, capacity_groups
+        return server.info()
+
+    def servers(self) -> tuple[ServerInfo, ...]:
+        """Every registered storage server with its reservations, sorted by id."""
+        return tuple(self._servers[s].info() for s in sorted(self._servers))
+
+    # ------------------------------------------------------------------ jobs and epochs
+    def open_job(
+        self,
+        job_id: str,
+        epoch: int,
+        config: JobConfig | Mapping[str, Any] | None = None,
+        *,
+        now: float,
+        old_ready: OldReady | str = OldReady.REOFFER,
+    ) -> JobConfig:
+        """Open ``job_id`` at ``epoch`` (idempotent for the same epoch and configuration).
+
+        A larger epoch fences every older one: its put grants are abandoned (garbage-collected), its live
+        leases end (LEASED/PREPARED groups to READY, TRAINING/TRAINED to UNKNOWN), its writers must
+        register again, and its READY groups are re-offered or dropped as ``old_ready`` says.
+
+        Returns:
+            The validated configuration.
+
+        Raises:
+            ConfigError: a setting is invalid (named), or the epoch is already open with another setting.
+            StaleFenceError: ``epoch`` is smaller than one already opened for the job.
+        """
+        self._advance(now)
+        _check_name(job_id, "job_id")
+        _check_int(epoch, "epoch")
+        cfg = self._config(config)
+        old_ready = OldReady(old_ready)
+        job = self._jobs.get(job_id)
+        if job is None:
+            self._jobs[job_id] = self._new_job(job_id, epoch, cfg)
+            return cfg
+        if epoch < job.epoch:
+            raise StaleFenceError(
+                f"epoch {epoch} of job {job_id!r} is older than its current epoch {job.epoch}; a "
+                "restart must use a larger epoch",
+                job_id=job_id,
+                epoch=epoch,
+            )
+        if epoch == job.epoch:
+            diff = cfg.difference(job.config)
+            if diff is not None:
+                from trajflight.errors import ConfigError
+
+                raise ConfigError(
+                    f"{diff}: job {job_id!r} epoch {epoch} is already open with {diff}="
+                    f"{getattr(job.config, diff)!r}; open a larger epoch to change the configuration",
+                    setting=diff,
+                )
+            return cfg
+        self._fence(job, epoch, cfg, old_ready)
+        return cfg
+
+    @staticmethod
+    def _config(config: JobConfig | Mapping[str, Any] | None) -> JobConfig:
+        if config is None:
+            return JobConfig()
+        if isinstance(config, JobConfig):
+            return config
+        if isinstance(config, Mapping):
+            return JobConfig.from_mapping(config)
+        raise InvalidRequestError(f"config must be a JobConfig or a mapping, got {type(config).__name__}")
+
+    def _new_job(self, job_id: str, epoch: int, cfg: JobConfig) -> _Job:
+        groups = self._groups
+
+        def is_valid(key: Partition, seq: int) -> bool:
+            g = groups.get(key)
+            return g is not None and g.state is READY and g.ready_seq == seq
+
+        return _Job(job_id, epoch, cfg, ReadyIndex(is_valid))
+
+    def _fence(self, job: _Job, epoch: int, cfg: JobConfig, old_ready: OldReady) -> None:
+        for lease in [lease for lease in self._leases.values() if lease.job_id == job.job_id]:
+            self._end_live_lease(lease, "fenced")
+        for key in list(job.groups):
+            g = self._groups[key]
+            if g.state is ALLOCATED or (g.state is READY and old_ready is OldReady.DROP):
+                self._to_gc(g, DROPPED)
+        job.epoch = epoch
+        job.config = cfg
+        job.next_group_id = 0
+        job.writers.clear()
+        job.gc.retry_initial, job.gc.retry_max = cfg.delete_retry_initial, cfg.delete_retry_max
+        job.gc.timeout = cfg.delete_timeout
+
+    def register_writer(
+        self,
+        job_id: str,
+        epoch: int,
+        writer_id: str,
+        *,
+        node: str,
+        now: float,
+        policy_version: int | None = None,
+    ) -> PolicyStatus:
+        """Register a rollout worker of the job's current epoch (idempotent; updates its node).
+
+        Args:
+            policy_version: The weights version the writer has loaded; default the job's current one.
+
+        Raises:
+            StaleFenceError: ``epoch`` is older than the job's current epoch.
+            NotFoundError: the job or epoch is not open.
+        """
+        self._advance(now)
+        job = self._job_epoch(job_id, epoch)
+        _check_name(writer_id, "writer_id")
+        _check_name(node, "node")
+        version = (
+            job.policy_version if policy_version is None else _check_int(policy_version, "policy_version")
+        )
+        writer = job.writers.get(writer_id)
+        if writer is None:
+            job.writers[writer_id] = _Writer(node, version)
+        else:
+            writer.node = node
+            writer.acked = max(writer.acked, version)
+        return self.policy_status(job_id)
+
+    # ------------------------------------------------------------------ policy versions
+    def announce_policy(self, job_id: str, version: int, *, now: float) -> PolicyStatus:
+        """The trainer announces new weights ``version`` (larger than the current one; idempotent if equal).
+
+        Raises:
+            InvalidRequestError: ``version`` is smaller than the current one.
+        """
+        self._advance(now)
+        job = self._job(job_id)
+        _check_int(version, "version")
+        if version < job.policy_version:
+            raise InvalidRequestError(
+                f"policy version {version} is older than the announced version {job.policy_version} of job "
+                f"{job_id!r}; versions only increase",
+            )
+        job.policy_version = version
+        return self.policy_status(job_id)
+
+    def ack_policy(
+        self, job_id: str, epoch: int, writer_id: str, version: int, *, now: float
+    ) -> PolicyStatus:
+        """A registered writer acknowledges that it generates with ``version`` from now on.
+
+        Raises:
+            NotFoundError: the writer is not registered for this epoch.
+            InvalidRequestError: ``version`` was never announced.
+        """
+        self._advance(now)
+        job = self._job_epoch(job_id, epoch)
+        writer = job.writers.get(writer_id)
+        if writer is None:
+            raise NotFoundError(
+                f"writer {writer_id!r} is not registered for job {job_id!r}; register_writer first"
+            )
+        _check_int(version, "version")
+        if version > job.policy_version:
+            raise InvalidRequestError(
+                f"policy version {version} was not announced (current {job.policy_version}); "
+                "ack what was announced"
+            )
+        writer.acked = max(writer.acked, version)
+        self.ready_version += 1  # a hold may have lifted
+        return self.policy_status(job_id)
+
+    def policy_status(self, job_id: str) -> PolicyStatus:
+        """The current policy version of the job and which writers acknowledged it."""
+        job = self._job(job_id)
+        pending = job.pending_writers()
+        acked = sorted(w for w in job.writers if w not in pending)
+        return PolicyStatus(
+            job_id,
+            job.policy_version,
+            tuple(acked),
+            tuple(pending),
+            job.config.strict_on_policy and bool(pending),
+        )
+
+    # ------------------------------------------------------------------ partitions
+    def allocate(self, job_id: str, epoch: int, writer_id: str, *, nbytes: int, now: float) -> PutGrant:
+        """Give a writer the next partition of the job, placed and with ``nbytes`` reserved.
+
+        Placement: a server on the writer's node with room, else any server with room, the least loaded
+        by bytes first (ties by id).
+
+        Raises:
+            StaleFenceError: ``epoch`` is fenced.
+            NotFoundError: the job/epoch is not open or the writer is not registered.
+            InvalidRequestError: ``nbytes`` is not positive or exceeds ``max_group_bytes``.
+            InvalidStateError: strict on-policy mode and the writer has not acknowledged the current
+                policy version (``retry_after`` set).
+            CapacityExceededError: the job's or every server's capacity is full (``retry_after`` set).
+        """
+        now = self._advance(now)
+        job = self._job_epoch(job_id, epoch)
+        writer = job.writers.get(writer_id)
+        if writer is None:
+            raise NotFoundError(
+                f"writer {writer_id!r} is not registered for job {job_id!r} epoch {epoch}; "
+                "call register_writer"
+            )
+        cfg = job.config
+        _check_int(nbytes, "nbytes", minimum=1)
+        if nbytes > cfg.max_group_bytes:
+            raise InvalidRequestError(
+                f"nbytes={nbytes} exceeds max_group_bytes={cfg.max_group_bytes}; split the group or "
+                "raise the setting"
+            )
+        if cfg.strict_on_policy and writer.acked < job.policy_version:
+            raise InvalidStateError(
+                f"writer {writer_id!r} has not acknowledged policy version {job.policy_version} (strict "
+                "on-policy); load the new weights, call ack_policy, then allocate",
+                retry_after=cfg.capacity_retry_after,
+            )
+        if (cfg.capacity_bytes is not None and job.used_bytes + nbytes > cfg.capacity_bytes) or (
+            cfg.capacity_groups is not None and job.used_groups + 1 > cfg.capacity_groups
+        ):
+            raise CapacityExceededError(
+                f"job {job_id!r} holds {job.used_bytes} bytes in {job.used_groups} groups, its capacity is "
+                f"{cfg.capacity_bytes} bytes / {cfg.capacity_groups} groups; wait for trainers to commit",
+                retry_after=cfg.capacity_retry_after,
+            )
+        server = self._place(writer.node, nbytes)
+        if server is None:
+            raise CapacityExceededError(
+                f"no storage server has room for {nbytes} more bytes ({len(self._servers)} registered); wait "
+                "for commits and deletes, or register more servers",
+                retry_after=cfg.capacity_retry_after,
+            )
+        key = Partition(job_id, epoch, job.next_group_id)
+        job.next_group_id += 1
+        token = self._next_token()
+        expires_at = now + cfg.grant_ttl
+        g = _Group(key, server.server_id, token, nbytes, expires_at)
+        self._groups[key] = g
+        job.groups[key] = None
+        job.counts[ALLOCATED] += 1
+        server.used_bytes += nbytes
+        server.used_groups += 1
+        job.used_bytes += nbytes
+        job.used_groups += 1
+        heapq.heappush(self._grant_heap, (expires_at, key))
+        return PutGrant(key, server.server_id, server.location, token, nbytes, expires_at)
+
+    def _place(self, node: str, nbytes: int) -> _Server | None:
+        best: _Server | None = None
+        best_rank: tuple[bool, int, str] | None = None
+        for server in self._servers.values():
+            if (
+                server.used_bytes + nbytes > server.capacity_bytes
+                or server.used_groups + 1 > server.capacity_groups
+            ):
+                continue
+            rank = (server.node != node, server.used_bytes, server.server_id)
+            if best_rank is None or rank < best_rank:
+                best, best_rank = server, rank
+        return best
+
+    def publish(
+        self,
+        partition: Partition | Sequence[Any],
+        *,
+        token: int,
+        rows: int,
+        nbytes: int,
+        tokens: int,
+        policy_version: int,
+        columns: Iterable[str],
+        now: float,
+    ) -> GroupInfo:
+        """Make a stored group READY (idempotent for the same grant token and sizes).
+
+        Unused reservation (granted minus ``nbytes``) is given back at once.
+
+        Raises:
+            StaleFenceError: the epoch is fenced, or ``token`` is not the grant's token.
+            LeaseExpiredError: the grant expired; the partition is being garbage-collected.
+            AlreadyExistsError: the partition was already published (with other values).
+            InvalidRequestError: ``nbytes`` exceeds the reservation, or a value is invalid.
+        """
+        self._advance(now)
+        key = Partition(*partition)
+        job = self._job_epoch(key.job_id, key.epoch)
+        g = self._groups.get(key)
+        if g is None:
+            raise NotFoundError(f"partition {tuple(key)} was never allocated (or is deleted); allocate first")
+        if token != g.grant_token:
+            raise StaleFenceError(
+                f"token {token} is not the put grant of {tuple(key)}; use the grant's token"
+            )
+        if g.state is not ALLOCATED:
+            if g.state is DROPPED and g.rows == 0:
+                raise LeaseExpiredError(
+                    f"the put grant of {tuple(key)} expired before publish; the partition is being garbage-"
+                    "collected; allocate a new partition and put again",
+                )
+            if (g.rows, g.nbytes, g.tokens, g.policy_version) == (rows, nbytes, tokens, policy_version):
+                return self._info(g)
+            raise AlreadyExistsError(
+                f"partition {tuple(key)} is already published; groups are never overwritten"
+            )
+        _check_int(rows, "rows")
+        _check_int(nbytes, "nbytes")
+        _check_int(tokens, "tokens")
+        _check_int(policy_version, "policy_version")
+        if nbytes > g.nbytes:
+            raise InvalidRequestError(
+                f"published nbytes={nbytes} exceeds the {g.nbytes} bytes reserved for {tuple(key)}; allocate "
+                "with nbytes at least the group's size"
+            )
+        if policy_version > job.policy_version:
+            raise InvalidRequestError(
+                f"policy_version {policy_version} was never announced for job {key.job_id!r} "
+                f"(current {job.policy_version})"
+            )
+        cols = frozenset(columns)
+        for col in cols:
+            _check_name(col, "column name")
+        giveback = g.nbytes - nbytes
+        server = self._servers[g.server_id]
+        server.used_bytes -= giveback
+        job.used_bytes -= giveback
+        g.nbytes, g.rows, g.tokens, g.policy_version = nbytes, rows, tokens, policy_version
+        g.colset, g.columns = cols, self._columns(cols)
+        self._make_ready(g, front=False)
+        return self._info(g)
+
+    def group(self, partition: Partition | Sequence[Any]) -> GroupInfo:
+        """What the ledger knows of one group.
+
+        Raises:
+            NotFoundError: never allocated, or deleted.
+        """
+        g = self._groups.get(Partition(*partition))
+        if g is None:
+            raise NotFoundError(f"no group {tuple(partition)} (never allocated, or already deleted)")
+        return self._info(g)

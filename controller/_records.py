@@ -1,0 +1,362 @@
+"""Records of the controller: group states, job configuration, and the frozen values the ledger returns.
+
+Every value handed out by the ledger is an immutable snapshot taken at the time of the call: holding one
+does not keep it up to date, and it carries no reference into the ledger's own state.
+
+This module does not guarantee that a configuration is *sensible* for a workload (a 1 s lease with a 30 s
+training step is legal); it guarantees that it is *consistent*, and names the setting when it is not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from trajflight._units import parse_duration, parse_size
+from trajflight.errors import ConfigError
+
+__all__ = [
+    "DeleteWork",
+    "GroupInfo",
+    "GroupState",
+    "JobConfig",
+    "Lease",
+    "OldReady",
+    "Partition",
+    "PolicyStatus",
+    "PutGrant",
+    "ResolveAction",
+    "ServerInfo",
+]
+
+
+class GroupState(enum.StrEnum):
+    """Where a group is in its life.
+
+    ``READY -> LEASED -> PREPARED -> TRAINING -> TRAINED -> COMMITTED`` is the lease path of
+    ``DESIGN.md``; ``UNKNOWN`` is where a lease that expired during training leaves its groups until an
+    operator resolves them. ``ALLOCATED`` (a put grant was issued, nothing published yet) and ``DROPPED``
+    (abandoned grant, or dropped by an operator or a restore; waiting for its delete) frame that path.
+    """
+
+    ALLOCATED = "ALLOCATED"
+    READY = "READY"
+    LEASED = "LEASED"
+    PREPARED = "PREPARED"
+    TRAINING = "TRAINING"
+    TRAINED = "TRAINED"
+    COMMITTED = "COMMITTED"
+    UNKNOWN = "UNKNOWN"
+    DROPPED = "DROPPED"
+
+
+LIVE_STATES = frozenset({GroupState.LEASED, GroupState.PREPARED, GroupState.TRAINING, GroupState.TRAINED})
+"""States in which a group belongs to a live lease (a checkpoint is refused while any group is in one)."""
+
+
+class ResolveAction(enum.StrEnum):
+    """What an operator does with an ``UNKNOWN`` group: offer it again, or drop (delete) it."""
+
+    REQUEUE = "requeue"
+    DROP = "drop"
+
+
+class OldReady(enum.StrEnum):
+    """What a new epoch does with the READY groups of the previous one: offer them again or drop them."""
+
+    REOFFER = "reoffer"
+    DROP = "drop"
+
+
+class Partition(NamedTuple):
+    """The partition key of a group, ``(job_id, epoch, group_id)``; unique, never reused."""
+
+    job_id: str
+    epoch: int
+    group_id: int
+
+
+_SIZE_SETTINGS = ("capacity_bytes", "max_group_bytes")
+_DURATION_SETTINGS = (
+    "grant_ttl",
+    "default_lease_ttl",
+    "max_lease_ttl",
+    "delete_retry_initial",
+    "delete_retry_max",
+    "delete_timeout",
+    "capacity_retry_after",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class JobConfig:
+    """The configuration of one job, validated on construction.
+
+    Build it directly with numbers, or with :meth:`from_mapping` from human values (``"8GiB"``,
+    ``"30s"``) as found in a file or on a command line.
+
+    Attributes:
+        capacity_bytes: Most bytes the job may hold on the storage servers (reserved by allocations,
+            released when deletes are confirmed). ``None``: bounded only by the servers.
+        capacity_groups: Most groups the job may hold, counted like ``capacity_bytes``.
+        max_group_bytes: Largest allocation one group may ask for.
+        grant_ttl: Seconds a put grant stays valid before it is abandoned and garbage-collected.
+        default_lease_ttl: Lease time-to-live when ``acquire``/``renew`` do not give one.
+        max_lease_ttl: Largest time-to-live a lease may ask for.
+        max_groups_per_lease: Most groups one ``acquire`` may lease.
+        strict_on_policy: Hold ``acquire`` until every registered writer acknowledged the announced
+            policy version, and lease only groups generated with exactly that version.
+        max_staleness: Lease only groups whose policy version is at least ``current - max_staleness``;
+            ``None`` for no bound. Must be ``None`` or 0 under ``strict_on_policy``.
+        delete_retry_initial: First back-off after a failed delete; doubles per failure.
+        delete_retry_max: Largest back-off between delete attempts.
+        delete_timeout: Seconds after which a delete handed out but never confirmed is handed out again.
+        capacity_retry_after: Retry hint (seconds) carried by a capacity refusal.
+    """
+
+    capacity_bytes: int | None = None
+    capacity_groups: int | None = None
+    max_group_bytes: int = 1 << 30
+    grant_ttl: float = 60.0
+    default_lease_ttl: float = 30.0
+    max_lease_ttl: float = 600.0
+    max_groups_per_lease: int = 4096
+    strict_on_policy: bool = False
+    max_staleness: int | None = None
+    delete_retry_initial: float = 0.5
+    delete_retry_max: float = 30.0
+    delete_timeout: float = 30.0
+    capacity_retry_after: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("capacity_bytes", "capacity_groups", "max_staleness"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ConfigError(f"{name}: expected a non-negative int or None, got {value!r}", setting=name)
+        for name in ("max_group_bytes", "max_groups_per_lease"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{name}: expected a positive int, got {value!r}", setting=name)
+        for name in _DURATION_SETTINGS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ConfigError(f"{name}: expected a finite number of seconds, got {value!r}", setting=name)
+            if value <= 0:
+                raise ConfigError(f"{name}: must be positive, got {value!r}", setting=name)
+        if not isinstance(self.strict_on_policy, bool):
+            raise ConfigError(
+                f"strict_on_policy: expected a bool, got {self.strict_on_policy!r}",
+                setting="strict_on_policy",
+            )
+        if self.capacity_groups == 0:
+            raise ConfigError(
+                "capacity_groups: 0 would refuse every allocation; use None for no job-level bound",
+                setting="capacity_groups",
+            )
+        if self.capacity_bytes is not None and self.capacity_bytes < self.max_group_bytes:
+            raise ConfigError(
+                f"capacity_bytes ({self.capacity_bytes}) is smaller than max_group_bytes "
+                f"({self.max_group_bytes}): a largest group could never be stored; raise capacity_bytes "
+                "or lower max_group_bytes",
+                setting="capacity_bytes",
+            )
+        if self.default_lease_ttl > self.max_lease_ttl:
+            raise ConfigError(
+                f"default_lease_ttl ({self.default_lease_ttl}s) exceeds max_lease_ttl "
+                f"({self.max_lease_ttl}s); lower the default or raise the maximum",
+                setting="default_lease_ttl",
+            )
+        if self.delete_retry_initial > self.delete_retry_max:
+            raise ConfigError(
+                f"delete_retry_initial ({self.delete_retry_initial}s) exceeds delete_retry_max "
+                f"({self.delete_retry_max}s)",
+                setting="delete_retry_initial",
+            )
+        if self.strict_on_policy and self.max_staleness not in (None, 0):
+            raise ConfigError(
+                f"max_staleness={self.max_staleness} contradicts strict_on_policy=True (which leases only "
+                "the current policy version); set max_staleness to 0 or None, or turn strict_on_policy off",
+                setting="max_staleness",
+            )
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> JobConfig:
+        """Build a configuration from plain values: sizes may be ``"64MiB"``, durations ``"30s"``.
+
+        Raises:
+            ConfigError: an unknown setting (named, with the known ones listed) or an invalid value.
+        """
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for name, value in values.items():
+            if name not in known:
+                raise ConfigError(
+                    f"{name}: unknown controller setting; known settings are {sorted(known)}", setting=name
+                )
+            if name in _SIZE_SETTINGS and value is not None:
+                value = parse_size(value, setting=name)
+            elif name in _DURATION_SETTINGS:
+                value = parse_duration(value, setting=name)
+            kwargs[name] = value
+        return cls(**kwargs)
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The settings as a plain dict (the inverse of :meth:`from_mapping`)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def difference(self, other: JobConfig) -> str | None:
+        """The name of the first setting on which ``self`` and ``other`` differ, or ``None``."""
+        for f in dataclasses.fields(self):
+            if getattr(self, f.name) != getattr(other, f.name):
+                return f.name
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    """A registered storage server and what the ledger has reserved on it.
+
+    Attributes:
+        server_id: Stable name of the server.
+        node: The node (host) it runs on; writers on the same node are placed on it first.
+        location: Its Flight location (``grpc://host:port``), passed through to grants and deletes.
+        capacity_bytes: Bytes it may hold.
+        capacity_groups: Groups it may hold.
+        used_bytes: Bytes reserved or stored, not yet confirmed deleted.
+        used_groups: Groups reserved or stored, not yet confirmed deleted.
+    """
+
+    server_id: str
+    node: str
+    location: str
+    capacity_bytes: int
+    capacity_groups: int
+    used_bytes: int = 0
+    used_groups: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PutGrant:
+    """Permission to put one group to one storage server, until ``expires_at``.
+
+    Attributes:
+        partition: The key the group must be put under.
+        server_id: The server to put it to.
+        location: That server's Flight location.
+        token: The grant's fencing token (pass it to the server with the put and to ``publish``).
+        nbytes: Bytes reserved; the published group may not be larger.
+        expires_at: Ledger time after which the grant is abandoned and the partition garbage-collected.
+    """
+
+    partition: Partition
+    server_id: str
+    location: str
+    token: int
+    nbytes: int
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """What the ledger knows of one group, at the time of the call.
+
+    Attributes:
+        partition: ``(job_id, epoch, group_id)``.
+        state: Its state.
+        server_id: Server holding (or about to hold) its data.
+        location: That server's Flight location.
+        generation: The newest fencing token issued for the group (grant, then each lease).
+        rows: Samples in the group (0 until published).
+        nbytes: Bytes stored (the reservation until published).
+        tokens: Token count (for token budgets and per-rank balancing).
+        policy_version: Weights version that generated it.
+        columns: Columns the group carries, sorted.
+        batch_id: The training batch it is prepared for, while PREPARED..COMMITTED.
+    """
+
+    partition: Partition
+    state: GroupState
+    server_id: str
+    location: str
+    generation: int
+    rows: int
+    nbytes: int
+    tokens: int
+    policy_version: int
+    columns: tuple[str, ...]
+    batch_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A fenced, expiring lease on some groups of one job.
+
+    Attributes:
+        token: The fencing token (lease generation); every later call on the lease carries it.
+        job_id: The job the groups belong to.
+        owner: Who asked (free text, for operators).
+        expires_at: Ledger time at which the lease expires unless renewed.
+        groups: The groups leased, in the order they were granted.
+    """
+
+    token: int
+    job_id: str
+    owner: str
+    expires_at: float
+    groups: tuple[GroupInfo, ...]
+
+    @property
+    def partitions(self) -> tuple[Partition, ...]:
+        """The partitions of the leased groups, in order."""
+        return tuple(g.partition for g in self.groups)
+
+    @property
+    def total_tokens(self) -> int:
+        """Sum of the groups' token counts."""
+        return sum(g.tokens for g in self.groups)
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteWork:
+    """One delete the host must carry out on a storage server, then confirm with ``delete_done``.
+
+    A delete of a group the server no longer has counts as done: report it as a success.
+
+    Attributes:
+        partition: The group to delete.
+        server_id: The server holding it.
+        location: That server's Flight location.
+        token: Fencing token to present to the server (the group's newest generation).
+        attempt: 1 for the first attempt, then 2, 3, ...
+        last_error: Why the previous attempt failed, if one did.
+    """
+
+    partition: Partition
+    server_id: str
+    location: str
+    token: int
+    attempt: int
+    last_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyStatus:
+    """The announced policy version of a job and which registered writers acknowledged it.
+
+    Attributes:
+        job_id: The job.
+        version: Newest announced weights version (0 before any announcement).
+        acknowledged: Writers that acknowledged ``version``, sorted.
+        pending: Registered writers that did not yet, sorted.
+        held: Whether strict on-policy mode currently holds ``acquire`` (some writer is pending).
+    """
+
+    job_id: str
+    version: int
+    acknowledged: tuple[str, ...]
+    pending: tuple[str, ...]
+    held: bool
