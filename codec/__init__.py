@@ -1,11 +1,33 @@
 """trajflight.codec: trajectory groups <-> Arrow record batches, and Arrow -> torch/numpy via DLPack.
 
-Pure conversion: no I/O, no threads. torch is imported lazily, on the first call that needs it.
+Pure conversion: no I/O, no threads. torch is imported lazily, by the calls that need it.
+
+* :data:`STANDARD_SCHEMA` / :class:`TrajectorySchema`: the columns of a group, extensible.
+* :func:`encode_group`: what rollout code holds -> one ``pyarrow.RecordBatch`` per group.
+* :func:`decode` / :func:`decode_numpy`: one or many groups -> torch tensors / numpy arrays.
+* :func:`validate_group`: typed checks of data that comes from outside.
 """
 
 from __future__ import annotations
 
+from trajflight.codec._containers import DoublyRagged, NumpyBatch, Padded, Ragged, TorchBatch
+from trajflight.codec._decode import Layout, decode, decode_numpy
+from trajflight.codec._encode import encode_group
 from trajflight.codec._schema import STANDARD_SCHEMA, TrajectorySchema
 from trajflight.codec._validate import GroupKey, validate_group
 
-__all__ = ["STANDARD_SCHEMA", "GroupKey", "TrajectorySchema", "validate_group"]
+__all__ = [
+    "STANDARD_SCHEMA",
+    "DoublyRagged",
+    "GroupKey",
+    "Layout",
+    "NumpyBatch",
+    "Padded",
+    "Ragged",
+    "TorchBatch",
+    "TrajectorySchema",
+    "decode",
+    "decode_numpy",
+    "encode_group",
+    "validate_group",
+]

@@ -64,13 +64,13 @@ _STANDARD_FIELDS: tuple[tuple[pa.Field, bool], ...] = (
 def _type_matches(name: str, expected: pa.DataType, actual: pa.DataType) -> bool:
     if name == "telemetry" and expected == pa.struct([]):
         # The standard schema leaves the telemetry struct's fields to the engine.
-        return pa.types.is_struct(actual)
+        return bool(pa.types.is_struct(actual))
     if name == "job_id":
         # DESIGN.md allows string or dictionary<*, string> for the job id.
-        return actual == pa.string() or (
-            pa.types.is_dictionary(actual) and actual.value_type == pa.string()
+        return bool(
+            actual == pa.string() or (pa.types.is_dictionary(actual) and actual.value_type == pa.string())
         )
-    return actual == expected
+    return bool(actual == expected)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +144,8 @@ class TrajectorySchema:
         if not pa.types.is_struct(telemetry):
             raise SchemaError(f"telemetry must be a struct type, got {telemetry}", column="telemetry")
         fields = tuple(
-            pa.field("telemetry", telemetry, nullable=True) if f.name == "telemetry" else f for f in self.fields
+            pa.field("telemetry", telemetry, nullable=True) if f.name == "telemetry" else f
+            for f in self.fields
         )
         return TrajectorySchema(fields, self.required)
 
@@ -169,8 +170,7 @@ class TrajectorySchema:
         for name in self.names:
             if name in self.required and name not in present:
                 raise SchemaError(
-                    f"required column {name!r} is missing; every group carries "
-                    f"{sorted(self.required)}",
+                    f"required column {name!r} is missing; every group carries {sorted(self.required)}",
                     column=name,
                 )
         for name, f in present.items():

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from trajflight.codec._schema import KEY_COLUMNS, RAGGED_TOKEN_COLUMNS, STANDARD_SCHEMA, TrajectorySchema
 from trajflight.errors import SchemaError
 
-__all__ = ["GroupKey", "validate_group"]
+__all__ = ["GroupKey", "check_nulls", "check_ragged_lengths", "validate_group"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +57,12 @@ def _check_constant(batch: pa.RecordBatch, name: str, expected: object | None) -
     return value
 
 
-def _check_nulls(batch: pa.RecordBatch, schema: TrajectorySchema) -> None:
+def check_nulls(batch: pa.RecordBatch, schema: TrajectorySchema) -> None:
+    """No nulls in columns the schema declares non-nullable.
+
+    Raises:
+        SchemaError: naming the column and its first null row.
+    """
     for name in batch.schema.names:
         if name not in schema or schema.field(name).nullable:
             continue
@@ -69,42 +74,71 @@ def _check_nulls(batch: pa.RecordBatch, schema: TrajectorySchema) -> None:
             )
 
 
-def _check_ragged_lengths(batch: pa.RecordBatch) -> None:
+def _lengths(column: pa.Array) -> np.ndarray:
+    offsets = column.offsets.to_numpy(zero_copy_only=False)  # respects a slice; rows + 1 integers
+    return np.diff(offsets)
+
+
+def _same_offsets(a: pa.Array, b: pa.Array) -> bool:
+    return bool(
+        a.offset == b.offset and a.buffers()[1].address == b.buffers()[1].address and len(a) == len(b)
+    )
+
+
+def check_ragged_lengths(batch: pa.RecordBatch) -> None:
+    """Per-token columns agree in length per sample, and top-p candidate sets per token.
+
+    Raises:
+        SchemaError: naming the column and the first row (and token) that disagree.
+    """
     names = batch.schema.names
     present = [n for n in RAGGED_TOKEN_COLUMNS if n in names]
     if "response_ids" not in present:
         return
-    reference = pc.list_value_length(batch.column("response_ids"))
+    response = batch.column("response_ids")
+    reference = _lengths(response)
     for name in present[1:]:
-        lengths = pc.list_value_length(batch.column(name))
-        # A null top_p row means "no candidates recorded" and is exempt; a null length compares as null.
-        row = _first_false(pc.fill_null(pc.equal(lengths, reference), True))
-        if row is not None:
+        column = batch.column(name)
+        if _same_offsets(column, response):
+            continue  # one offsets buffer shared by both columns (the zero-copy encode path)
+        lengths = _lengths(column)
+        differs = lengths != reference
+        if column.null_count:
+            # A null top_p row means "no candidates recorded" and is exempt.
+            differs &= column.is_valid().to_numpy(zero_copy_only=False)
+        if differs.any():
+            row = int(np.argmax(differs))
             raise SchemaError(
-                f"column {name!r} row {row} has {lengths[row].as_py()} entries but response_ids has "
-                f"{reference[row].as_py()}: per-token columns need one entry per response token",
+                f"column {name!r} row {row} has {lengths[row]} entries but response_ids has "
+                f"{reference[row]}: per-token columns need one entry per response token",
                 column=name,
                 row=row,
             )
     if "top_p_ids" in names and "top_p_probs" in names:
-        ids, probs = batch.column("top_p_ids"), batch.column("top_p_probs")
+        _check_candidate_sets(batch.column("top_p_ids"), batch.column("top_p_probs"))
+
+
+def _check_candidate_sets(ids: pa.Array, probs: pa.Array) -> None:
+    rows = np.arange(len(ids))
+    if ids.null_count or probs.null_count:
+        # Rows without candidates on either side are exempt (filtering copies; only with nulls).
         both = pc.and_(pc.is_valid(ids), pc.is_valid(probs))
         ids, probs = ids.filter(both), probs.filter(both)
-        inner_ids = pc.list_value_length(pc.list_flatten(ids))
-        inner_probs = pc.list_value_length(pc.list_flatten(probs))
-        token = _first_false(pc.fill_null(pc.equal(inner_ids, inner_probs), True))
-        if token is not None:
-            # Map the flat token index back to its sample row and position for the message.
-            lengths = pc.list_value_length(ids).to_numpy(zero_copy_only=False)
-            starts = np.concatenate(([0], np.cumsum(lengths)))
-            local = int(np.searchsorted(starts, token, side="right") - 1)
-            row = int(pc.indices_nonzero(both).to_numpy()[local])
-            raise SchemaError(
-                f"column 'top_p_probs' row {row} token {token - int(starts[local])} has "
-                f"{inner_probs[token].as_py()} candidates but top_p_ids has {inner_ids[token].as_py()}",
-                column="top_p_probs",
-                row=row,
-            )
+        rows = rows[both.to_numpy(zero_copy_only=False)]
+    # list_flatten of a null-free list array is a zero-copy slice of its values.
+    inner_ids, inner_probs = _lengths(pc.list_flatten(ids)), _lengths(pc.list_flatten(probs))
+    differs = inner_ids != inner_probs
+    if differs.any():
+        token = int(np.argmax(differs))
+        starts = np.concatenate(([0], np.cumsum(_lengths(ids))))
+        local = int(np.searchsorted(starts, token, side="right") - 1)
+        row = int(rows[local])
+        raise SchemaError(
+            f"column 'top_p_probs' row {row} token {token - int(starts[local])} has "
+            f"{inner_probs[token]} candidates but top_p_ids has {inner_ids[token]}",
+            column="top_p_probs",
+            row=row,
+        )
 
 
 def validate_group(
@@ -141,12 +175,12 @@ def validate_group(
     except (pa.ArrowInvalid, pa.ArrowException) as exc:
         raise SchemaError(f"invalid Arrow data: {exc}; the writer sent a malformed record batch") from exc
     schema.check(batch.schema)
-    _check_nulls(batch, schema)
+    check_nulls(batch, schema)
     values = [
         _check_constant(batch, name, None if expect is None else getattr(expect, name))
         for name in KEY_COLUMNS[:3]
     ]
-    _check_ragged_lengths(batch)
+    check_ragged_lengths(batch)
     if values[0] is None:
         return None
     return GroupKey(str(values[0]), int(values[1]), int(values[2]))  # type: ignore[call-overload]

@@ -1,0 +1,332 @@
+"""Input normalisation: what rollout code holds -> Arrow arrays of the schema's types.
+
+Accepted inputs for a ragged (``list<T>``) column, checked in this order:
+
+* a ``pyarrow`` list array (or chunked array), cast to the column's type if it differs;
+* :class:`~trajflight.codec.Ragged` or a ``tuple`` ``(values, offsets)`` of arrays/tensors;
+* :class:`~trajflight.codec.Padded` (``[rows, max_len]`` plus ``lengths``);
+* a torch nested tensor (jagged layout: its values and offsets are used as they are);
+* a 2-D numpy array or torch tensor: every row has the full width;
+* a ``list`` of per-sample numpy arrays or torch tensors (concatenated: one copy, Arrow needs the
+  values contiguous);
+* a ``list`` of per-sample Python sequences (one ``pyarrow.array`` conversion).
+
+A ``tuple`` is always read as ``(values, offsets)`` and a ``list`` always as per-sample rows.
+
+Zero-copy contract: contiguous numpy arrays and CPU tensors of the column's exact dtype become Arrow
+arrays that alias their memory (the Arrow array keeps the source alive). A dtype conversion, packing a
+padded array or concatenating per-sample arrays costs one copy of the payload. Offsets are converted
+to int32 (a copy of ``rows + 1`` integers, not of payload). CUDA tensors must have been staged to host
+memory first (:mod:`trajflight.codec._device`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from trajflight.codec._containers import DoublyRagged, Padded, Ragged
+from trajflight.errors import SchemaError
+
+__all__ = [
+    "as_numpy",
+    "doubly_ragged_array",
+    "is_tensor",
+    "ragged_array",
+    "scalar_array",
+]
+
+_INT32_MIN, _INT32_MAX = np.iinfo(np.int32).min, np.iinfo(np.int32).max
+
+
+def is_tensor(obj: object) -> bool:
+    """Whether ``obj`` is a torch tensor (without importing torch when it is not loaded)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def as_numpy(obj: Any, *, column: str) -> np.ndarray:
+    """View ``obj`` (numpy array, CPU tensor, sequence) as a numpy array, without copying arrays.
+
+    Raises:
+        SchemaError: ``obj`` is a tensor on a non-CPU device (stage it first) or cannot be an array.
+    """
+    if isinstance(obj, np.ndarray):
+        return obj
+    if is_tensor(obj):
+        tensor = obj.detach()
+        if tensor.device.type != "cpu":
+            raise SchemaError(
+                f"column {column!r}: tensor on {tensor.device} reached the host path; pass it to "
+                "encode_group, which stages device tensors through one pinned buffer",
+                column=column,
+            )
+        if tensor.dtype == sys.modules["torch"].bfloat16:
+            tensor = tensor.float()  # numpy has no bfloat16: one conversion, as for any dtype change
+        array: np.ndarray = tensor.resolve_conj().resolve_neg().numpy()
+        return array
+    try:
+        return np.asarray(obj)
+    except (TypeError, ValueError) as exc:
+        raise SchemaError(
+            f"column {column!r}: cannot read {type(obj).__name__} as an array: {exc}", column=column
+        ) from exc
+
+
+def _row_of_value(offsets: np.ndarray | None, index: int) -> int | None:
+    if offsets is None:
+        return index
+    return int(np.searchsorted(offsets, index, side="right") - 1)
+
+
+def _convert_values(
+    values: np.ndarray, target: pa.DataType, *, column: str, offsets: np.ndarray | None = None
+) -> np.ndarray:
+    """Check ``values``' dtype against the Arrow ``target`` and convert it (a copy) only if needed.
+
+    Rules: integer targets take integers (range-checked); float targets take floats or integers;
+    ``uint8`` takes booleans (viewed, no copy) or integers in 0..255. Anything else is a wrong dtype.
+    """
+    values = np.ravel(values) if values.ndim != 1 else values
+    kind = values.dtype.kind
+    want = np.dtype(target.to_pandas_dtype())
+    if values.dtype == want:
+        return np.ascontiguousarray(values)
+    if want == np.uint8 and kind == "b":
+        return np.ascontiguousarray(values).view(np.uint8)
+    if want.kind in "iu":
+        if kind not in "iu":
+            raise SchemaError(
+                f"column {column!r}: wrong dtype {values.dtype}, expected integers ({target}); "
+                "token ids and masks must be integer arrays",
+                column=column,
+            )
+        info = np.iinfo(want)
+        if values.size and (values.min() < info.min or values.max() > info.max):
+            bad = int(np.argmax((values < info.min) | (values > info.max)))
+            row = _row_of_value(offsets, bad)
+            raise SchemaError(
+                f"column {column!r} row {row}: value {values[bad]} does not fit {target} "
+                f"(range {info.min}..{info.max})",
+                column=column,
+                row=row,
+            )
+        return values.astype(want)
+    if want.kind == "f" and kind in "fiu":
+        return values.astype(want)
+    raise SchemaError(f"column {column!r}: wrong dtype {values.dtype}, expected {target}", column=column)
+
+
+def _offsets_int32(offsets: np.ndarray, num_values: int, *, column: str) -> np.ndarray:
+    if offsets.ndim != 1 or offsets.size == 0 or offsets.dtype.kind not in "iu":
+        raise SchemaError(
+            f"column {column!r}: offsets must be a non-empty 1-D integer array (rows + 1 entries), got "
+            f"shape {offsets.shape} dtype {offsets.dtype}",
+            column=column,
+        )
+    steps = np.diff(offsets)
+    if steps.size and steps.min() < 0:
+        row = int(np.argmax(steps < 0))
+        raise SchemaError(f"column {column!r} row {row}: offsets decrease", column=column, row=row)
+    if offsets[0] < 0 or offsets[-1] > num_values:
+        raise SchemaError(
+            f"column {column!r}: offsets span {offsets[0]}..{offsets[-1]} but there are {num_values} values",
+            column=column,
+        )
+    if offsets[-1] > _INT32_MAX:
+        raise SchemaError(f"column {column!r}: more than 2**31 - 1 values in one group", column=column)
+    return offsets if offsets.dtype == np.int32 else offsets.astype(np.int32)
+
+
+def _list_from_values(
+    values: np.ndarray, offsets: np.ndarray, value_type: pa.DataType, *, column: str
+) -> pa.ListArray:
+    offsets = _offsets_int32(as_numpy(offsets, column=column), len(values), column=column)
+    converted = _convert_values(values, value_type, column=column, offsets=offsets)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(converted, type=value_type))
+
+
+def _pack_padded(padded: Padded[Any], value_type: pa.DataType, *, column: str) -> pa.ListArray:
+    values = as_numpy(padded.values, column=column)
+    lengths = as_numpy(padded.lengths, column=column)
+    if values.ndim != 2 or lengths.ndim != 1 or len(lengths) != len(values):
+        raise SchemaError(
+            f"column {column!r}: Padded needs values [rows, max_len] and lengths [rows], got "
+            f"{values.shape} and {lengths.shape}",
+            column=column,
+        )
+    if lengths.size and (lengths.min() < 0 or lengths.max() > values.shape[1]):
+        row = int(np.argmax((lengths < 0) | (lengths > values.shape[1])))
+        raise SchemaError(
+            f"column {column!r} row {row}: length {lengths[row]} outside 0..{values.shape[1]}",
+            column=column,
+            row=row,
+        )
+    mask = np.arange(values.shape[1]) < lengths[:, None]
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return _list_from_values(values[mask], offsets, value_type, column=column)
+
+
+def _first_bad_row(rows: Sequence[Any], type_: pa.DataType) -> int | None:
+    for i, row in enumerate(rows):
+        try:
+            pa.array([row], type=type_)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+            return i
+    return None
+
+
+def _from_python(rows: Sequence[Any], type_: pa.DataType, *, column: str) -> pa.Array:
+    try:
+        return pa.array(rows, type=type_)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+        row = _first_bad_row(rows, type_)
+        raise SchemaError(
+            f"column {column!r} row {row}: cannot convert to {type_}: {exc}", column=column, row=row
+        ) from exc
+
+
+def _from_arrow(obj: pa.Array | pa.ChunkedArray, type_: pa.DataType, *, column: str) -> pa.Array:
+    array = obj.combine_chunks() if isinstance(obj, pa.ChunkedArray) else obj
+    if array.type == type_:
+        return array
+    try:
+        return array.cast(type_)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        raise SchemaError(
+            f"column {column!r}: Arrow array of type {array.type} cannot become {type_}: {exc}", column=column
+        ) from exc
+
+
+def ragged_array(obj: Any, value_type: pa.DataType, *, column: str) -> pa.ListArray:
+    """Build a ``list<value_type>`` array from any ragged input listed in the module docstring.
+
+    Raises:
+        SchemaError: wrong dtype, values out of range, malformed offsets or lengths; naming the row.
+    """
+    list_type = pa.list_(value_type)
+    if isinstance(obj, pa.Array | pa.ChunkedArray):
+        return _from_arrow(obj, list_type, column=column)
+    if isinstance(obj, Ragged):
+        return _list_from_values(as_numpy(obj.values, column=column), obj.offsets, value_type, column=column)
+    if isinstance(obj, tuple):
+        if len(obj) != 2:
+            raise SchemaError(
+                f"column {column!r}: a tuple is read as (values, offsets) but has {len(obj)} items; pass "
+                "per-sample rows as a list",
+                column=column,
+            )
+        return _list_from_values(as_numpy(obj[0], column=column), obj[1], value_type, column=column)
+    if isinstance(obj, Padded):
+        return _pack_padded(obj, value_type, column=column)
+    if is_tensor(obj) and obj.is_nested:
+        if obj.layout == sys.modules["torch"].jagged:
+            values = as_numpy(obj.values(), column=column)
+            return _list_from_values(values, obj.offsets(), value_type, column=column)
+        obj = list(obj.unbind())  # strided nested tensor: no shared values buffer to alias
+    if isinstance(obj, np.ndarray) or is_tensor(obj):
+        array = as_numpy(obj, column=column)
+        if array.ndim != 2:
+            raise SchemaError(
+                f"column {column!r}: an array input must be 2-D [rows, length] (got {array.ndim}-D); pass "
+                "ragged rows as a list, a Ragged, a Padded or a nested tensor",
+                column=column,
+            )
+        rows, width = array.shape
+        offsets = np.arange(rows + 1, dtype=np.int64) * width
+        return _list_from_values(array.reshape(-1), offsets, value_type, column=column)
+    if not isinstance(obj, Sequence) or isinstance(obj, str | bytes):
+        raise SchemaError(
+            f"column {column!r}: cannot read {type(obj).__name__} as ragged rows; see "
+            "trajflight.codec.encode_group for accepted inputs",
+            column=column,
+        )
+    if obj and all(isinstance(row, np.ndarray) or is_tensor(row) for row in obj):
+        parts = [as_numpy(row, column=column) for row in obj]
+        for i, part in enumerate(parts):
+            if part.ndim != 1:
+                raise SchemaError(
+                    f"column {column!r} row {i}: expected a 1-D array, got shape {part.shape}",
+                    column=column,
+                    row=i,
+                )
+        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum([len(p) for p in parts], out=offsets[1:])
+        values = np.concatenate(parts) if parts else np.empty(0, dtype=value_type.to_pandas_dtype())
+        return _list_from_values(values, offsets, value_type, column=column)
+    return _from_python(obj, list_type, column=column)
+
+
+def doubly_ragged_array(obj: Any, value_type: pa.DataType, *, column: str) -> pa.ListArray:
+    """Build a ``list<list<value_type>>`` array (per sample, per token, candidates).
+
+    Accepts a pyarrow array, :class:`~trajflight.codec.DoublyRagged` (zero-copy from contiguous
+    values of the right dtype) or per-sample nested Python lists (``None`` for a sample without
+    candidates).
+
+    Raises:
+        SchemaError: wrong dtype, values out of range or malformed offsets.
+    """
+    list_type = pa.list_(pa.list_(value_type))
+    if isinstance(obj, pa.Array | pa.ChunkedArray):
+        return _from_arrow(obj, list_type, column=column)
+    if isinstance(obj, DoublyRagged):
+        inner = _list_from_values(
+            as_numpy(obj.values, column=column), obj.inner_offsets, value_type, column=column
+        )
+        outer = _offsets_int32(as_numpy(obj.outer_offsets, column=column), len(inner), column=column)
+        return pa.ListArray.from_arrays(pa.array(outer), inner)
+    if isinstance(obj, Sequence) and not isinstance(obj, str | bytes):
+        return _from_python(obj, list_type, column=column)
+    raise SchemaError(
+        f"column {column!r}: cannot read {type(obj).__name__} as doubly ragged rows; pass nested lists, a "
+        "DoublyRagged or a pyarrow list<list<...>> array",
+        column=column,
+    )
+
+
+def scalar_array(obj: Any, type_: pa.DataType, *, column: str, rows: int) -> pa.Array:
+    """Build a per-sample column of ``type_`` with ``rows`` entries.
+
+    A Python scalar is repeated for every sample; numpy arrays and CPU tensors of the exact dtype are
+    aliased, other numeric dtypes converted (one copy) under the rules of integer/float targets; Python
+    sequences are converted once (``None`` becomes null); pyarrow arrays are cast if needed.
+
+    Raises:
+        SchemaError: wrong dtype, out-of-range value or a length other than ``rows``.
+    """
+    if isinstance(obj, pa.Array | pa.ChunkedArray):
+        array = _from_arrow(obj, type_, column=column)
+    elif isinstance(obj, np.ndarray) or is_tensor(obj):
+        values = as_numpy(obj, column=column)
+        if values.ndim == 0:
+            return scalar_array(values.item(), type_, column=column, rows=rows)
+        if values.ndim != 1:
+            raise SchemaError(
+                f"column {column!r}: expected one value per sample (1-D), got shape {values.shape}",
+                column=column,
+            )
+        if pa.types.is_primitive(type_) and not pa.types.is_boolean(type_):
+            array = pa.array(_convert_values(values, type_, column=column), type=type_)
+        else:
+            array = _from_python(values.tolist(), type_, column=column)
+    elif isinstance(obj, Sequence) and not isinstance(obj, str | bytes):
+        array = _from_python(obj, type_, column=column)
+    else:
+        try:
+            scalar = pa.scalar(obj, type=type_)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+            raise SchemaError(
+                f"column {column!r}: cannot convert {obj!r} to {type_}: {exc}", column=column
+            ) from exc
+        return pa.repeat(scalar, rows)
+    if len(array) != rows:
+        raise SchemaError(
+            f"column {column!r} has {len(array)} entries but the group has {rows} samples", column=column
+        )
+    return array

@@ -1,0 +1,368 @@
+"""Decoding: record batches (one group, or several: a training batch) -> torch tensors or numpy arrays.
+
+Memory and ownership:
+
+* Primitive columns and the values of ``list<T>``/``list<list<T>>`` columns reach torch through DLPack
+  (numpy through ``to_numpy(zero_copy_only=True)``) and **alias Arrow's buffers**: no copy, the tensors
+  keep the Arrow memory alive, and writing to them writes to the Arrow data (a stored group, if the
+  batch aliases one). Clone before writing.
+* Offsets are normalised to start at zero; when a slice makes them start elsewhere they are rebased
+  (a copy of ``rows + 1`` integers, never of the payload).
+* Columns of several chunks (a table or a list of batches) are joined with one copy of their values.
+* Buffers whose address is not a multiple of the element size (seen on Flight receive buffers) are
+  copied once to aligned memory.
+* ``bool`` columns are converted to ``uint8`` (one copy): Arrow's bit-packed booleans have no DLPack
+  export. Nulls in primitive columns need ``fill_nulls`` (one copy); nulls in list columns are refused.
+* ``layout="padded"`` builds a new ``[rows, max_len]`` tensor (one copy); ``device="cuda"`` adds the
+  one pinned staging copy and an asynchronous host-to-device copy (:mod:`trajflight.codec._device`).
+
+It does not guarantee that decoded CPU tensors stay valid if the caller frees Arrow memory by other
+means than dropping references (for example by unmapping a file it mapped itself).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from trajflight.codec._containers import DoublyRagged, NumpyBatch, Padded, Ragged, TorchBatch
+from trajflight.errors import InvalidRequestError, SchemaError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Layout", "decode", "decode_numpy"]
+
+Layout = Literal["jagged", "padded"]
+
+BatchLike: TypeAlias = pa.RecordBatch | pa.Table | Sequence[pa.RecordBatch]
+
+
+@dataclass(frozen=True, slots=True)
+class _Flat:
+    values: pa.Array
+
+
+@dataclass(frozen=True, slots=True)
+class _List:
+    values: pa.Array
+    offsets: pa.Array
+    max_len: int
+
+
+@dataclass(frozen=True, slots=True)
+class _List2:
+    values: pa.Array
+    outer: pa.Array
+    inner: pa.Array
+
+
+@dataclass(frozen=True, slots=True)
+class _Other:
+    array: pa.Array
+
+
+_Plan = _Flat | _List | _List2 | _Other
+
+
+def _is_numeric(type_: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(type_) or pa.types.is_floating(type_))
+
+
+def _is_list(type_: pa.DataType) -> bool:
+    return bool(pa.types.is_list(type_) or pa.types.is_large_list(type_))
+
+
+def _as_table(data: BatchLike) -> pa.Table:
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if isinstance(data, Iterable):
+        batches: list[Any] = list(data)
+        if not batches:
+            raise InvalidRequestError("decode() got an empty list of record batches; pass at least one")
+        for i, batch in enumerate(batches):
+            if not isinstance(batch, pa.RecordBatch):
+                raise InvalidRequestError(f"decode() item {i} is a {type(batch).__name__}, not a RecordBatch")
+            if not batch.schema.equals(batches[0].schema):
+                raise SchemaError(
+                    f"record batch {i} has another schema than batch 0 (columns {batch.schema.names} vs "
+                    f"{batches[0].schema.names}); decode groups of one schema together or project with "
+                    "columns=[...]",
+                )
+        return pa.Table.from_batches(batches)
+    raise InvalidRequestError(
+        f"decode() takes a RecordBatch, a Table or a list of RecordBatches, not {type(data).__name__}"
+    )
+
+
+def _single_chunk(column: pa.ChunkedArray) -> pa.Array:
+    if column.num_chunks == 1:
+        return column.chunk(0)
+    if column.num_chunks == 0:
+        return pa.array([], type=column.type)
+    return pa.concat_arrays(column.chunks)  # the one copy that joining groups costs
+
+
+def _aligned(array: pa.Array) -> pa.Array:
+    """``array`` itself, or an aligned copy when its data buffer is misaligned for its element type."""
+    width = array.type.bit_width // 8
+    buffer = array.buffers()[1]
+    if buffer is None or width <= 1 or (buffer.address + array.offset * width) % width == 0:
+        return array
+    return pa.array(np.array(array.to_numpy(zero_copy_only=False), copy=True), type=array.type)
+
+
+def _first_null(array: pa.Array) -> int:
+    return int(pc.index(pc.is_null(array), True).as_py())
+
+
+def _flat(name: str, array: pa.Array, fill_nulls: Mapping[str, Any]) -> _Flat:
+    if pa.types.is_boolean(array.type):
+        array = array.cast(pa.uint8())
+    if array.null_count:
+        if name not in fill_nulls:
+            row = _first_null(array)
+            raise SchemaError(
+                f"column {name!r} row {row} is null; pass fill_nulls={{{name!r}: value}} to decode it",
+                column=name,
+                row=row,
+            )
+        array = pc.fill_null(array, pa.scalar(fill_nulls[name], type=array.type))
+    return _Flat(_aligned(array))
+
+
+def _rebased(array: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """(values, offsets) of a list array with offsets starting at zero and values sliced to match."""
+    offsets = array.offsets
+    start, end = offsets[0].as_py(), offsets[-1].as_py()
+    values = array.values.slice(start, end - start)
+    if start:
+        offsets = pc.subtract(offsets, pa.scalar(start, type=offsets.type))
+    return values, _aligned(offsets)
+
+
+def _no_nulls(name: str, array: pa.Array, what: str) -> None:
+    if array.null_count:
+        row = _first_null(array)
+        raise SchemaError(
+            f"column {name!r}: {what} {row} is null; ragged columns decode without nulls: fill them "
+            "(pyarrow.compute.fill_null) or leave the column out with columns=[...]",
+            column=name,
+            row=row if what == "row" else None,
+        )
+
+
+def _plan(name: str, array: pa.Array, fill_nulls: Mapping[str, Any]) -> _Plan:
+    type_ = array.type
+    if _is_numeric(type_) or pa.types.is_boolean(type_):
+        return _flat(name, array, fill_nulls)
+    if _is_list(type_) and _is_numeric(type_.value_type):
+        _no_nulls(name, array, "row")
+        values, offsets = _rebased(array)
+        _no_nulls(name, values, "value")
+        lengths = pc.list_value_length(array)
+        max_len = pc.max(lengths).as_py() if len(array) else 0
+        return _List(_aligned(values), offsets, int(max_len or 0))
+    if _is_list(type_) and _is_list(type_.value_type) and _is_numeric(type_.value_type.value_type):
+        _no_nulls(name, array, "row")
+        tokens, outer = _rebased(array)
+        _no_nulls(name, tokens, "token")
+        values, inner = _rebased(tokens)
+        _no_nulls(name, values, "value")
+        return _List2(_aligned(values), outer, inner)
+    return _Other(array)
+
+
+def _plans(
+    data: BatchLike, columns: Sequence[str] | None, fill_nulls: Mapping[str, Any] | None
+) -> tuple[int, dict[str, _Plan]]:
+    table = _as_table(data)
+    names = list(table.schema.names if columns is None else columns)
+    missing = [n for n in names if n not in table.schema.names]
+    if missing:
+        raise SchemaError(
+            f"columns {missing} are not in the batch (it has {table.schema.names})", column=missing[0]
+        )
+    fills = dict(fill_nulls or {})
+    return table.num_rows, {n: _plan(n, _single_chunk(table.column(n)), fills) for n in names}
+
+
+def _check_layout(layout: str) -> None:
+    if layout not in ("jagged", "padded"):
+        raise InvalidRequestError(f"layout must be 'jagged' or 'padded', got {layout!r}")
+
+
+def _pad_numpy(values: np.ndarray, offsets: np.ndarray, max_len: int, pad: Any) -> Padded[np.ndarray]:
+    lengths = np.diff(offsets).astype(np.int64)
+    out = np.full((len(lengths), max_len), pad, dtype=values.dtype)
+    out[np.arange(max_len) < lengths[:, None]] = values
+    return Padded(out, lengths)
+
+
+def decode_numpy(
+    data: BatchLike,
+    *,
+    columns: Sequence[str] | None = None,
+    layout: Layout = "jagged",
+    padding_value: float = 0,
+    fill_nulls: Mapping[str, Any] | None = None,
+) -> NumpyBatch:
+    """Decode one or more groups to numpy arrays (the twin of :func:`decode`).
+
+    Args:
+        data: A record batch, a table or a list of record batches of one schema.
+        columns: Columns to decode (default all), in this order.
+        layout: ``"jagged"``: ``list<T>`` columns as :class:`Ragged` (values, offsets from 0);
+            ``"padded"``: as :class:`Padded` (``[rows, max_len]`` array plus lengths, one copy).
+        padding_value: Fill value of padded arrays.
+        fill_nulls: Per primitive column, the value that replaces nulls (one copy).
+
+    Returns:
+        A :class:`NumpyBatch`; primitive arrays and ragged values alias Arrow's buffers (read-only
+        views, no copy) except where the module docstring lists a copy.
+
+    Raises:
+        SchemaError: a missing column, nulls without a fill value, or batches of different schemas.
+        InvalidRequestError: an unknown layout or an input that is not Arrow data.
+    """
+    _check_layout(layout)
+    rows, plans = _plans(data, columns, fill_nulls)
+    out = NumpyBatch(rows, tuple(plans), {}, {}, {}, {}, {})
+    for name, plan in plans.items():
+        if isinstance(plan, _Flat):
+            out.arrays[name] = plan.values.to_numpy(zero_copy_only=True)
+        elif isinstance(plan, _List):
+            values = plan.values.to_numpy(zero_copy_only=True)
+            offsets = plan.offsets.to_numpy(zero_copy_only=True)
+            if layout == "padded":
+                out.padded[name] = _pad_numpy(values, offsets, plan.max_len, padding_value)
+            else:
+                out.ragged[name] = Ragged(values, offsets)
+        elif isinstance(plan, _List2):
+            out.doubly_ragged[name] = DoublyRagged(
+                *(a.to_numpy(zero_copy_only=True) for a in (plan.values, plan.outer, plan.inner))
+            )
+        else:
+            out.arrow[name] = plan.array
+    return out
+
+
+def _pad_torch(values: torch.Tensor, offsets: torch.Tensor, max_len: int, pad: Any) -> Padded[torch.Tensor]:
+    import torch
+
+    lengths = (offsets[1:] - offsets[:-1]).to(torch.int64)
+    out = torch.full((len(lengths), max_len), pad, dtype=values.dtype)
+    out[torch.arange(max_len) < lengths[:, None]] = values
+    return Padded(out, lengths)
+
+
+class _DropFxTracingNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("is_fx_tracing will return true")
+
+
+@functools.cache
+def _quiet_torch_fx_notice() -> None:
+    # torch 2.13: nested_tensor_from_jagged calls torch.fx's is_fx_tracing(), which logs a one-time
+    # notice meant for tracer authors; it says nothing to a trajflight user. Drop only that record.
+    logging.getLogger("torch.fx._symbolic_trace").addFilter(_DropFxTracingNotice())
+
+
+def decode(
+    data: BatchLike,
+    *,
+    columns: Sequence[str] | None = None,
+    layout: Layout = "jagged",
+    device: str | None = None,
+    padding_value: float = 0,
+    fill_nulls: Mapping[str, Any] | None = None,
+) -> TorchBatch:
+    """Decode one or more groups (a training batch) to torch tensors through DLPack.
+
+    Args:
+        data: A record batch, a table or a list of record batches of one schema.
+        columns: Columns to decode (default all), in this order.
+        layout: ``"jagged"``: ``list<T>`` columns as jagged nested tensors
+            (``torch.nested.nested_tensor_from_jagged(values, offsets, max_seqlen=...)``);
+            ``"padded"``: as :class:`Padded` (``[rows, max_len]`` tensor plus int64 lengths, one copy).
+        device: ``None``/``"cpu"`` keeps tensors on the host, aliasing Arrow; a CUDA device moves every
+            tensor through one pinned staging buffer with one non-blocking copy on a side stream (the
+            caller's current stream is made to wait for it).
+        padding_value: Fill value of padded tensors.
+        fill_nulls: Per primitive column, the value that replaces nulls (one copy).
+
+    Returns:
+        A :class:`TorchBatch`. On the CPU, primitive tensors and the values of ragged tensors alias
+        Arrow's buffers (no copy; writes go through to the Arrow data) except where the module
+        docstring lists a copy. ``list<list<T>>`` columns are :class:`DoublyRagged`; strings, structs
+        and dictionaries stay Arrow arrays in ``.arrow``.
+
+    Raises:
+        SchemaError: a missing column, nulls without a fill value, or batches of different schemas.
+        InvalidRequestError: an unknown layout or device, or an input that is not Arrow data.
+    """
+    import torch
+    from torch.utils.dlpack import from_dlpack
+
+    _quiet_torch_fx_notice()
+    _check_layout(layout)
+    on_cpu = device is None or torch.device(device).type == "cpu"
+    if not on_cpu and torch.device(device).type != "cuda":  # type: ignore[arg-type]
+        raise InvalidRequestError(f"device must be 'cpu' or a CUDA device, got {device!r}")
+    rows, plans = _plans(data, columns, fill_nulls)
+    # Host tensors first (zero-copy views of Arrow), in a flat list so a device move is one copy.
+    host: list[torch.Tensor] = []
+    slots: dict[str, tuple[int, ...]] = {}
+    arrow: dict[str, pa.Array] = {}
+    max_lens: dict[str, int] = {}
+    for name, plan in plans.items():
+        if isinstance(plan, _Flat):
+            pieces: tuple[torch.Tensor, ...] = (from_dlpack(plan.values),)
+        elif isinstance(plan, _List):
+            values, offsets = from_dlpack(plan.values), from_dlpack(plan.offsets)
+            if layout == "padded":
+                padded = _pad_torch(values, offsets, plan.max_len, padding_value)
+                pieces = (padded.values, padded.lengths)
+            else:
+                pieces = (values, offsets)
+            max_lens[name] = plan.max_len
+        elif isinstance(plan, _List2):
+            pieces = tuple(from_dlpack(a) for a in (plan.values, plan.outer, plan.inner))
+        else:
+            arrow[name] = plan.array
+            continue
+        slots[name] = tuple(range(len(host), len(host) + len(pieces)))
+        host.extend(pieces)
+
+    keepalive = None
+    tensors_out = host
+    if not on_cpu and host:
+        from trajflight.codec._device import to_device
+
+        tensors_out, keepalive = to_device(host, str(device))
+
+    out = TorchBatch(rows, tuple(plans), {}, {}, {}, arrow, "cpu" if on_cpu else str(device), keepalive)
+    for name, plan in plans.items():
+        if name not in slots:
+            continue
+        got = [tensors_out[i] for i in slots[name]]
+        if isinstance(plan, _Flat):
+            out.tensors[name] = got[0]
+        elif isinstance(plan, _List) and layout == "padded":
+            out.padded[name] = Padded(got[0], got[1])
+        elif isinstance(plan, _List):
+            out.tensors[name] = torch.nested.nested_tensor_from_jagged(
+                got[0], got[1], max_seqlen=max_lens[name]
+            )
+        else:
+            out.doubly_ragged[name] = DoublyRagged(got[0], got[1], got[2])
+    return out

@@ -1,0 +1,276 @@
+"""Encoding: one GRPO group (K samples of one prompt) -> one ``pyarrow.RecordBatch``.
+
+Memory: from contiguous numpy arrays and CPU tensors of the schema's dtypes the batch aliases the
+caller's memory (no payload copy; Arrow keeps the sources alive, so do not write to them afterwards).
+Per-sample arrays are concatenated, padded inputs packed and other dtypes converted: one copy each.
+Python lists go through one ``pyarrow.array`` conversion. CUDA tensors are staged through one pinned
+host buffer (:mod:`trajflight.codec._device`) and the batch aliases that buffer.
+
+It does not guarantee that the returned batch is independent of the inputs: copy them first
+(``np.copy``/``tensor.clone()``) if the rollout engine reuses its buffers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from trajflight.codec._arrays import doubly_ragged_array, is_tensor, ragged_array, scalar_array
+from trajflight.codec._device import stage_to_host
+from trajflight.codec._schema import STANDARD_SCHEMA, TrajectorySchema
+from trajflight.codec._validate import GroupKey, check_nulls, check_ragged_lengths
+from trajflight.errors import SchemaError
+
+__all__ = ["encode_group"]
+
+_FINISH_REASON_TYPE = pa.dictionary(pa.int8(), pa.string())
+
+
+def _check_key(job_id: object, epoch: object, group_id: object) -> GroupKey:
+    if not isinstance(job_id, str) or not job_id:
+        raise SchemaError(f"job_id must be a non-empty string, got {job_id!r}", column="job_id")
+    for name, value in (("epoch", epoch), ("group_id", group_id)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+            raise SchemaError(f"{name} must be a non-negative integer, got {value!r}", column=name)
+    return GroupKey(job_id, int(epoch), int(group_id))  # type: ignore[call-overload]
+
+
+def _is_flat_prompt(prompt: Any) -> bool:
+    """A single prompt shared by the K samples: a 1-D array/tensor or a flat list of ints."""
+    if isinstance(prompt, np.ndarray) or (is_tensor(prompt) and not prompt.is_nested):
+        return bool(prompt.ndim == 1)
+    return isinstance(prompt, list) and (not prompt or isinstance(prompt[0], int | np.integer))
+
+
+def _prompt_array(prompt: Any, rows: int) -> pa.ListArray:
+    if not _is_flat_prompt(prompt):
+        array = ragged_array(prompt, pa.int32(), column="prompt_ids")
+    else:
+        # One prompt shared by the K samples: stored once per row, as the row-per-sample layout needs.
+        single = ragged_array([prompt], pa.int32(), column="prompt_ids")
+        array = pa.concat_arrays([single] * rows) if rows else single.slice(0, 0)
+    return array
+
+
+def _finish_reason_array(value: Any, rows: int) -> pa.Array:
+    if isinstance(value, pa.Array | pa.ChunkedArray):
+        array = value.combine_chunks() if isinstance(value, pa.ChunkedArray) else value
+    else:
+        array = scalar_array(value, pa.string(), column="finish_reason", rows=rows)
+    if not pa.types.is_dictionary(array.type):
+        array = array.dictionary_encode()
+    if len(array.dictionary) > np.iinfo(np.int8).max:
+        raise SchemaError(
+            f"column 'finish_reason' has {len(array.dictionary)} distinct values; at most 127 fit int8 codes",
+            column="finish_reason",
+        )
+    return array.cast(_FINISH_REASON_TYPE)
+
+
+def _telemetry_array(value: Any, declared: pa.DataType, rows: int) -> pa.Array:
+    # The standard schema declares an empty struct: the engine's fields are then inferred.
+    struct_type = None if declared == pa.struct([]) else declared
+    if isinstance(value, Mapping):
+        fields = [
+            scalar_array(v, _infer_type(v), column=f"telemetry.{k}", rows=rows) for k, v in value.items()
+        ]
+        array: pa.Array = pa.StructArray.from_arrays(fields, names=list(value))
+    elif isinstance(value, pa.Array | pa.ChunkedArray):
+        array = value.combine_chunks() if isinstance(value, pa.ChunkedArray) else value
+    else:
+        try:
+            array = pa.array(value, type=struct_type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
+            raise SchemaError(f"column 'telemetry': {exc}", column="telemetry") from exc
+    if not pa.types.is_struct(array.type):
+        raise SchemaError(
+            f"column 'telemetry' must be a struct (list of dicts or dict of columns), got {array.type}",
+            column="telemetry",
+        )
+    if struct_type is not None and array.type != struct_type:
+        try:
+            array = array.cast(struct_type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            raise SchemaError(
+                f"column 'telemetry' of type {array.type} does not fit the declared {struct_type}: {exc}",
+                column="telemetry",
+            ) from exc
+    if len(array) != rows:
+        raise SchemaError(
+            f"column 'telemetry' has {len(array)} entries but the group has {rows} samples",
+            column="telemetry",
+        )
+    return array
+
+
+def _infer_type(value: Any) -> pa.DataType:
+    if isinstance(value, pa.Array | pa.ChunkedArray):
+        return value.type
+    if isinstance(value, np.ndarray) or is_tensor(value):
+        return pa.from_numpy_dtype(np.asarray(value[:0].numpy() if is_tensor(value) else value).dtype)
+    return pa.array(list(value)).type
+
+
+def _user_column(name: str, value: Any, declared: pa.DataType | None, rows: int) -> pa.Array:
+    type_ = declared
+    if type_ is None:
+        if (isinstance(value, np.ndarray) or is_tensor(value)) and (
+            value.ndim == 2 or getattr(value, "is_nested", False)
+        ):
+            element = value.values() if getattr(value, "is_nested", False) else value
+            type_ = pa.list_(_infer_type(element.reshape(-1)))
+        else:
+            type_ = _infer_type(value)
+    if pa.types.is_list(type_) and pa.types.is_list(type_.value_type):
+        array = doubly_ragged_array(value, type_.value_type.value_type, column=name)
+    elif pa.types.is_list(type_) and pa.types.is_primitive(type_.value_type):
+        array = ragged_array(value, type_.value_type, column=name)
+    else:
+        array = scalar_array(value, type_, column=name, rows=rows)
+    if len(array) != rows:
+        raise SchemaError(
+            f"column {name!r} has {len(array)} entries but the group has {rows} samples", column=name
+        )
+    return array
+
+
+def encode_group(
+    *,
+    job_id: str,
+    epoch: int,
+    group_id: int,
+    prompt_ids: Any,
+    response_ids: Any,
+    response_logprobs: Any,
+    reward: Any,
+    loss_mask: Any | None = None,
+    advantage: Any | None = None,
+    policy_version: Any = 0,
+    sample_ids: Sequence[str] | None = None,
+    top_p_ids: Any | None = None,
+    top_p_probs: Any | None = None,
+    finish_reason: Any | None = None,
+    telemetry: Any | None = None,
+    extra: Mapping[str, Any] | None = None,
+    schema: TrajectorySchema = STANDARD_SCHEMA,
+) -> pa.RecordBatch:
+    """Build the record batch of one trajectory group (one row per sample).
+
+    Ragged token columns (``prompt_ids``, ``response_ids``, ``response_logprobs``, ``loss_mask``) take
+    any input of :mod:`trajflight.codec._arrays`: per-sample Python lists, per-sample arrays or tensors,
+    a torch nested jagged tensor, ``(values, offsets)``, :class:`Padded`, a 2-D array, or a pyarrow
+    array. CUDA tensors are accepted anywhere and staged through one pinned host buffer.
+
+    Args:
+        job_id: The training run.
+        epoch: The job's incarnation (non-negative).
+        group_id: The group's id, unique within job and epoch (non-negative).
+        prompt_ids: Per-sample prompts, or one flat prompt (1-D array or list of ints) shared by all
+            samples of the group.
+        response_ids: Per-sample response token ids; fixes the number of samples K.
+        response_logprobs: Per-token logprobs, same lengths as ``response_ids``. NaN/inf are kept.
+        reward: One value per sample (sequence, array or tensor).
+        loss_mask: Per-token mask (bool or 0/1 integers); default: every response token is trained on.
+        advantage: One value per sample, ``None`` entries become nulls; omitted when not given.
+        policy_version: The weights version, one int for the group or one per sample.
+        sample_ids: Globally unique ids; default ``"{job_id}/{epoch}/{group_id}/{sample_index}"``.
+        top_p_ids: Per sample, per response token, the candidate token ids (doubly ragged).
+        top_p_probs: The candidates' probabilities, same shape as ``top_p_ids``.
+        finish_reason: One string per sample (stored as ``dictionary<int8, string>``).
+        telemetry: Per-sample engine telemetry: a list of dicts, a dict of per-sample columns or a
+            pyarrow struct array.
+        extra: User columns by name, typed by ``schema`` where it declares them, else inferred.
+        schema: The job's schema (the standard one extended with user columns).
+
+    Returns:
+        A validated ``pyarrow.RecordBatch`` whose buffers alias contiguous inputs of matching dtype.
+
+    Raises:
+        SchemaError: naming the column (and row) of the first problem; nothing is returned half-built.
+    """
+    key = _check_key(job_id, epoch, group_id)
+    inputs: dict[str, Any] = {
+        "prompt_ids": prompt_ids,
+        "response_ids": response_ids,
+        "response_logprobs": response_logprobs,
+        "reward": reward,
+        "loss_mask": loss_mask,
+        "advantage": advantage,
+        "policy_version": policy_version,
+        "top_p_ids": top_p_ids,
+        "top_p_probs": top_p_probs,
+        "telemetry": telemetry,
+        **(extra or {}),
+    }
+    for name in extra or {}:
+        if name in _STANDARD_ARGUMENTS:
+            raise SchemaError(
+                f"extra column {name!r} is a standard column; pass it as the keyword argument {name}=",
+                column=name,
+            )
+    inputs = stage_to_host({k: v for k, v in inputs.items() if v is not None})
+
+    responses = ragged_array(inputs["response_ids"], pa.int32(), column="response_ids")
+    rows = len(responses)
+    arrays: dict[str, pa.Array] = {
+        "job_id": pa.repeat(pa.scalar(key.job_id, pa.string()), rows),
+        "epoch": pa.repeat(pa.scalar(key.epoch, pa.int64()), rows),
+        "group_id": pa.repeat(pa.scalar(key.group_id, pa.int64()), rows),
+        "sample_index": pa.array(np.arange(rows, dtype=np.int32)),
+        "sample_id": (
+            scalar_array(sample_ids, pa.string(), column="sample_id", rows=rows)
+            if sample_ids is not None
+            else pa.array([f"{key.job_id}/{key.epoch}/{key.group_id}/{i}" for i in range(rows)], pa.string())
+        ),
+        "policy_version": scalar_array(
+            inputs["policy_version"], pa.int64(), column="policy_version", rows=rows
+        ),
+        "prompt_ids": _prompt_array(inputs["prompt_ids"], rows),
+        "response_ids": responses,
+        "response_logprobs": ragged_array(
+            inputs["response_logprobs"], pa.float32(), column="response_logprobs"
+        ),
+    }
+    if "loss_mask" in inputs:
+        arrays["loss_mask"] = ragged_array(inputs["loss_mask"], pa.uint8(), column="loss_mask")
+    else:
+        ones = np.ones(len(responses.values), dtype=np.uint8)
+        arrays["loss_mask"] = pa.ListArray.from_arrays(responses.offsets, pa.array(ones))
+    arrays["reward"] = scalar_array(inputs["reward"], pa.float32(), column="reward", rows=rows)
+    if "advantage" in inputs:
+        arrays["advantage"] = scalar_array(inputs["advantage"], pa.float32(), column="advantage", rows=rows)
+    if "top_p_ids" in inputs:
+        arrays["top_p_ids"] = doubly_ragged_array(inputs["top_p_ids"], pa.int32(), column="top_p_ids")
+    if "top_p_probs" in inputs:
+        arrays["top_p_probs"] = doubly_ragged_array(inputs["top_p_probs"], pa.float32(), column="top_p_probs")
+    if finish_reason is not None:
+        arrays["finish_reason"] = _finish_reason_array(finish_reason, rows)
+    if "telemetry" in inputs:
+        arrays["telemetry"] = _telemetry_array(inputs["telemetry"], schema.field("telemetry").type, rows)
+    for name in extra or {}:
+        declared = schema.field(name).type if name in schema else None
+        arrays[name] = _user_column(name, inputs[name], declared, rows)
+
+    for name, array in arrays.items():
+        if len(array) != rows:
+            raise SchemaError(
+                f"column {name!r} has {len(array)} rows but response_ids has {rows}: every column needs "
+                "one entry per sample",
+                column=name,
+            )
+    fields = [
+        schema.field(name).with_type(array.type) if name in schema else pa.field(name, array.type)
+        for name, array in arrays.items()
+    ]
+    batch = pa.RecordBatch.from_arrays(list(arrays.values()), schema=pa.schema(fields))
+    # The key columns were built here; what came from the caller is checked.
+    schema.check(batch.schema)
+    check_nulls(batch, schema)
+    check_ragged_lengths(batch)
+    return batch
+
+
+_STANDARD_ARGUMENTS = frozenset(STANDARD_SCHEMA.names)

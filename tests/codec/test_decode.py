@@ -1,0 +1,224 @@
+"""decode / decode_numpy: zero-copy views, layouts, slices, chunks, alignment, nulls, devices."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+import torch
+
+from trajflight.codec import decode, decode_numpy, encode_group
+from trajflight.errors import InvalidRequestError, SchemaError
+
+
+def _address(array: pa.Array) -> int:
+    return array.buffers()[1].address + array.offset * (array.type.bit_width // 8)
+
+
+@pytest.fixture
+def batch(simple_group):
+    lengths = [4, 0, 7]
+    return encode_group(
+        **simple_group,
+        advantage=[0.5, None, -0.5],
+        top_p_ids=[[[t, t + 1, t + 2][: 1 + t % 3] for t in range(n)] for n in lengths],
+        top_p_probs=[[[0.5, 0.25, 0.25][: 1 + t % 3] for t in range(n)] for n in lengths],
+        finish_reason=["stop", "length", "stop"],
+        telemetry=[{"ms": 1.0}, {"ms": 2.0}, {"ms": 3.0}],
+    )
+
+
+def test_jagged_tensors_alias_arrow_buffers(batch):
+    out = decode(batch, columns=["response_ids", "reward"])
+    nested = out.tensors["response_ids"]
+    assert nested.is_nested
+    assert nested.values().data_ptr() == batch.column("response_ids").values.buffers()[1].address
+    assert out.tensors["reward"].data_ptr() == _address(batch.column("reward"))
+    assert [row.tolist() for row in nested.unbind()] == batch.column("response_ids").to_pylist()
+    assert out.columns == ("response_ids", "reward")
+
+
+def test_writes_through_a_decoded_tensor_reach_the_arrow_data(batch):
+    """DLPack ignores Arrow's read-only flag (PITFALLS.md): the docstring warns, this test pins it."""
+    out = decode(batch, columns=["reward"])
+    out.tensors["reward"][0] = 42.0
+    assert batch.column("reward")[0].as_py() == 42.0
+
+
+def test_padded_layout_pads_to_the_longest_row(batch):
+    out = decode(batch, columns=["response_ids", "response_logprobs"], layout="padded", padding_value=-1)
+    padded = out.padded["response_ids"]
+    assert padded.values.shape == (3, 7)
+    assert padded.lengths.tolist() == [4, 0, 7]
+    assert padded.values[1].tolist() == [-1] * 7
+    assert padded.values[0, :4].tolist() == batch.column("response_ids")[0].as_py()
+    assert out.padded["response_logprobs"].values.dtype == torch.float32
+
+
+def test_doubly_ragged_columns_give_values_and_both_offset_levels(batch):
+    top = decode(batch, columns=["top_p_ids"]).doubly_ragged["top_p_ids"]
+    assert top.outer_offsets.tolist() == [0, 4, 4, 11]
+    rows = batch.column("top_p_ids").to_pylist()
+    flat_tokens = [token for row in rows for token in row]
+    assert len(top.inner_offsets) == len(flat_tokens) + 1
+    for j, token in enumerate(flat_tokens):
+        assert top.values[top.inner_offsets[j] : top.inner_offsets[j + 1]].tolist() == token
+
+
+def test_strings_dictionaries_and_structs_stay_arrow(batch):
+    out = decode(batch, columns=["sample_id", "finish_reason", "telemetry", "job_id"])
+    assert set(out.arrow) == {"sample_id", "finish_reason", "telemetry", "job_id"}
+    assert out.arrow["finish_reason"].to_pylist() == ["stop", "length", "stop"]
+
+
+def test_nulls_need_a_fill_value_and_the_error_names_the_row(batch):
+    with pytest.raises(SchemaError, match=r"'advantage' row 1 is null.*fill_nulls") as info:
+        decode(batch, columns=["advantage"])
+    assert (info.value.column, info.value.row) == ("advantage", 1)
+    filled = decode(batch, columns=["advantage"], fill_nulls={"advantage": 0.0})
+    assert filled.tensors["advantage"].tolist() == [0.5, 0.0, -0.5]
+
+
+def test_null_rows_in_list_columns_are_refused():
+    array = pa.array([[1, 2], None], pa.list_(pa.int32()))
+    with pytest.raises(SchemaError, match="ragged columns decode without nulls"):
+        decode(pa.record_batch({"ids": array}))
+
+
+def test_sliced_batches_rebase_offsets_and_keep_aliasing(batch):
+    sliced = batch.slice(1, 2)
+    out = decode(sliced, columns=["response_ids"])
+    nested = out.tensors["response_ids"]
+    assert nested.offsets().tolist() == [0, 0, 7]
+    assert [r.tolist() for r in nested.unbind()] == sliced.column("response_ids").to_pylist()
+    # Values alias the parent's buffer, starting at the slice's first value.
+    parent = batch.column("response_ids").values
+    assert nested.values().data_ptr() == _address(parent) + 4 * 4
+    numpy_out = decode_numpy(sliced, columns=["response_ids", "top_p_ids"])
+    assert numpy_out.ragged["response_ids"].offsets.tolist() == [0, 0, 7]
+    assert numpy_out.doubly_ragged["top_p_ids"].outer_offsets.tolist() == [0, 0, 7]
+
+
+def test_several_groups_are_joined_with_one_copy(simple_group):
+    a = encode_group(**simple_group)
+    b = encode_group(**{**simple_group, "group_id": 6})
+    for data in ([a, b], pa.Table.from_batches([a, b])):
+        out = decode(data, columns=["response_ids", "group_id"])
+        assert out.num_rows == 6
+        rows = [r.tolist() for r in out.tensors["response_ids"].unbind()]
+        assert rows == a.column("response_ids").to_pylist() + b.column("response_ids").to_pylist()
+        assert out.tensors["group_id"].tolist() == [5, 5, 5, 6, 6, 6]
+
+
+def test_batches_of_different_schemas_are_refused(simple_group):
+    a = encode_group(**simple_group)
+    b = encode_group(**simple_group, advantage=[1.0, 2.0, 3.0])
+    with pytest.raises(SchemaError, match="another schema"):
+        decode([a, b])
+    projected = decode([a.select(["reward"]), b.select(["reward"])])
+    assert projected.num_rows == 6
+
+
+def _misaligned_copy(array: pa.Array) -> pa.Array:
+    """The same values in a buffer whose address is 1 byte off (as Flight receive buffers can be)."""
+    raw = bytearray(len(array) * 4 + 8)
+    base = pa.py_buffer(raw)
+    start = (-base.address) % 8 + 1
+    raw[start : start + len(array) * 4] = array.to_numpy().tobytes()
+    data = base.slice(start, len(array) * 4)
+    return pa.Array.from_buffers(array.type, len(array), [None, data])
+
+
+def test_misaligned_buffers_are_copied_to_aligned_memory():
+    values = pa.array(np.arange(10, dtype=np.float32))
+    odd = _misaligned_copy(values)
+    assert odd.buffers()[1].address % 4 != 0
+    out = decode(pa.record_batch({"x": odd}))
+    assert out.tensors["x"].data_ptr() % 4 == 0
+    assert out.tensors["x"].tolist() == values.to_pylist()
+
+
+def test_ipc_round_trip_decodes_without_copies(batch):
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    received = ipc.open_stream(sink.getvalue()).read_all()
+    out = decode(received, columns=["response_logprobs"])
+    assert out.tensors["response_logprobs"].values().data_ptr() == _address(
+        received.column("response_logprobs").chunk(0).values
+    )
+
+
+def test_bool_columns_become_uint8():
+    out = decode(pa.record_batch({"flag": pa.array([True, False, True])}))
+    assert out.tensors["flag"].dtype == torch.uint8
+    assert out.tensors["flag"].tolist() == [1, 0, 1]
+
+
+def test_numpy_twin_aliases_and_pads(batch):
+    out = decode_numpy(batch, columns=["response_ids", "reward"])
+    ragged = out.ragged["response_ids"]
+    assert ragged.values.ctypes.data == batch.column("response_ids").values.buffers()[1].address
+    assert ragged.offsets.tolist() == [0, 4, 4, 11]
+    padded = decode_numpy(batch, columns=["response_ids"], layout="padded").padded["response_ids"]
+    assert padded.values.shape == (3, 7)
+    assert padded.lengths.tolist() == [4, 0, 7]
+
+
+def test_zero_rows_decode_to_empty_tensors(simple_group):
+    empty = encode_group(**simple_group).slice(0, 0)
+    out = decode(empty, columns=["response_ids", "reward"])
+    assert out.num_rows == 0
+    assert out.tensors["reward"].shape == (0,)
+    assert out.tensors["response_ids"].size(0) == 0
+    assert decode(empty, columns=["response_ids"], layout="padded").padded["response_ids"].values.shape == (
+        0,
+        0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"layout": "dense"}, InvalidRequestError, "layout must be"),
+        ({"device": "mps"}, InvalidRequestError, "device must be"),
+        ({"columns": ["nope"]}, SchemaError, r"\['nope'\] are not in the batch"),
+    ],
+)
+def test_bad_decode_arguments(batch, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        decode(batch, **kwargs)
+
+
+def test_non_arrow_input_is_refused():
+    with pytest.raises(InvalidRequestError, match="RecordBatch"):
+        decode({"a": [1]})  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequestError, match="empty list"):
+        decode([])
+
+
+@pytest.mark.gpu
+def test_device_decode_is_bit_exact_and_on_the_gpu(batch):
+    out = decode(batch, columns=["response_ids", "response_logprobs", "reward", "top_p_ids"], device="cuda")
+    torch.cuda.synchronize()
+    assert out.device == "cuda"
+    nested = out.tensors["response_logprobs"]
+    assert nested.is_cuda
+    host = decode(batch, columns=["response_logprobs", "reward"])
+    assert torch.equal(
+        nested.values().cpu().view(torch.int32), host.tensors["response_logprobs"].values().view(torch.int32)
+    )
+    assert torch.equal(out.tensors["reward"].cpu(), host.tensors["reward"])
+    assert out.doubly_ragged["top_p_ids"].values.is_cuda
+
+
+@pytest.mark.gpu
+def test_cuda_inputs_are_staged_through_pinned_memory(simple_group):
+    ids, offsets = simple_group["response_ids"]
+    on_gpu = {
+        **simple_group,
+        "response_ids": (torch.from_numpy(ids).cuda(), torch.from_numpy(offsets).cuda()),
+    }
+    batch = encode_group(**on_gpu)
+    assert batch.column("response_ids").values.to_numpy().tolist() == ids.tolist()

@@ -1,0 +1,229 @@
+"""encode_group: every accepted input form, zero-copy where promised, defaults and user columns."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from trajflight.codec import DoublyRagged, Padded, Ragged, encode_group
+
+
+def _values_address(batch: pa.RecordBatch, name: str) -> int:
+    column = batch.column(name)
+    return column.values.buffers()[1].address
+
+
+def _rows(batch: pa.RecordBatch, name: str) -> list[list[float]]:
+    return batch.column(name).to_pylist()
+
+
+def test_numpy_values_offsets_are_aliased_not_copied(simple_group):
+    batch = encode_group(**simple_group)
+    ids, _ = simple_group["response_ids"]
+    logprobs, _ = simple_group["response_logprobs"]
+    assert _values_address(batch, "response_ids") == ids.ctypes.data
+    assert _values_address(batch, "response_logprobs") == logprobs.ctypes.data
+    assert batch.column("reward").buffers()[1].address == simple_group["reward"].ctypes.data
+
+
+def test_torch_tensors_and_nested_jagged_tensors_are_aliased(simple_group):
+    ids, offsets = simple_group["response_ids"]
+    logprobs, _ = simple_group["response_logprobs"]
+    ids_t, logprobs_t = torch.from_numpy(ids), torch.from_numpy(logprobs)
+    reward = torch.tensor([1.0, 0.0, 1.0])
+    nested = torch.nested.nested_tensor_from_jagged(ids_t, torch.from_numpy(offsets).long())
+    batch = encode_group(
+        **{
+            **simple_group,
+            "response_ids": nested,
+            "response_logprobs": Ragged(logprobs_t, torch.from_numpy(offsets)),
+            "reward": reward,
+        }
+    )
+    assert _values_address(batch, "response_ids") == ids_t.data_ptr()
+    assert _values_address(batch, "response_logprobs") == logprobs_t.data_ptr()
+    assert batch.column("reward").buffers()[1].address == reward.data_ptr()
+
+
+def test_tensors_that_require_grad_are_detached_not_refused(simple_group):
+    logprobs, offsets = simple_group["response_logprobs"]
+    with_grad = torch.from_numpy(logprobs.copy()).requires_grad_()
+    batch = encode_group(**{**simple_group, "response_logprobs": (with_grad, torch.from_numpy(offsets))})
+    assert _values_address(batch, "response_logprobs") == with_grad.data_ptr()
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        "python lists",
+        "per-sample numpy",
+        "per-sample torch",
+        "tuple",
+        "Ragged",
+        "Padded numpy",
+        "Padded torch",
+        "nested",
+        "pyarrow",
+    ],
+)
+def test_every_ragged_input_form_gives_the_same_rows(simple_group, form):
+    ids, offsets = simple_group["response_ids"]
+    rows = [ids[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
+    lengths = np.diff(offsets)
+    padded = np.zeros((len(rows), lengths.max()), dtype=np.int32)
+    for i, row in enumerate(rows):
+        padded[i, : len(row)] = row
+    value = {
+        "python lists": [r.tolist() for r in rows],
+        "per-sample numpy": rows,
+        "per-sample torch": [torch.from_numpy(r) for r in rows],
+        "tuple": (ids, offsets),
+        "Ragged": Ragged(ids, offsets),
+        "Padded numpy": Padded(padded, lengths),
+        "Padded torch": Padded(torch.from_numpy(padded), torch.from_numpy(lengths)),
+        "nested": torch.nested.nested_tensor_from_jagged(
+            torch.from_numpy(ids), torch.from_numpy(offsets).long()
+        ),
+        "pyarrow": pa.array([r.tolist() for r in rows], pa.list_(pa.int64())),
+    }[form]
+    batch = encode_group(**{**simple_group, "response_ids": value})
+    assert batch.column("response_ids").to_pylist() == [r.tolist() for r in rows]
+
+
+def test_a_2d_array_is_read_as_equal_length_rows(simple_group):
+    ids = np.arange(12, dtype=np.int32).reshape(3, 4)
+    logprobs = np.zeros((3, 4), dtype=np.float32)
+    batch = encode_group(**{**simple_group, "response_ids": ids, "response_logprobs": logprobs})
+    assert _rows(batch, "response_ids") == ids.tolist()
+    assert _values_address(batch, "response_ids") == ids.ctypes.data
+
+
+def test_a_flat_prompt_is_shared_by_every_sample(simple_group):
+    batch = encode_group(**simple_group)
+    assert _rows(batch, "prompt_ids") == [list(range(6))] * 3
+    per_sample = encode_group(**{**simple_group, "prompt_ids": [[1], [2, 3], []]})
+    assert _rows(per_sample, "prompt_ids") == [[1], [2, 3], []]
+
+
+def test_defaults_fill_keys_ids_mask_and_policy_version(simple_group):
+    batch = encode_group(**simple_group)
+    assert batch.column("job_id").to_pylist() == ["job"] * 3
+    assert batch.column("epoch").to_pylist() == [2] * 3
+    assert batch.column("group_id").to_pylist() == [5] * 3
+    assert batch.column("sample_index").to_pylist() == [0, 1, 2]
+    assert batch.column("sample_id").to_pylist() == ["job/2/5/0", "job/2/5/1", "job/2/5/2"]
+    assert batch.column("policy_version").to_pylist() == [0, 0, 0]
+    assert [set(row) for row in _rows(batch, "loss_mask")] == [{1}, set(), {1}]
+    assert [len(r) for r in _rows(batch, "loss_mask")] == [4, 0, 7]
+    assert "advantage" not in batch.schema.names
+
+
+def test_bool_masks_are_viewed_as_uint8_without_a_copy(simple_group):
+    _, offsets = simple_group["response_ids"]
+    mask = np.ones(int(offsets[-1]), dtype=bool)
+    mask[::2] = False
+    batch = encode_group(**{**simple_group, "loss_mask": (mask, offsets)})
+    assert batch.schema.field("loss_mask").type == pa.list_(pa.uint8())
+    assert _values_address(batch, "loss_mask") == mask.ctypes.data
+    assert (
+        np.concatenate([np.array(r, dtype=bool) for r in _rows(batch, "loss_mask")]).tolist() == mask.tolist()
+    )
+
+
+def test_int64_token_ids_within_range_are_converted(simple_group):
+    ids, offsets = simple_group["response_ids"]
+    batch = encode_group(**{**simple_group, "response_ids": (ids.astype(np.int64), offsets)})
+    assert batch.schema.field("response_ids").type == pa.list_(pa.int32())
+    assert batch.column("response_ids").values.to_numpy().tolist() == ids.tolist()
+
+
+def test_optional_standard_columns(simple_group):
+    lengths = [4, 0, 7]
+    top_ids = [[[t, t + 1] for t in range(n)] for n in lengths]
+    top_probs = [[[0.75, 0.25] for _ in range(n)] for n in lengths]
+    batch = encode_group(
+        **simple_group,
+        advantage=[0.5, None, -0.5],
+        policy_version=[3, 3, 4],
+        sample_ids=["a", "b", "c"],
+        top_p_ids=top_ids,
+        top_p_probs=top_probs,
+        finish_reason=["stop", "length", "stop"],
+        telemetry=[{"queue_ms": 1.5, "engine": "vllm"}] * 3,
+    )
+    assert batch.column("advantage").to_pylist() == [0.5, None, -0.5]
+    assert batch.column("policy_version").to_pylist() == [3, 3, 4]
+    assert batch.column("top_p_ids").to_pylist() == top_ids
+    assert batch.schema.field("finish_reason").type == pa.dictionary(pa.int8(), pa.string())
+    assert batch.column("finish_reason").to_pylist() == ["stop", "length", "stop"]
+    assert batch.column("telemetry").to_pylist()[0] == {"queue_ms": 1.5, "engine": "vllm"}
+
+
+def test_doubly_ragged_values_are_aliased(simple_group):
+    _, offsets = simple_group["response_ids"]
+    tokens = int(offsets[-1])
+    inner = np.arange(tokens + 1, dtype=np.int32) * 2
+    cand_ids = np.arange(2 * tokens, dtype=np.int32)
+    cand_probs = np.full(2 * tokens, 0.5, dtype=np.float32)
+    batch = encode_group(
+        **simple_group,
+        top_p_ids=DoublyRagged(cand_ids, offsets, inner),
+        top_p_probs=DoublyRagged(cand_probs, offsets, inner),
+    )
+    assert batch.column("top_p_ids").values.values.buffers()[1].address == cand_ids.ctypes.data
+    assert batch.column("top_p_ids").to_pylist()[0][1] == [2, 3]
+
+
+def test_telemetry_as_a_dict_of_columns(simple_group):
+    batch = encode_group(
+        **simple_group, telemetry={"ttft_ms": np.array([1.0, 2.0, 3.0]), "retries": [0, 1, 0]}
+    )
+    assert batch.column("telemetry").to_pylist()[1] == {"ttft_ms": 2.0, "retries": 1}
+
+
+def test_user_columns_of_several_arrow_types(simple_group):
+    _, offsets = simple_group["response_ids"]
+    ref = np.linspace(-1, 0, int(offsets[-1]), dtype=np.float32)
+    batch = encode_group(
+        **simple_group,
+        extra={
+            "ref_logprobs": (ref, offsets),
+            "tag": ["a", "b", None],
+            "score": np.array([0.1, 0.2, 0.3]),
+            "meta": pa.array([{"k": 1}, {"k": 2}, {"k": 3}]),
+            "labels": pa.array(["x", "y", "x"]).dictionary_encode(),
+            "spans": [[[1, 2]], [], [[3], [4, 5]]],
+        },
+    )
+    assert batch.schema.field("ref_logprobs").type == pa.list_(pa.float32())
+    assert _values_address(batch, "ref_logprobs") == ref.ctypes.data
+    assert batch.column("tag").to_pylist() == ["a", "b", None]
+    assert batch.schema.field("score").type == pa.float64()
+    assert batch.column("meta").to_pylist()[2] == {"k": 3}
+    assert pa.types.is_dictionary(batch.schema.field("labels").type)
+    assert batch.column("spans").to_pylist() == [[[1, 2]], [], [[3], [4, 5]]]
+
+
+def test_declared_user_columns_take_the_declared_type(simple_group):
+    from trajflight.codec import STANDARD_SCHEMA
+
+    schema = STANDARD_SCHEMA.extend(("score", pa.float32()))
+    batch = encode_group(**simple_group, extra={"score": [1, 2, 3]}, schema=schema)
+    assert batch.schema.field("score").type == pa.float32()
+
+
+def test_zero_samples_make_an_empty_group(simple_group):
+    empty = np.empty(0, dtype=np.int32)
+    batch = encode_group(
+        **{
+            **simple_group,
+            "response_ids": [],
+            "response_logprobs": [],
+            "reward": np.empty(0, dtype=np.float32),
+            "prompt_ids": empty,
+        }
+    )
+    assert batch.num_rows == 0
+    assert batch.schema.field("response_ids").type == pa.list_(pa.int32())

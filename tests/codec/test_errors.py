@@ -1,0 +1,205 @@
+"""A table of bad inputs: each gives its typed error, naming the column (and row); nothing half-built."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from trajflight.codec import GroupKey, Padded, encode_group, validate_group
+from trajflight.errors import SchemaError
+
+from .conftest import ragged
+
+IDS, OFFSETS = ragged([4, 0, 7], np.int32)
+LOGPROBS, _ = ragged([4, 0, 7], np.float32, seed=1)
+
+BAD_INPUTS = [
+    # (id, overrides, column, row, message)
+    (
+        "logprobs shorter",
+        {"response_logprobs": [[0.1] * 4, [], [0.1] * 6]},
+        "response_logprobs",
+        2,
+        "row 2 has 6 entries but response_ids has 7",
+    ),
+    ("mask longer", {"loss_mask": [[1] * 4, [1], [1] * 7]}, "loss_mask", 1, "row 1 has 1 entries"),
+    ("top_p wrong tokens", {"top_p_ids": [[[1]] * 4, [], [[1]] * 6]}, "top_p_ids", 2, "row 2 has 6 entries"),
+    (
+        "top_p candidates disagree",
+        {
+            "top_p_ids": [[[1]] * 4, [], [[1]] * 7],
+            "top_p_probs": [[[0.5]] * 4, [], [[0.5]] * 6 + [[0.5, 0.5]]],
+        },
+        "top_p_probs",
+        2,
+        "token 6 has 2 candidates but top_p_ids has 1",
+    ),
+    (
+        "token id over int32",
+        {"response_ids": (IDS.astype(np.int64) + np.int64(2**31), OFFSETS)},
+        "response_ids",
+        0,
+        "does not fit int32",
+    ),
+    (
+        "negative token id overflow in python lists",
+        {"prompt_ids": [[1], [2**40], [3]]},
+        "prompt_ids",
+        1,
+        "cannot convert",
+    ),
+    (
+        "float token ids",
+        {"response_ids": (IDS.astype(np.float32), OFFSETS)},
+        "response_ids",
+        None,
+        "wrong dtype float32",
+    ),
+    ("string rewards", {"reward": ["a", "b", "c"]}, "reward", 0, "cannot convert"),
+    (
+        "reward count",
+        {"reward": np.ones(2, dtype=np.float32)},
+        "reward",
+        None,
+        "has 2 entries but the group has 3",
+    ),
+    (
+        "decreasing offsets",
+        {"response_ids": (IDS, np.array([0, 4, 3, 11], dtype=np.int32))},
+        "response_ids",
+        1,
+        "offsets decrease",
+    ),
+    (
+        "offsets past values",
+        {"response_ids": (IDS, np.array([0, 4, 4, 99], dtype=np.int32))},
+        "response_ids",
+        None,
+        "offsets span 0..99",
+    ),
+    (
+        "padded length too long",
+        {"response_ids": Padded(np.zeros((3, 2), np.int32), np.array([1, 3, 0]))},
+        "response_ids",
+        1,
+        "length 3 outside 0..2",
+    ),
+    ("3-D array", {"response_ids": np.zeros((3, 2, 2), np.int32)}, "response_ids", None, "must be 2-D"),
+    (
+        "tuple of three",
+        {"response_ids": (IDS, OFFSETS, OFFSETS)},
+        "response_ids",
+        None,
+        "read as (values, offsets)",
+    ),
+    ("mask of floats", {"loss_mask": (np.ones(11, np.float32), OFFSETS)}, "loss_mask", None, "wrong dtype"),
+    (
+        "mask over 255",
+        {"loss_mask": (np.full(11, 300, np.int32), OFFSETS)},
+        "loss_mask",
+        0,
+        "does not fit uint8",
+    ),
+    ("null reward", {"reward": [1.0, None, 0.0]}, "reward", 1, "row 1 is null"),
+    ("empty job id", {"job_id": ""}, "job_id", None, "non-empty string"),
+    ("negative epoch", {"epoch": -1}, "epoch", None, "non-negative integer"),
+    ("bool group id", {"group_id": True}, "group_id", None, "non-negative integer"),
+    ("extra shadows a standard column", {"extra": {"reward": [1, 2, 3]}}, "reward", None, "keyword argument"),
+    ("telemetry not a struct", {"telemetry": [1, 2, 3]}, "telemetry", None, "must be a struct"),
+    ("user column length", {"extra": {"tag": ["a"]}}, "tag", None, "has 1 entries but the group has 3"),
+    ("object rows", {"response_ids": 17}, "response_ids", None, "cannot read int as ragged rows"),
+]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "column", "row", "message"), [c[1:] for c in BAD_INPUTS], ids=[c[0] for c in BAD_INPUTS]
+)
+def test_bad_input_gives_a_typed_error_naming_column_and_row(simple_group, overrides, column, row, message):
+    with pytest.raises(SchemaError) as info:
+        encode_group(**{**simple_group, **overrides})
+    assert message in str(info.value)
+    assert info.value.column == column
+    assert info.value.row == row
+
+
+def _group(**overrides) -> pa.RecordBatch:
+    return encode_group(
+        job_id="j",
+        epoch=1,
+        group_id=3,
+        prompt_ids=[1, 2],
+        response_ids=(IDS, OFFSETS),
+        response_logprobs=(LOGPROBS, OFFSETS),
+        reward=[1.0, 0.0, 1.0],
+        **overrides,
+    )
+
+
+def test_validate_accepts_a_good_group_and_returns_its_key():
+    assert validate_group(_group()) == GroupKey("j", 1, 3)
+    assert validate_group(_group(), expect=GroupKey("j", 1, 3)) == GroupKey("j", 1, 3)
+
+
+def test_validate_refuses_samples_of_different_groups():
+    a, b = (
+        _group(),
+        encode_group(
+            **{
+                **dict(
+                    job_id="j",
+                    epoch=1,
+                    group_id=4,
+                    prompt_ids=[1],
+                    response_ids=[[1]],
+                    response_logprobs=[[0.0]],
+                    reward=[1.0],
+                )
+            }
+        ),
+    )
+    mixed = pa.Table.from_batches([a, b]).combine_chunks().to_batches()[0]
+    with pytest.raises(SchemaError, match="'group_id' row 3 is 4, expected 3") as info:
+        validate_group(mixed)
+    assert info.value.row == 3
+
+
+def test_validate_refuses_a_group_meant_for_another_partition():
+    with pytest.raises(SchemaError, match="'epoch' row 0 is 1, expected 2"):
+        validate_group(_group(), expect=GroupKey("j", 2, 3))
+
+
+def test_validate_refuses_missing_and_mistyped_columns():
+    group = _group()
+    with pytest.raises(SchemaError, match="'reward' is missing"):
+        validate_group(group.drop_columns(["reward"]))
+    retyped = group.set_column(
+        group.schema.get_field_index("reward"), "reward", group.column("reward").cast(pa.float64())
+    )
+    with pytest.raises(SchemaError, match="'reward' has type double"):
+        validate_group(retyped)
+
+
+def test_validate_wraps_arrow_structural_failures():
+    """Offsets that decrease inside the array: only Arrow's full validation sees it; we name it."""
+    group = _group()
+    ids = group.column("response_ids")
+    bad_offsets = pa.array(np.array([0, 8, 4, 11], dtype=np.int32))
+    broken = pa.ListArray.from_buffers(ids.type, 3, [None, bad_offsets.buffers()[1]], children=[ids.values])
+    corrupt = group.set_column(group.schema.get_field_index("response_ids"), "response_ids", broken)
+    with pytest.raises(SchemaError, match="invalid Arrow data"):
+        validate_group(corrupt)
+    bad_utf8 = pa.Array.from_buffers(
+        pa.string(), 1, [None, pa.array([0, 2], pa.int32()).buffers()[1], pa.py_buffer(b"\xff\xfe")]
+    )
+    with pytest.raises(SchemaError, match="invalid Arrow data"):
+        validate_group(
+            group.set_column(
+                group.schema.get_field_index("sample_id"), "sample_id", pa.concat_arrays([bad_utf8] * 3)
+            )
+        )
+
+
+def test_validate_refuses_non_batches():
+    with pytest.raises(SchemaError, match=r"expected a pyarrow\.RecordBatch"):
+        validate_group({"a": 1})  # type: ignore[arg-type]

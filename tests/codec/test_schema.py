@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from trajflight.codec import STANDARD_SCHEMA, TrajectorySchema
+from trajflight.errors import SchemaError
+
+
+def test_standard_schema_has_the_design_columns_and_types():
+    s = STANDARD_SCHEMA
+    assert s.field("response_ids").type == pa.list_(pa.int32())
+    assert s.field("loss_mask").type == pa.list_(pa.uint8())  # not bool: bool has no DLPack export
+    assert s.field("top_p_probs").type == pa.list_(pa.list_(pa.float32()))
+    assert s.field("finish_reason").type == pa.dictionary(pa.int8(), pa.string())
+    assert s.field("advantage").nullable
+    assert "advantage" not in s.required
+    assert {"job_id", "epoch", "group_id", "sample_index", "response_ids", "reward"} <= s.required
+
+
+def test_extend_returns_a_new_schema_and_leaves_the_standard_one_alone():
+    extended = STANDARD_SCHEMA.extend(("ref_logprobs", pa.list_(pa.float32())), pa.field("tag", pa.string()))
+    assert "ref_logprobs" in extended
+    assert "ref_logprobs" not in STANDARD_SCHEMA
+    assert extended.names[-2:] == ("ref_logprobs", "tag")
+    required = STANDARD_SCHEMA.extend(("score", pa.float64()), required=True)
+    assert "score" in required.required
+
+
+def test_extend_refuses_a_duplicate_name():
+    with pytest.raises(SchemaError, match="declared twice"):
+        STANDARD_SCHEMA.extend(("reward", pa.float64()))
+
+
+def test_unknown_field_lookup_says_how_to_declare_it():
+    with pytest.raises(SchemaError, match=r"schema.extend") as info:
+        STANDARD_SCHEMA.field("nope")
+    assert info.value.column == "nope"
+
+
+def test_check_names_missing_and_mistyped_columns():
+    arrow = STANDARD_SCHEMA.arrow
+    with pytest.raises(SchemaError, match="'reward' is missing") as info:
+        STANDARD_SCHEMA.check(arrow.remove(arrow.get_field_index("reward")))
+    assert info.value.column == "reward"
+    bad = arrow.set(arrow.get_field_index("reward"), pa.field("reward", pa.float64()))
+    with pytest.raises(SchemaError, match="'reward' has type double"):
+        STANDARD_SCHEMA.check(bad)
+
+
+def test_telemetry_accepts_any_struct_until_declared():
+    assert STANDARD_SCHEMA.accepts("telemetry", pa.struct([("ms", pa.float64())]))
+    declared = STANDARD_SCHEMA.with_telemetry(pa.struct([("ms", pa.float32())]))
+    assert not declared.accepts("telemetry", pa.struct([("ms", pa.float64())]))
+    mistyped = STANDARD_SCHEMA.arrow.append(pa.field("x", pa.int8())).set(
+        STANDARD_SCHEMA.arrow.get_field_index("telemetry"),
+        pa.field("telemetry", pa.struct([("ms", pa.float64())])),
+    )
+    with pytest.raises(SchemaError, match="telemetry"):
+        declared.check(mistyped)
+    with pytest.raises(SchemaError, match="struct"):
+        STANDARD_SCHEMA.with_telemetry(pa.int32())  # type: ignore[arg-type]
+
+
+def test_job_id_may_be_dictionary_encoded():
+    assert STANDARD_SCHEMA.accepts("job_id", pa.dictionary(pa.int32(), pa.string()))
+    assert not STANDARD_SCHEMA.accepts("job_id", pa.int64())
+
+
+def test_a_schema_requiring_an_undeclared_column_is_refused():
+    with pytest.raises(SchemaError, match="not declared"):
+        TrajectorySchema((pa.field("a", pa.int32()),), frozenset({"b"}))
