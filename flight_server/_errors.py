@@ -144,10 +144,15 @@ def translate_errors(what: str) -> Iterator[None]:
         raise
     except (flight.FlightError, pa.ArrowException) as exc:
         err = from_flight_error(exc)
+        if (
+            err is not None
+            and type(err) is TrajflightError
+            and not err.fields
+            and "[trajflight:" not in str(exc)
+        ):
+            err = TrajflightError(f"{what}: {err.message}")  # no server details: say which call failed
         if err is None:  # pragma: no cover - from_flight_error handles every Flight/Arrow error
             raise
-        if type(err) is TrajflightError:
-            err = TrajflightError(f"{what}: {err.message}", **err.fields)
         raise err from exc
 
 

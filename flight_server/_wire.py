@@ -53,6 +53,7 @@ __all__ = [
 WIRE_VERSION = 1
 """The only wire version this build speaks; a message with another ``"v"`` is refused."""
 
+_ACTION_NAMES = frozenset({"delete", "fence", "advance_generation", "stats", "health"})
 _MAX_MESSAGE_BYTES = 16 * 2**20  # a ticket naming ~100k groups; anything larger is not a real request
 
 
@@ -472,7 +473,11 @@ def decode_action_body(action: str, data: bytes) -> DeleteRequest | FenceRequest
         InvalidRequestError: the body is malformed.
     """
     what = f"action {action!r}"
-    if action in ("stats", "health", "list_actions"):
+    if action not in _ACTION_NAMES:
+        raise InvalidRequestError(
+            f"unknown action {action!r}; list_actions names the supported ones", action=str(action)[:100]
+        )
+    if action in ("stats", "health"):
         if data:
             _load(data, what)  # an empty body or {"v": 1}; garbage is still refused
         return None

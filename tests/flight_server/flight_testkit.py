@@ -31,11 +31,16 @@ def _ragged(rng: np.random.Generator, lengths: np.ndarray, dtype: str) -> pa.Lis
     return pa.ListArray.from_arrays(pa.array(offsets), values)
 
 
-def make_group(key: GroupKey, k: int = 8, *, seed: int = 0, response_len: int = 64) -> pa.RecordBatch:
-    """One valid trajectory group of ``k`` samples for ``key`` (standard columns, seeded)."""
+def make_group(
+    key: GroupKey, k: int = 8, *, seed: int = 0, response_len: int = 64, fixed: bool = False
+) -> pa.RecordBatch:
+    """One valid trajectory group of ``k`` samples for ``key`` (standard columns, seeded).
+
+    Response lengths are uniform in ``1..response_len``, or all ``response_len`` when ``fixed``.
+    """
     rng = np.random.default_rng([seed, key.group_id, key.epoch])
-    prompt = int(rng.integers(8, 32))
-    lengths = rng.integers(1, response_len + 1, k)
+    prompt = 16 if fixed else int(rng.integers(8, 32))
+    lengths = np.full(k, response_len) if fixed else rng.integers(1, response_len + 1, k)
     reward = rng.integers(0, 2, k).astype(np.float32)
     return pa.record_batch(
         {

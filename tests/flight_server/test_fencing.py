@@ -1,0 +1,112 @@
+"""Fencing enforced by the server itself: epochs per job, lease generations per group, signatures."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from flight_testkit import make_group, serving
+
+from trajflight.codec import GroupKey
+from trajflight.errors import AlreadyExistsError, InvalidRequestError, SchemaError, StaleFenceError
+from trajflight.flight_server import GroupRead, LeaseToken, TokenSigner
+
+KEY = GroupKey("job-a", 1, 5)
+SECRET = b"0123456789abcdef0123456789abcdef"
+
+
+def _ref(values: float = 0.5, n: int = 8) -> pa.Table:
+    return pa.table({"ref_logprob": pa.array([values] * n, pa.float32())})
+
+
+def test_put_under_a_fenced_epoch_is_refused_by_the_server():
+    old = GroupKey("job-a", 0, 1)
+    with serving() as (_, client):
+        assert client.fence("job-a", 1)["min_epoch"] == 1
+        with pytest.raises(StaleFenceError, match="epoch 0 of job 'job-a' is fenced") as info:
+            client.put_group(old, make_group(old))
+        assert (info.value.min_epoch, info.value.epoch) == (1, 0)
+        client.put_group(KEY, make_group(KEY))  # the new incarnation writes
+        other_job = GroupKey("job-b", 0, 1)
+        client.put_group(other_job, make_group(other_job))  # fences are per job
+
+
+def test_fences_only_move_forward_and_purge_gives_bytes_back():
+    old = GroupKey("job-a", 0, 1)
+    with serving() as (_, client):
+        client.put_group(old, make_group(old))
+        client.fence("job-a", 2)
+        assert client.fence("job-a", 1)["min_epoch"] == 2
+        assert client.stats()["groups"] == 1  # fenced data stays until purged or deleted
+        result = client.fence("job-a", 2, purge=True)
+        assert result["purged_groups"] == 1
+        assert result["bytes_freed"] > 0
+        assert client.stats()["bytes"] == 0
+
+
+def test_reads_with_a_stale_token_are_refused_and_newer_reads_raise_the_fence():
+    with serving() as (_, client):
+        client.put_group(KEY, make_group(KEY))
+        client.get([GroupRead(KEY, LeaseToken(1))])
+        client.get([GroupRead(KEY, LeaseToken(2))])  # a re-grant reads: generation 2 is now the highest
+        with pytest.raises(StaleFenceError, match="generation 1 is older than generation 2") as info:
+            client.get([GroupRead(KEY, LeaseToken(1))])
+        assert (info.value.generation, info.value.highest) == (1, 2)
+        assert client.get([KEY]).num_rows == 8  # tokenless reads (analysts) stay open
+
+
+def test_delete_needs_a_token_no_older_than_the_highest_seen():
+    with serving() as (_, client):
+        client.put_group(KEY, make_group(KEY))
+        client.advance_generation([GroupRead(KEY, LeaseToken(4))])
+        with pytest.raises(StaleFenceError, match="needs the holder's lease token"):
+            client.delete([GroupRead(KEY)])
+        with pytest.raises(StaleFenceError, match="generation 3 is older"):
+            client.delete([GroupRead(KEY, LeaseToken(3))])
+        assert client.stats()["groups"] == 1
+        assert client.delete([GroupRead(KEY, LeaseToken(4))])["deleted"] == 1
+        again = client.delete([GroupRead(KEY, LeaseToken(4))])  # idempotent for the GC's retries
+        assert again["deleted"] == 0
+        assert again["missing"][0]["group_id"] == KEY.group_id
+        with pytest.raises(StaleFenceError):  # the fence outlives the data
+            client.delete([GroupRead(KEY, LeaseToken(2))])
+
+
+def test_column_append_is_fenced_and_keeps_existing_columns():
+    group = make_group(KEY)
+    with serving() as (_, client):
+        client.put_group(KEY, group)
+        client.append_columns(KEY, _ref(), LeaseToken(3))
+        with pytest.raises(StaleFenceError, match="column append"):
+            client.append_columns(KEY, pa.table({"adv2": pa.array([1.0] * 8, pa.float32())}), LeaseToken(2))
+        table = client.get([KEY])
+        assert table.column_names[-1] == "ref_logprob"
+        assert table.drop_columns(["ref_logprob"]).equals(pa.Table.from_batches([group]))
+        assert client.get([KEY], columns=["ref_logprob"]).column(0).to_pylist() == [0.5] * 8
+
+
+def test_column_append_refuses_existing_columns_wrong_lengths_and_fenced_epochs():
+    with serving() as (_, client):
+        client.put_group(KEY, make_group(KEY))
+        with pytest.raises(AlreadyExistsError, match="already has column 'reward'"):
+            client.append_columns(KEY, pa.table({"reward": pa.array([1.0] * 8, pa.float32())}), LeaseToken(1))
+        with pytest.raises(SchemaError, match="3 rows"):
+            client.append_columns(KEY, _ref(n=3), LeaseToken(1))
+        assert client.stats()["reserved_bytes"] == 0
+        client.fence("job-a", 2)
+        with pytest.raises(StaleFenceError, match="fenced"):
+            client.append_columns(KEY, _ref(), LeaseToken(9))
+
+
+def test_with_a_deployment_secret_only_signed_credentials_pass():
+    signer = TokenSigner(SECRET)
+    with serving(secret=SECRET) as (_, client):
+        with pytest.raises(InvalidRequestError, match="put credential does not verify"):
+            client.put_group(KEY, make_group(KEY))
+        client.put_group(KEY, make_group(KEY), sig=signer.sign_put(KEY))
+        forged = LeaseToken(7, TokenSigner(b"x" * 32).sign_lease(KEY, 7))
+        with pytest.raises(InvalidRequestError, match="does not verify"):
+            client.delete([GroupRead(KEY, forged)])
+        with pytest.raises(InvalidRequestError, match="only the controller may fence"):
+            client.fence("job-a", 5)
+        client.fence("job-a", 1, sig=signer.sign_fence("job-a", 1))
+        assert client.delete([GroupRead(KEY, signer.lease_token(KEY, 7))])["deleted"] == 1

@@ -1,0 +1,48 @@
+"""Reads spanning several servers: one stream per server, in parallel, under one deadline."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+
+import pyarrow as pa
+import pytest
+from flight_testkit import make_group, serving
+
+from trajflight.codec import GroupKey
+from trajflight.errors import DeadlineExceededError, NotFoundError
+from trajflight.flight_server import StorageClient, get_parallel
+
+
+def test_get_parallel_returns_one_table_per_server_in_request_order():
+    with serving() as (_, left), serving() as (_, right):
+        keys_l = [GroupKey("j", 0, g) for g in range(0, 4)]
+        keys_r = [GroupKey("j", 0, g) for g in range(4, 8)]
+        for key in keys_l:
+            left.put_group(key, make_group(key))
+        for key in keys_r:
+            right.put_group(key, make_group(key))
+        tables = get_parallel([(left, keys_l), (right, keys_r)], columns=["group_id", "response_ids"])
+    assert [t.column("group_id").to_pylist()[::8] for t in tables] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    expected = pa.Table.from_batches([make_group(keys_r[0])]).column("response_ids").combine_chunks()
+    assert tables[1].slice(0, 8).column("response_ids").combine_chunks().equals(expected)
+
+
+def test_get_parallel_raises_the_first_error_in_request_order():
+    with serving() as (_, left), serving() as (_, right):
+        key = GroupKey("j", 0, 1)
+        right.put_group(key, make_group(key))
+        with pytest.raises(NotFoundError):
+            get_parallel([(left, [key]), (right, [key])])
+
+
+def test_get_parallel_has_one_deadline_for_all_streams():
+    with contextlib.ExitStack() as stack, serving() as (_, live):
+        key = GroupKey("j", 0, 1)
+        live.put_group(key, make_group(key))
+        silent = stack.enter_context(socket.socket())  # accepts TCP, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        dead = stack.enter_context(StorageClient(f"grpc://127.0.0.1:{silent.getsockname()[1]}"))
+        with pytest.raises(DeadlineExceededError):
+            get_parallel([(live, [key]), (dead, [key])], timeout=0.5)
