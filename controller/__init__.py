@@ -1,8 +1,11 @@
 """trajflight.controller: the ledger of partitions and fenced leases, and the hosts that run it.
 
-The :class:`Ledger` is a sans-IO state machine (time passed in as ``now``); :class:`LocalController`
-hosts it in-process with a sweeper thread, :func:`start_ray_controller` inside a named Ray actor; a
-:class:`ControllerClient` talks to either with the same methods, each under a deadline.
+* :class:`Ledger` — the sans-IO state machine (time passed in as ``now``): jobs and epochs, placement and
+  capacity, put grants, fenced leases ``READY -> LEASED -> PREPARED -> TRAINING -> TRAINED ->
+  COMMITTED`` (+ ``UNKNOWN``), pipeline stages, policy versions, the GC list, checkpoints.
+* :class:`LocalController` — hosts it in this process (thread-safe, sweeper thread, optional journal).
+* :func:`start_ray_controller` / :func:`connect_ray` — host it in a named async Ray actor.
+* :class:`ControllerClient` — the same operations for both hosts, every call under a deadline.
 
 Ray is imported only when a Ray host or client is used.
 """
@@ -11,6 +14,8 @@ from __future__ import annotations
 
 from ._checkpoint import read_file as read_checkpoint
 from ._checkpoint import write_atomic as write_checkpoint
+from ._client import ControllerClient, LocalTransport, RayTransport, connect_ray, start_ray_controller
+from ._host import LocalController
 from ._ledger import Ledger
 from ._records import (
     DeleteWork,
@@ -27,18 +32,24 @@ from ._records import (
 )
 
 __all__ = [
+    "ControllerClient",
     "DeleteWork",
     "GroupInfo",
     "GroupState",
     "JobConfig",
     "Lease",
     "Ledger",
+    "LocalController",
+    "LocalTransport",
     "OldReady",
     "Partition",
     "PolicyStatus",
     "PutGrant",
+    "RayTransport",
     "ResolveAction",
     "ServerInfo",
+    "connect_ray",
     "read_checkpoint",
+    "start_ray_controller",
     "write_checkpoint",
 ]

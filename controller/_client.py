@@ -1,0 +1,473 @@
+"""One client interface for both hosts: every call under a deadline, every failure a typed error.
+
+:class:`ControllerClient` has one method per controller operation; the ledger's docstrings
+(:class:`~trajflight.controller.Ledger`) state each contract, which holds unchanged through the client
+except that ``now`` is the host's clock. Two transports carry the calls: :class:`LocalTransport` (a
+:class:`~trajflight.controller.LocalController` in this process) and :class:`RayTransport` (the named
+Ray actor). Errors are the ledger's own classes on both, plus
+:class:`~trajflight.errors.DeadlineExceededError` (the call did not complete in time; it may still run
+on the Ray host) and :class:`~trajflight.errors.UnavailableError` (the host is gone or restarting; a
+call may have run although it failed, as with any Ray actor call).
+
+It does not retry: every operation except ``acquire`` is idempotent when repeated identically, so the
+caller may retry after a deadline or an unavailable host; a retried ``acquire`` may lease other groups
+(the first lease, if granted, expires on its own).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from trajflight.errors import DeadlineExceededError, NotFoundError, UnavailableError
+
+from ._host import LocalController
+from ._records import (
+    DeleteWork,
+    GroupInfo,
+    JobConfig,
+    Lease,
+    OldReady,
+    Partition,
+    PolicyStatus,
+    PutGrant,
+    ServerInfo,
+)
+
+__all__ = [
+    "ControllerClient",
+    "LocalTransport",
+    "RayTransport",
+    "Transport",
+    "connect_ray",
+    "import_ray",
+    "start_ray_controller",
+]
+
+
+def import_ray() -> Any:
+    """Import ray, or fail with an install hint."""
+    try:
+        import ray
+    except ImportError:
+        raise UnavailableError("the Ray host needs ray: pip install 'trajflight[ray]'") from None
+    return ray
+
+
+class Transport(Protocol):
+    """How a :class:`ControllerClient` reaches its host."""
+
+    def invoke(self, method: str, kwargs: dict[str, Any], timeout: float) -> Any:
+        """Run one ledger call; raise typed errors."""
+        ...
+
+    def acquire(self, kwargs: dict[str, Any], wait: float, timeout: float) -> Lease | None:
+        """Long-poll acquire."""
+        ...
+
+    def checkpoint(self, job_id: str, path: str | None, timeout: float) -> bytes:
+        """Take (and maybe write) a job checkpoint."""
+        ...
+
+    def restore(self, source: bytes | str, kwargs: dict[str, Any], timeout: float) -> dict[str, int]:
+        """Restore a job from checkpoint bytes or a file."""
+        ...
+
+
+class LocalTransport:
+    """Calls into a :class:`LocalController` of this process."""
+
+    def __init__(self, host: LocalController) -> None:
+        self.host = host
+
+    def invoke(self, method: str, kwargs: dict[str, Any], timeout: float) -> Any:
+        return self.host.call(method, kwargs, timeout=timeout)
+
+    def acquire(self, kwargs: dict[str, Any], wait: float, timeout: float) -> Lease | None:
+        return self.host.acquire(kwargs, wait=wait, timeout=timeout)
+
+    def checkpoint(self, job_id: str, path: str | None, timeout: float) -> bytes:
+        return self.host.checkpoint(job_id, path, timeout=timeout)
+
+    def restore(self, source: bytes | str, kwargs: dict[str, Any], timeout: float) -> dict[str, int]:
+        return self.host.restore(source, timeout=timeout, **kwargs)
+
+
+class RayTransport:
+    """Calls into the controller actor through its handle."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+        self._ray = import_ray()
+
+    def _get(self, ref: Any, timeout: float) -> Any:
+        ray = self._ray
+        try:
+            status, value = ray.get(ref, timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            ray.cancel(ref)
+            raise DeadlineExceededError(
+                f"the controller actor did not answer within {timeout:.3g}s; the call may still run; retry "
+                "(every call but acquire is idempotent)"
+            ) from None
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+            raise UnavailableError(
+                f"the controller actor is unavailable ({type(exc).__name__}); it may be restarting: retry "
+                "after a moment"
+            ) from None
+        if status == "err":
+            raise value
+        return value
+
+    def invoke(self, method: str, kwargs: dict[str, Any], timeout: float) -> Any:
+        return self._get(self.actor.invoke.remote(method, kwargs), timeout)
+
+    def invoke_many(self, calls: list[tuple[str, dict[str, Any]]], timeout: float) -> list[Any]:
+        """Run several calls in one actor round trip; return each result, or raise the first error."""
+        out = []
+        for status, value in self._get_raw(self.actor.invoke_many.remote(calls), timeout):
+            if status == "err":
+                raise value
+            out.append(value)
+        return out
+
+    def _get_raw(self, ref: Any, timeout: float) -> Any:
+        ray = self._ray
+        try:
+            return ray.get(ref, timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise DeadlineExceededError(
+                f"the controller actor did not answer within {timeout:.3g}s"
+            ) from None
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+            raise UnavailableError(
+                f"the controller actor is unavailable ({type(exc).__name__}); retry"
+            ) from None
+
+    def acquire(self, kwargs: dict[str, Any], wait: float, timeout: float) -> Lease | None:
+        result: Lease | None = self._get(self.actor.acquire.remote(kwargs, min(wait, timeout)), timeout)
+        return result
+
+    def checkpoint(self, job_id: str, path: str | None, timeout: float) -> bytes:
+        data: bytes = self._get(self.actor.checkpoint.remote(job_id, path), timeout)
+        return data
+
+    def restore(self, source: bytes | str, kwargs: dict[str, Any], timeout: float) -> dict[str, int]:
+        out: dict[str, int] = self._get(self.actor.restore.remote(source, kwargs), timeout)
+        return out
+
+    def info(self, timeout: float) -> dict[str, Any]:
+        """The actor's incarnation, pid and last recovery count."""
+        out: dict[str, Any] = self._get_raw(self.actor.info.remote(), timeout)
+        return out
+
+
+def connect_ray(
+    name: str = "trajflight-controller", *, namespace: str = "trajflight", timeout: float = 30.0
+) -> ControllerClient:
+    """A client of the named controller actor (Ray must be initialised in this process).
+
+    Raises:
+        NotFoundError: no actor of that name in that namespace.
+    """
+    ray = import_ray()
+    try:
+        actor = ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        raise NotFoundError(
+            f"no controller actor {name!r} in Ray namespace {namespace!r}; start one with "
+            "start_ray_controller"
+        ) from None
+    return ControllerClient(RayTransport(actor), timeout=timeout)
+
+
+def start_ray_controller(*, timeout: float = 30.0, **kwargs: Any) -> ControllerClient:
+    """Start the named controller actor (see ``start_ray_actor`` for ``kwargs``: ``name``, ``namespace``,
+    ``state_dir``, ``deleter``, ``max_restarts``, ...) and return a client of it. Ray must be initialised.
+    """
+    from ._ray_host import start_ray_actor
+
+    return ControllerClient(RayTransport(start_ray_actor(**kwargs)), timeout=timeout)
+
+
+class ControllerClient:
+    """The controller's operations, the same for the in-process and the Ray host.
+
+    Every method takes ``timeout`` (seconds; default the client's) and raises
+    :class:`~trajflight.errors.DeadlineExceededError` when the host did not answer in time. The contract
+    of each operation is the ledger method of the same name.
+
+    Args:
+        transport: :class:`LocalTransport`, :class:`RayTransport`, or a :class:`LocalController`.
+        timeout: Default deadline of every call.
+    """
+
+    def __init__(self, transport: Transport | LocalController, *, timeout: float = 30.0) -> None:
+        if isinstance(transport, LocalController):
+            transport = LocalTransport(transport)
+        self.transport: Transport = transport
+        self.timeout = timeout
+
+    def _t(self, timeout: float | None) -> float:
+        return self.timeout if timeout is None else timeout
+
+    def _call(self, method: str, timeout: float | None, **kwargs: Any) -> Any:
+        return self.transport.invoke(method, kwargs, self._t(timeout))
+
+    # ------------------------------------------------------------------ servers, jobs, writers
+    def register_server(
+        self,
+        server_id: str,
+        *,
+        node: str,
+        location: str,
+        capacity_bytes: int,
+        capacity_groups: int,
+        timeout: float | None = None,
+    ) -> ServerInfo:
+        """Register or update a storage server (``Ledger.register_server``)."""
+        out: ServerInfo = self._call(
+            "register_server",
+            timeout,
+            server_id=server_id,
+            node=node,
+            location=location,
+            capacity_bytes=capacity_bytes,
+            capacity_groups=capacity_groups,
+        )
+        return out
+
+    def open_job(
+        self,
+        job_id: str,
+        epoch: int,
+        config: JobConfig | Mapping[str, Any] | None = None,
+        *,
+        old_ready: OldReady | str = OldReady.REOFFER,
+        timeout: float | None = None,
+    ) -> JobConfig:
+        """Open a job at an epoch, fencing older ones; ConfigError names a bad setting (``Ledger.open_job``)."""
+        cfg = dict(config) if isinstance(config, Mapping) else config
+        out: JobConfig = self._call(
+            "open_job", timeout, job_id=job_id, epoch=epoch, config=cfg, old_ready=old_ready
+        )
+        return out
+
+    def register_writer(
+        self,
+        job_id: str,
+        epoch: int,
+        writer_id: str,
+        *,
+        node: str,
+        policy_version: int | None = None,
+        timeout: float | None = None,
+    ) -> PolicyStatus:
+        """Register a rollout worker of the current epoch (``Ledger.register_writer``)."""
+        out: PolicyStatus = self._call(
+            "register_writer", timeout, job_id=job_id, epoch=epoch, writer_id=writer_id, node=node,
+            policy_version=policy_version,
+        )  # fmt: skip
+        return out
+
+    def announce_policy(self, job_id: str, version: int, *, timeout: float | None = None) -> PolicyStatus:
+        """Announce new weights (``Ledger.announce_policy``)."""
+        out: PolicyStatus = self._call("announce_policy", timeout, job_id=job_id, version=version)
+        return out
+
+    def ack_policy(
+        self, job_id: str, epoch: int, writer_id: str, version: int, *, timeout: float | None = None
+    ) -> PolicyStatus:
+        """A writer acknowledges a policy version (``Ledger.ack_policy``)."""
+        out: PolicyStatus = self._call(
+            "ack_policy", timeout, job_id=job_id, epoch=epoch, writer_id=writer_id, version=version
+        )
+        return out
+
+    def policy_status(self, job_id: str, *, timeout: float | None = None) -> PolicyStatus:
+        """The announced version and who acknowledged it (``Ledger.policy_status``)."""
+        out: PolicyStatus = self._call("policy_status", timeout, job_id=job_id)
+        return out
+
+    # ------------------------------------------------------------------ partitions
+    def allocate(
+        self, job_id: str, epoch: int, writer_id: str, *, nbytes: int, timeout: float | None = None
+    ) -> PutGrant:
+        """Next partition, placed, with capacity reserved; CapacityExceededError carries ``retry_after``."""
+        out: PutGrant = self._call(
+            "allocate", timeout, job_id=job_id, epoch=epoch, writer_id=writer_id, nbytes=nbytes
+        )
+        return out
+
+    def publish(
+        self,
+        partition: Partition,
+        *,
+        token: int,
+        rows: int,
+        nbytes: int,
+        tokens: int,
+        policy_version: int,
+        columns: Iterable[str],
+        timeout: float | None = None,
+    ) -> GroupInfo:
+        """Make a stored group READY (``Ledger.publish``)."""
+        out: GroupInfo = self._call(
+            "publish", timeout, partition=partition, token=token, rows=rows, nbytes=nbytes, tokens=tokens,
+            policy_version=policy_version, columns=tuple(columns),
+        )  # fmt: skip
+        return out
+
+    def group(self, partition: Partition, *, timeout: float | None = None) -> GroupInfo:
+        """What the controller knows of one group (``Ledger.group``)."""
+        out: GroupInfo = self._call("group", timeout, partition=partition)
+        return out
+
+    # ------------------------------------------------------------------ leases
+    def acquire(
+        self,
+        job_id: str,
+        owner: str,
+        *,
+        max_groups: int,
+        wait: float = 0.0,
+        ttl: float | None = None,
+        max_tokens: int | None = None,
+        max_staleness: int | None = None,
+        require: Iterable[str] = (),
+        lack: Iterable[str] = (),
+        timeout: float | None = None,
+    ) -> Lease | None:
+        """Lease up to ``max_groups`` READY groups, waiting up to ``wait`` seconds for some to appear.
+
+        Returns ``None`` when none was eligible in time; ``wait`` is cut to the deadline. Other callers
+        proceed while this one waits (on both hosts). See ``Ledger.acquire`` for the filters.
+        """
+        t = self._t(timeout)
+        kwargs = {
+            "job_id": job_id,
+            "owner": owner,
+            "max_groups": max_groups,
+            "ttl": ttl,
+            "max_tokens": max_tokens,
+            "max_staleness": max_staleness,
+            "require": tuple(require),
+            "lack": tuple(lack),
+        }
+        return self.transport.acquire(kwargs, min(wait, t), t)
+
+    def renew(self, token: int, *, ttl: float | None = None, timeout: float | None = None) -> float:
+        """Heartbeat: extend the whole lease; returns the new expiry (host clock)."""
+        out: float = self._call("renew", timeout, token=token, ttl=ttl)
+        return out
+
+    def prepare(
+        self,
+        token: int,
+        batch_id: str,
+        *,
+        partitions: Sequence[Partition] | None = None,
+        timeout: float | None = None,
+    ) -> tuple[Partition, ...]:
+        """LEASED -> PREPARED for a batch of the lease (``Ledger.prepare``)."""
+        parts = None if partitions is None else tuple(Partition(*p) for p in partitions)
+        out: tuple[Partition, ...] = self._call(
+            "prepare", timeout, token=token, batch_id=batch_id, partitions=parts
+        )
+        return out
+
+    def start_training(
+        self, token: int, batch_id: str, *, timeout: float | None = None
+    ) -> tuple[Partition, ...]:
+        """PREPARED -> TRAINING for the batch (``Ledger.start_training``)."""
+        out: tuple[Partition, ...] = self._call("start_training", timeout, token=token, batch_id=batch_id)
+        return out
+
+    def finish_training(
+        self, token: int, batch_id: str, *, timeout: float | None = None
+    ) -> tuple[Partition, ...]:
+        """TRAINING -> TRAINED for the batch (``Ledger.finish_training``)."""
+        out: tuple[Partition, ...] = self._call("finish_training", timeout, token=token, batch_id=batch_id)
+        return out
+
+    def commit(self, token: int, batch_id: str, *, timeout: float | None = None) -> tuple[Partition, ...]:
+        """TRAINED -> COMMITTED for the batch; its groups go to the GC list (``Ledger.commit``)."""
+        out: tuple[Partition, ...] = self._call("commit", timeout, token=token, batch_id=batch_id)
+        return out
+
+    def release(
+        self,
+        token: int,
+        *,
+        partitions: Sequence[Partition] | None = None,
+        columns: Iterable[str] = (),
+        timeout: float | None = None,
+    ) -> tuple[Partition, ...]:
+        """Give LEASED/PREPARED groups back to READY, recording appended columns (``Ledger.release``)."""
+        parts = None if partitions is None else tuple(Partition(*p) for p in partitions)
+        out: tuple[Partition, ...] = self._call(
+            "release", timeout, token=token, partitions=parts, columns=tuple(columns)
+        )
+        return out
+
+    def resolve(
+        self, job_id: str, partitions: Sequence[Partition], action: str, *, timeout: float | None = None
+    ) -> tuple[Partition, ...]:
+        """Operator: requeue or drop UNKNOWN groups (``Ledger.resolve``)."""
+        parts = tuple(Partition(*p) for p in partitions)
+        out: tuple[Partition, ...] = self._call(
+            "resolve", timeout, job_id=job_id, partitions=parts, action=action
+        )
+        return out
+
+    # ------------------------------------------------------------------ queries
+    def counts(self, job_id: str, *, timeout: float | None = None) -> dict[str, int]:
+        """Groups per state of the job (``Ledger.counts``)."""
+        out: dict[str, int] = self._call("counts", timeout, job_id=job_id)
+        return out
+
+    def usage(self, job_id: str, *, timeout: float | None = None) -> tuple[int, int]:
+        """``(bytes, groups)`` the job holds (``Ledger.usage``)."""
+        out: tuple[int, int] = self._call("usage", timeout, job_id=job_id)
+        return out
+
+    def lease_groups(self, token: int, *, timeout: float | None = None) -> tuple[GroupInfo, ...]:
+        """The groups of a lease, as they are now (``Ledger.lease_groups``)."""
+        out: tuple[GroupInfo, ...] = self._call("lease_groups", timeout, token=token)
+        return out
+
+    def gc_list(self, job_id: str | None = None, *, timeout: float | None = None) -> tuple[DeleteWork, ...]:
+        """What waits for a confirmed delete (``Ledger.gc_list``)."""
+        out: tuple[DeleteWork, ...] = self._call("gc_list", timeout, job_id=job_id)
+        return out
+
+    def servers(self, *, timeout: float | None = None) -> tuple[ServerInfo, ...]:
+        """Registered storage servers and their reservations."""
+        out: tuple[ServerInfo, ...] = self._call("servers", timeout)
+        return out
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint(
+        self, job_id: str, path: str | os.PathLike[str] | None = None, *, timeout: float | None = None
+    ) -> bytes:
+        """Take the job's checkpoint (refused while any group is LEASED..TRAINED); write it atomically to
+        ``path`` on the host's machine when given. Returns its bytes."""
+        return self.transport.checkpoint(job_id, None if path is None else os.fspath(path), self._t(timeout))
+
+    def restore(
+        self,
+        source: bytes | str | os.PathLike[str],
+        *,
+        job_id: str,
+        epoch: int,
+        config: JobConfig | Mapping[str, Any] | None,
+        old_ready: OldReady | str = OldReady.REOFFER,
+        timeout: float | None = None,
+    ) -> dict[str, int]:
+        """Restart a job from a checkpoint (bytes, or a file on the host's machine) under a larger epoch
+        (``Ledger.restore``)."""
+        src = source if isinstance(source, bytes) else os.fspath(source)
+        cfg = dict(config) if isinstance(config, Mapping) else config
+        kwargs = {"job_id": job_id, "epoch": epoch, "config": cfg, "old_ready": old_ready}
+        return self.transport.restore(src, kwargs, self._t(timeout))

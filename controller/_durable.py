@@ -1,0 +1,213 @@
+"""What both hosts share: applying calls to the ledger with the host's clock, the journal, and recovery.
+
+A host with a state directory survives its own crash: every state-changing call is appended to
+``journal.log`` (length, CRC-32, pickled ``(method, kwargs, now)``) after it ran, and every
+``compact_every`` records the whole ledger is written to ``snapshot.ckpt`` (atomically) and the journal
+restarted. On start, :class:`HostCore` loads the snapshot, replays the journal (the ledger is
+deterministic, so replaying the same calls at the same ``now`` rebuilds the same state; a torn last record
+is ignored), then starts a new incarnation so that new tokens exceed every old one, and ends every lease
+that was live: LEASED/PREPARED groups go back to READY, TRAINING/TRAINED groups come back UNKNOWN.
+
+Not journaled: queries, sweeper ticks and delete hand-outs (expiry is decided by the recorded deadlines,
+so replay reaches the same states; only retry timing of deletes may differ). The journal is flushed to
+the OS after each record, which survives a crash of the host process; set ``fsync=True`` to survive a
+crash of the machine, at the cost of one fsync per call. It does not protect against two hosts sharing
+one state directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import struct
+import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from trajflight.errors import InvalidRequestError, TrajflightError
+
+from ._checkpoint import write_atomic
+from ._ledger import Ledger
+from ._records import DeleteWork
+
+__all__ = ["MUTATING", "QUERIES", "HostCore", "run_deletes"]
+
+MUTATING = frozenset(
+    {
+        "register_server",
+        "open_job",
+        "register_writer",
+        "announce_policy",
+        "ack_policy",
+        "allocate",
+        "publish",
+        "acquire",
+        "renew",
+        "prepare",
+        "start_training",
+        "finish_training",
+        "commit",
+        "release",
+        "resolve",
+        "delete_done",
+        "restore",
+        "recover",
+    }
+)
+"""Ledger methods that change state and take ``now``: journaled."""
+
+TIMED_UNJOURNALED = frozenset({"tick", "take_deletes", "checkpoint"})
+"""Ledger methods that take ``now`` but are not journaled (see the module docstring)."""
+
+QUERIES = frozenset(
+    {
+        "counts",
+        "usage",
+        "lease_groups",
+        "live_leases",
+        "gc_list",
+        "groups_in",
+        "group",
+        "servers",
+        "policy_status",
+        "is_quiescent",
+        "next_deadline",
+    }
+)
+"""Ledger methods that only read: no ``now``, not journaled."""
+
+_RECORD = struct.Struct("<II")  # length, crc32
+
+
+class HostCore:
+    """A ledger plus its host's clock and (optionally) its journal. Not thread-safe: hosts serialise.
+
+    Args:
+        clock: Wall-clock seconds (``time.time``): deadlines survive a restart in another process.
+        state_dir: Directory for ``snapshot.ckpt`` and ``journal.log``; ``None`` keeps state in memory
+            only (a restart starts empty).
+        fsync: fsync the journal after every record.
+        compact_every: Journal records between snapshots.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.time,
+        state_dir: str | os.PathLike[str] | None = None,
+        fsync: bool = False,
+        compact_every: int = 20000,
+    ) -> None:
+        self.clock = clock
+        self._fsync = fsync
+        self._compact_every = compact_every
+        self._records = 0
+        self._journal: BinaryIO | None = None
+        self.recovered_leases = 0
+        if state_dir is None:
+            self._dir: Path | None = None
+            self.ledger = Ledger()
+            return
+        self._dir = Path(state_dir)
+        self._dir.mkdir(parents=True, exist_ok=True)
+        snap = self._dir / "snapshot.ckpt"
+        if snap.exists():
+            self.ledger = Ledger.from_snapshot(snap.read_bytes(), source=str(snap))
+        else:
+            self.ledger = Ledger()
+        self._replay(self._dir / "journal.log")
+        now = self.clock()
+        self.recovered_leases = self.ledger.recover(self.ledger.incarnation + 1, now=now)
+        self.compact()
+
+    @property
+    def incarnation(self) -> int:
+        """The ledger's current incarnation (increases by one per recovery)."""
+        return self.ledger.incarnation
+
+    def _replay(self, path: Path) -> None:
+        if not path.exists():
+            return
+        data = path.read_bytes()
+        pos = 0
+        while pos + _RECORD.size <= len(data):
+            length, crc = _RECORD.unpack_from(data, pos)
+            body = data[pos + _RECORD.size : pos + _RECORD.size + length]
+            if len(body) < length or zlib.crc32(body) != crc:
+                break  # a torn last record: the call it describes never returned to its caller
+            pos += _RECORD.size + length
+            method, kwargs, now = pickle.loads(body)
+            # A call that failed the first time fails again, after the same lazy expiries.
+            with contextlib.suppress(TrajflightError):
+                getattr(self.ledger, method)(now=now, **kwargs)
+
+    def compact(self) -> None:
+        """Write a snapshot of the ledger and start an empty journal (no-op without a state directory)."""
+        if self._dir is None:
+            return
+        write_atomic(self._dir / "snapshot.ckpt", self.ledger.snapshot())
+        if self._journal is not None:
+            self._journal.close()
+        self._journal = open(self._dir / "journal.log", "wb")  # noqa: SIM115 - held open for appends
+        self._records = 0
+
+    def close(self) -> None:
+        """Close the journal (state stays on disk)."""
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
+
+    def apply(self, method: str, kwargs: dict[str, Any]) -> Any:
+        """Run ledger ``method`` with ``kwargs`` (``now`` added for timed methods) and journal it.
+
+        Raises:
+            InvalidRequestError: ``method`` is not a ledger call.
+            TrajflightError: whatever the ledger raised (journaled too: its lazy expiries happened).
+        """
+        if method in QUERIES:
+            return getattr(self.ledger, method)(**kwargs)
+        if method in TIMED_UNJOURNALED:
+            return getattr(self.ledger, method)(now=self.clock(), **kwargs)
+        if method not in MUTATING:
+            raise InvalidRequestError(f"{method!r} is not a controller call")
+        now = self.clock()
+        try:
+            return getattr(self.ledger, method)(now=now, **kwargs)
+        finally:
+            self._record(method, kwargs, now)
+
+    def _record(self, method: str, kwargs: dict[str, Any], now: float) -> None:
+        if self._journal is None:
+            return
+        body = pickle.dumps((method, kwargs, now), protocol=pickle.HIGHEST_PROTOCOL)
+        self._journal.write(_RECORD.pack(len(body), zlib.crc32(body)) + body)
+        self._journal.flush()
+        if self._fsync:
+            os.fsync(self._journal.fileno())
+        self._records += 1
+        if self._records >= self._compact_every:
+            self.compact()
+
+
+def run_deletes(
+    work: list[DeleteWork], deleter: Callable[[DeleteWork], None] | None
+) -> list[tuple[DeleteWork, bool, str | None]]:
+    """Run each delete with ``deleter`` (no deleter: every delete succeeds at once); never raises.
+
+    A deleter signals failure by raising; a storage server that no longer has the group must not raise.
+    """
+    out: list[tuple[DeleteWork, bool, str | None]] = []
+    for item in work:
+        if deleter is None:
+            out.append((item, True, None))
+            continue
+        try:
+            deleter(item)
+        except Exception as exc:  # any failure keeps the group on the GC list; it is retried later
+            out.append((item, False, f"{type(exc).__name__}: {exc}"))
+        else:
+            out.append((item, True, None))
+    return out

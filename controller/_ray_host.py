@@ -1,0 +1,222 @@
+"""The Ray host: the ledger inside a named, asynchronous Ray actor, one namespace per deployment.
+
+The actor runs on an asyncio loop: each ledger call runs to completion between two awaits (so calls are
+serialised without a lock) and a long-polling ``acquire`` awaits an event instead of blocking, so other
+callers proceed while it waits. A sweeper task applies expiries as they fall due and runs deletes through
+the injected ``deleter`` in a worker thread.
+
+Crash recovery: with ``state_dir`` the actor journals every state-changing call (see :mod:`._durable`);
+Ray restarts it up to ``max_restarts`` times and the constructor, which Ray re-runs, reloads the snapshot,
+replays the journal, persists a new incarnation (so tokens keep increasing) and ends the leases that were
+live: TRAINING/TRAINED groups come back UNKNOWN. The state directory must be on the node where Ray
+restarts the actor (pin it with a node-affinity scheduling strategy on a multi-node cluster).
+
+Ray is imported only when this module's functions are called. Ledger errors travel back as values and are
+raised again by the client with their own class: Ray's exception wrapping never reaches the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from trajflight.errors import TrajflightError
+
+from ._checkpoint import read_file, write_atomic
+from ._durable import HostCore, run_deletes
+from ._records import DeleteWork
+
+__all__ = ["DEFAULT_NAME", "DEFAULT_NAMESPACE", "ControllerActor", "ray_actor_class", "start_ray_actor"]
+
+DEFAULT_NAME = "trajflight-controller"
+DEFAULT_NAMESPACE = "trajflight"
+
+Reply = tuple[str, Any]
+
+
+class ControllerActor:
+    """The body of the Ray actor (wrapped by :func:`ray_actor_class`); usable directly in tests.
+
+    Args:
+        state_dir: Journal and snapshot directory; ``None`` loses state on restart.
+        deleter: Deletes one group from its storage server (must be picklable for Ray); raises on
+            failure. ``None``: every delete is confirmed at once.
+        sweep_interval: Longest sleep of the sweeper (seconds).
+        delete_batch: Most deletes per sweeper pass.
+        journal_fsync: fsync the journal after every call.
+    """
+
+    def __init__(
+        self,
+        state_dir: str | None = None,
+        deleter: Callable[[DeleteWork], None] | None = None,
+        sweep_interval: float = 0.05,
+        delete_batch: int = 256,
+        journal_fsync: bool = False,
+    ) -> None:
+        self._core = HostCore(clock=time.time, state_dir=state_dir, fsync=journal_fsync)
+        self._deleter = deleter
+        self._sweep_interval = sweep_interval
+        self._delete_batch = delete_batch
+        self._changed: asyncio.Event | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def _ensure_started(self) -> asyncio.Event:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep_loop())
+        return self._changed
+
+    def _apply(self, method: str, kwargs: dict[str, Any]) -> Any:
+        event = self._ensure_started()
+        before = self._core.ledger.ready_version
+        try:
+            return self._core.apply(method, kwargs)
+        finally:
+            if self._core.ledger.ready_version != before:
+                event.set()
+                self._changed = asyncio.Event()
+
+    async def invoke(self, method: str, kwargs: dict[str, Any]) -> Reply:
+        """Run one ledger call; reply ``("ok", result)`` or ``("err", TrajflightError)``."""
+        try:
+            return ("ok", self._apply(method, kwargs))
+        except TrajflightError as exc:
+            return ("err", exc)
+
+    async def invoke_many(self, calls: list[tuple[str, dict[str, Any]]]) -> list[Reply]:
+        """Run several ledger calls in order, in one actor call (each reply as for :meth:`invoke`)."""
+        out: list[Reply] = []
+        for method, kwargs in calls:
+            out.append(await self.invoke(method, kwargs))
+        return out
+
+    async def acquire(self, kwargs: dict[str, Any], wait: float) -> Reply:
+        """Long-poll acquire: retry whenever groups become READY, for up to ``wait`` seconds."""
+        end = time.monotonic() + max(0.0, wait)
+        while True:
+            try:
+                lease = self._apply("acquire", kwargs)
+            except TrajflightError as exc:
+                return ("err", exc)
+            remaining = end - time.monotonic()
+            if lease is not None or remaining <= 0:
+                return ("ok", lease)
+            nxt = self._core.ledger.next_deadline()
+            if nxt is not None:
+                remaining = min(remaining, max(0.001, nxt - time.time()))
+            event = self._ensure_started()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), remaining)
+
+    async def checkpoint(self, job_id: str, path: str | None) -> Reply:
+        """Take a job checkpoint; write it (atomically, on the actor's node) to ``path`` when given."""
+        try:
+            data: bytes = self._apply("checkpoint", {"job_id": job_id})
+            if path is not None:
+                write_atomic(path, data)
+            return ("ok", data)
+        except TrajflightError as exc:
+            return ("err", exc)
+
+    async def restore(self, source: bytes | str, kwargs: dict[str, Any]) -> Reply:
+        """Restore a job from checkpoint bytes or a file on the actor's node."""
+        try:
+            data = source if isinstance(source, bytes) else read_file(source)
+            return ("ok", self._apply("restore", {"data": data, **kwargs}))
+        except TrajflightError as exc:
+            return ("err", exc)
+
+    async def info(self) -> dict[str, Any]:
+        """Incarnation, pid and how many leases the last recovery ended (for operators and tests)."""
+        self._ensure_started()
+        return {
+            "incarnation": self._core.incarnation,
+            "pid": os.getpid(),
+            "recovered_leases": self._core.recovered_leases,
+        }
+
+    async def sweep(self) -> int:
+        """One sweeper pass (expiries, then deletes); returns the deletes run."""
+        self._apply("tick", {})
+        work = self._apply("take_deletes", {"limit": self._delete_batch})
+        if not work:
+            return 0
+        results = await asyncio.to_thread(run_deletes, work, self._deleter)
+        for item, ok, error in results:
+            self._apply("delete_done", {"partition": item.partition, "ok": ok, "error": error})
+        return len(work)
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            try:
+                ran = await self.sweep()
+            except Exception:  # keep sweeping: a failure here must not silently stop expiry
+                ran = 0
+            if ran:
+                continue
+            nxt = self._core.ledger.next_deadline()
+            delay = (
+                self._sweep_interval
+                if nxt is None
+                else min(self._sweep_interval, max(0.0, nxt - time.time()))
+            )
+            await asyncio.sleep(delay)
+
+
+def ray_actor_class() -> Any:
+    """The Ray actor class wrapping :class:`ControllerActor` (imports ray)."""
+    from trajflight.controller._client import import_ray
+
+    ray = import_ray()
+    return ray.remote(ControllerActor)
+
+
+def start_ray_actor(
+    *,
+    name: str = DEFAULT_NAME,
+    namespace: str = DEFAULT_NAMESPACE,
+    state_dir: str | os.PathLike[str] | None = None,
+    deleter: Callable[[DeleteWork], None] | None = None,
+    max_restarts: int = -1,
+    sweep_interval: float = 0.05,
+    journal_fsync: bool = False,
+    detached: bool = False,
+    get_if_exists: bool = False,
+    options: dict[str, Any] | None = None,
+) -> Any:
+    """Create the named controller actor and return its handle (Ray must be initialised).
+
+    Args:
+        name: Actor name, unique in ``namespace``.
+        namespace: One namespace per deployment, so that two deployments on one cluster never meet.
+        state_dir: Journal and snapshot directory on the actor's node (required to survive restarts).
+        deleter: Picklable callable deleting one group from its storage server.
+        max_restarts: Restarts Ray may do (-1: unlimited).
+        sweep_interval: Longest sleep of the sweeper.
+        journal_fsync: fsync the journal after every call.
+        detached: Keep the actor alive after the creating driver exits.
+        get_if_exists: Return the running actor of that name instead of failing.
+        options: Further ``ActorClass.options`` (e.g. ``scheduling_strategy``).
+    """
+    cls = ray_actor_class()
+    opts: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "max_restarts": max_restarts,
+        "max_task_retries": 0,
+        "max_concurrency": 1000,
+        "num_cpus": 0,
+        "get_if_exists": get_if_exists,
+    }
+    if detached:
+        opts["lifetime"] = "detached"
+    opts.update(options or {})
+    return cls.options(**opts).remote(
+        None if state_dir is None else os.fspath(state_dir), deleter, sweep_interval, 256, journal_fsync
+    )
