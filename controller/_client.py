@@ -247,7 +247,7 @@ class ControllerClient:
         old_ready: OldReady | str = OldReady.REOFFER,
         timeout: float | None = None,
     ) -> JobConfig:
-        """Open a job at an epoch, fencing older ones; ConfigError names a bad setting (``Ledger.open_job``)."""
+        """Open a job at an epoch, fencing older ones (``Ledger.open_job``); ConfigError names the setting."""
         cfg = dict(config) if isinstance(config, Mapping) else config
         out: JobConfig = self._call(
             "open_job", timeout, job_id=job_id, epoch=epoch, config=cfg, old_ready=old_ready
