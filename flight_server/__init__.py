@@ -1,6 +1,6 @@
 """trajflight.flight_server: the Arrow Flight storage server and its low-level client.
 
-* :class:`StorageServer` keeps trajectory groups as Arrow IPC segments in memory, publishes each put
+* :class:`StorageServer` keeps trajectory groups as Arrow buffers in memory, publishes each put
   atomically, streams projected groups from C++, enforces epoch fences and lease generations itself, and
   bounds capacity in bytes and groups.
 * :class:`StorageClient` puts, appends, reads, deletes and fences, every call with a deadline;

@@ -4,7 +4,7 @@
   ``validate_group(full=True)`` and the size limits, and publishes it atomically: a stream that fails, is
   cancelled or whose client dies leaves nothing visible and gives its reservation back.
 * ``do_get`` streams one or more stored groups, projected, from C++ (``RecordBatchStream`` over a table
-  that aliases the stored segments: no Python loop per batch, no re-serialisation in Python).
+  that aliases the stored buffers: no Python loop per batch, no re-serialisation in Python).
 * ``list_flights`` / ``get_flight_info`` / ``get_schema`` let any Flight client list and read groups.
 * ``do_action``: ``delete``, ``fence``, ``advance_generation``, ``stats``, ``health``.
 
@@ -31,12 +31,11 @@ from trajflight.codec import STANDARD_SCHEMA, GroupKey, TrajectorySchema, valida
 from trajflight.errors import InvalidRequestError, SchemaError
 from trajflight.flight_server._errors import server_errors
 from trajflight.flight_server._store import (
-    Allocator,
     GroupStore,
+    Placement,
     Reservation,
     StoredGroup,
     StoreLimits,
-    heap_allocator,
 )
 from trajflight.flight_server._wire import (
     WIRE_VERSION,
@@ -92,7 +91,8 @@ class StorageServer(flight.FlightServerBase):
         secret: Deployment secret shared with the controller; when given, puts, lease tokens, fences and
             generation raises must carry valid HMAC signatures (:class:`TokenSigner`), and bare path-
             descriptor puts are refused. Tokenless reads stay open.
-        allocate: Where group segments live (Arrow's pool by default; a shared-memory arena later).
+        place: None (default) keeps the buffers Flight received; a :data:`Placement` (a shared-memory
+            arena, later) gets each group part copied once into one IPC-stream segment it hands out.
     """
 
     def __init__(
@@ -103,12 +103,12 @@ class StorageServer(flight.FlightServerBase):
         limits: StoreLimits | None = None,
         schema: TrajectorySchema = STANDARD_SCHEMA,
         secret: bytes | None = None,
-        allocate: Allocator = heap_allocator,
+        place: Placement | None = None,
     ) -> None:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
             raise InvalidRequestError(f"port must be an int in 0..65535, got {port!r}")
         self._signer = TokenSigner(secret) if secret is not None else None
-        self.store = GroupStore(limits, schema=schema, allocate=allocate)
+        self.store = GroupStore(limits, schema=schema, place=place)
         self._started = time.monotonic()
         self._close_lock = threading.Lock()
         self._closed = False

@@ -1,15 +1,17 @@
 """The in-memory group store: atomic publish, fencing, capacity accounting and column append.
 
-Layout: each stored group is a tuple of *segments*, each one complete Arrow IPC stream (schema, record
-batches, end-of-stream marker) in one contiguous buffer. The first segment holds the columns the writer
-put; each column append adds one segment with only the new columns, so existing columns are never
-rewritten. Segments come from an injected ``allocate(size) -> pyarrow.Buffer`` (Arrow's default pool by
-default): a later issue can hand out regions of a shared-memory file instead, and a same-host reader can
-map a segment and open it with ``pyarrow.ipc.open_stream`` with no copy. The table served to readers is a
-zero-copy view over the segments, built once at publish.
+Layout: each stored group is a tuple of *parts*, each a table over Arrow buffers. The first part holds the
+columns the writer put; each column append adds one part with only the new columns, so existing columns
+are never rewritten. By default a part keeps the very buffers Flight received (no copy: the fastest put and
+the least memory). With a ``place(size) -> pyarrow.Buffer`` hook, each part is instead written once as one
+complete Arrow IPC stream (schema, batches, end-of-stream) into a buffer the hook hands out, and served
+from there: a later issue's shared-memory arena plugs in here, and a same-host reader can map such a
+segment and open it with ``pyarrow.ipc.open_stream`` with no copy. The table served to readers is a
+zero-copy view over the parts, built once at publish.
 
-Capacity counts segment sizes (what the store really holds; Arrow's memory pool does not see buffers
-received by Flight) and in-flight reservations, in bytes and in groups. Fencing: per job the lowest epoch
+Capacity counts buffer sizes (``get_total_buffer_size`` of received batches, or segment sizes when
+placed; Arrow's memory pool does not see buffers received by Flight) and in-flight reservations, in bytes
+and in groups. Fencing: per job the lowest epoch
 still accepted, per group the highest lease generation seen (kept after a delete, so a zombie's late
 delete or append is still refused; forgotten when the group's epoch is fenced).
 
@@ -40,18 +42,18 @@ from trajflight.errors import (
 )
 from trajflight.flight_server._wire import GroupRead, LeaseToken, ListCriteria
 
-__all__ = ["Allocator", "GroupStore", "StoreLimits", "StoredGroup", "heap_allocator", "open_segment"]
+__all__ = ["GroupStore", "Placement", "StoreLimits", "StoredGroup", "heap_placement", "open_segment"]
 
-Allocator = Callable[[int], pa.Buffer]
-"""``allocate(size)`` returns a mutable buffer of exactly ``size`` bytes that the store may keep."""
+Placement = Callable[[int], pa.Buffer]
+"""``place(size)`` returns a mutable buffer of exactly ``size`` bytes that the store may keep."""
 
 
-def heap_allocator(size: int) -> pa.Buffer:
-    """Allocate from Arrow's default memory pool (64-byte aligned, returned on free)."""
+def heap_placement(size: int) -> pa.Buffer:
+    """Place segments in Arrow's default memory pool (64-byte aligned, returned on free)."""
     return pa.allocate_buffer(size)
 
 
-def serialize_segment(batches: Sequence[pa.RecordBatch], schema: pa.Schema, allocate: Allocator) -> pa.Buffer:
+def serialize_segment(batches: Sequence[pa.RecordBatch], schema: pa.Schema, allocate: Placement) -> pa.Buffer:
     """Write ``batches`` as one IPC stream into one buffer of exactly the stream's size (one copy).
 
     The result is owned by the caller (and whoever ``allocate`` delegates to); it does not alias the
@@ -79,23 +81,25 @@ class StoredGroup:
 
     Attributes:
         key: The partition.
-        segments: IPC streams in one buffer each; the first holds the put, the rest appended columns.
-        table: Zero-copy view over the segments (what ``do_get`` streams). Aliases the segments: never
+        parts: Tables over the stored buffers; the first holds the put, the rest appended columns.
+        part_bytes: Bytes held by each part (buffer sizes).
+        table: Zero-copy view over the parts (what ``do_get`` streams). Aliases the stored buffers: never
             write through it (``torch.from_dlpack`` ignores Arrow's read-only flag).
         writer: The writer id given at put.
         created: Monotonic publish time.
     """
 
     key: GroupKey
-    segments: tuple[pa.Buffer, ...]
+    parts: tuple[pa.Table, ...]
+    part_bytes: tuple[int, ...]
     table: pa.Table
     writer: str = ""
     created: float = 0.0
 
     @property
     def nbytes(self) -> int:
-        """Bytes held (sum of segment sizes): what capacity counts."""
-        return sum(seg.size for seg in self.segments)
+        """Bytes held (sum over parts): what capacity counts."""
+        return sum(self.part_bytes)
 
     @property
     def num_rows(self) -> int:
@@ -187,7 +191,8 @@ class GroupStore:
         limits: Capacity and size bounds.
         schema: The trajectory schema groups are checked against (types of user columns are fixed per job
             by the first group that carries them).
-        allocate: Where segments live (see :data:`Allocator`).
+        place: None keeps received buffers as they are; a :data:`Placement` copies each part once into
+            one IPC-stream segment it hands out (e.g. :func:`heap_placement`, a shared-memory arena).
         clock: Monotonic clock, injectable for tests.
     """
 
@@ -196,12 +201,12 @@ class GroupStore:
         limits: StoreLimits | None = None,
         *,
         schema: TrajectorySchema = STANDARD_SCHEMA,
-        allocate: Allocator = heap_allocator,
+        place: Placement | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.limits = limits or StoreLimits()
         self.schema = schema
-        self._allocate = allocate
+        self._place = place
         self._clock = clock
         self._lock = threading.Lock()
         self._groups: dict[GroupKey, StoredGroup] = {}
@@ -350,17 +355,16 @@ class GroupStore:
     ) -> StoredGroup:
         """Make a fully received, validated group visible, atomically; consumes the reservation.
 
-        The batches are copied once into a segment (see :func:`serialize_segment`) and not kept.
+        The batches' buffers are kept (or copied once into a placed segment, see :meth:`_part`).
 
         Raises:
-            CapacityExceededError: the segment does not fit (framing overhead at the edge of capacity).
+            CapacityExceededError: a placed segment does not fit (framing overhead at the edge).
             StaleFenceError: the job was fenced while the stream arrived.
         """
-        segment = serialize_segment(batches, schema, self._allocate)
-        table = open_segment(segment)
-        group = StoredGroup(res.key, (segment,), table, writer, self._clock())
-        if segment.size > res.reserved:
-            self._reserve(res, segment.size - res.reserved)
+        table, nbytes = self._part(batches, schema)
+        group = StoredGroup(res.key, (table,), (nbytes,), table, writer, self._clock())
+        if nbytes > res.reserved:
+            self._reserve(res, nbytes - res.reserved)
         with self._lock:
             try:
                 self._check_epoch(res.key, "put")
@@ -370,13 +374,19 @@ class GroupStore:
                 res.done = True
                 raise
             self._groups[res.key] = group
-            self._held_bytes += segment.size
+            self._held_bytes += nbytes
             types = self._job(res.key.job_id).column_types
             for f in schema:
                 types.setdefault(f.name, f.type)
             self._release_locked(res)
             res.done = True
         return group
+
+    def _part(self, batches: Sequence[pa.RecordBatch], schema: pa.Schema) -> tuple[pa.Table, int]:
+        if self._place is None:
+            return pa.Table.from_batches(batches, schema), sum(b.get_total_buffer_size() for b in batches)
+        segment = serialize_segment(batches, schema, self._place)
+        return open_segment(segment), segment.size
 
     # ----------------------------------------------------------------------------------------- append
 
@@ -428,16 +438,15 @@ class GroupStore:
     ) -> StoredGroup:
         """Add the new columns to the stored group atomically, re-checking the fence at commit.
 
-        Existing segments are kept as they are; readers see either the old or the new group.
+        Existing parts are kept as they are; readers see either the old or the new group.
 
         Raises:
             SchemaError: the row count differs from the group's. Plus those of :meth:`begin_append`.
         """
         rows = sum(b.num_rows for b in batches)
-        segment = serialize_segment(batches, schema, self._allocate)
-        added = open_segment(segment)
-        if segment.size > res.reserved:
-            self._reserve(res, segment.size - res.reserved)
+        added, nbytes = self._part(batches, schema)
+        if nbytes > res.reserved:
+            self._reserve(res, nbytes - res.reserved)
         with self._lock:
             try:
                 group = self._check_append_locked(res.key, token, schema)
@@ -453,9 +462,16 @@ class GroupStore:
             table = group.table
             for name, column in zip(added.column_names, added.columns, strict=True):
                 table = table.append_column(added.schema.field(name), column)
-            new = StoredGroup(res.key, (*group.segments, segment), table, group.writer, group.created)
+            new = StoredGroup(
+                res.key,
+                (*group.parts, added),
+                (*group.part_bytes, nbytes),
+                table,
+                group.writer,
+                group.created,
+            )
             self._groups[res.key] = new
-            self._held_bytes += segment.size
+            self._held_bytes += nbytes
             self._generation[res.key] = max(token.generation, self._generation.get(res.key, -1))
             types = self._job(res.key.job_id).column_types
             for f in schema:
@@ -470,7 +486,7 @@ class GroupStore:
         """Return the groups as one table (in ticket order), projected to ``columns``.
 
         A read carrying a token is fenced (and raises the group's highest generation); a tokenless read is
-        an analyst's and is allowed. The result aliases stored segments (zero-copy).
+        an analyst's and is allowed. The result aliases stored buffers (zero-copy).
 
         Raises:
             NotFoundError, StaleFenceError, SchemaError (a projected column is not stored).
@@ -511,7 +527,7 @@ class GroupStore:
         """Delete groups under their holders' tokens; idempotent (absent groups are reported, not errors).
 
         All tokens are checked before anything is deleted. Bytes go back to capacity at once; memory is
-        freed when the last reader's stream over the segments ends.
+        freed when the last reader's stream over them ends.
 
         Raises:
             StaleFenceError: a token is missing or older than the highest generation seen.

@@ -117,3 +117,27 @@ def test_an_empty_stream_publishes_nothing():
         with pytest.raises(InvalidRequestError, match="no samples"):
             client.put_group(KEY, make_group(KEY).slice(0, 0))
         assert client.stats()["groups"] == 0
+
+
+def test_a_placement_hook_holds_each_part_as_one_ipc_segment_served_without_copies():
+    """The seam a shared-memory arena plugs into: every part is one IPC stream in a handed-out buffer."""
+    handed_out: list[pa.Buffer] = []
+
+    def place(size: int) -> pa.Buffer:
+        handed_out.append(pa.allocate_buffer(size))
+        return handed_out[-1]
+
+    group = make_group(KEY)
+    with serving(place=place) as (server, client):
+        client.put_group(KEY, group)
+        from trajflight.flight_server import LeaseToken
+
+        client.append_columns(KEY, pa.table({"ref": pa.array([1.0] * 8, pa.float32())}), LeaseToken(1))
+        stored = server.store.get(KEY)
+        assert len(handed_out) == 2
+        assert stored.part_bytes == tuple(b.size for b in handed_out)
+        assert pa.ipc.open_stream(handed_out[0]).read_all().equals(pa.Table.from_batches([group]))
+        values = stored.table.column("response_ids").chunk(0).values.buffers()[1]
+        assert handed_out[0].address <= values.address < handed_out[0].address + handed_out[0].size
+        assert client.get([KEY]).drop_columns(["ref"]).equals(pa.Table.from_batches([group]))
+        assert client.stats()["bytes"] == sum(b.size for b in handed_out)
