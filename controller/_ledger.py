@@ -380,6 +380,8 @@ class Ledger(LedgerCore):
                 and added <= g.colset
             ):
                 continue  # an identical repeat
+            if g is not None and g.generation > token:
+                self._check_member(lease, key, (LEASED, PREPARED))  # raises StaleFenceError
             if lease.ended is not None:
                 raise self._ended_error(lease)
             todo.append(self._check_member(lease, key, (LEASED, PREPARED)))

@@ -1,0 +1,341 @@
+"""The ledger against a simple reference model (hypothesis ``RuleBasedStateMachine``, fake clock).
+
+Invariants checked after every step: every group is in the state the model predicts (so expiry sends
+LEASED/PREPARED to READY and TRAINING/TRAINED to UNKNOWN, and nothing else moves); at most one live
+lease holds a group; tokens strictly increase and a group's generation only grows; a call on an ended
+lease never changes anything (no stale token is accepted); each group is committed at most once and never
+offered again; capacity is never exceeded and is released only after a confirmed delete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from trajflight.controller import JobConfig, Ledger, Partition
+from trajflight.errors import CapacityExceededError, TrajflightError
+
+CAP_BYTES = 600
+CAP_GROUPS = 12
+TTL = 10.0
+LIVE = ("LEASED", "PREPARED", "TRAINING", "TRAINED")
+STEPS = {
+    "start_training": ("PREPARED", "TRAINING"),
+    "finish_training": ("TRAINING", "TRAINED"),
+    "commit": ("TRAINED", "COMMITTED"),
+}
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    @initialize()
+    def setup(self):
+        self.now = 0.0
+        self.L = Ledger()
+        self.L.register_server(
+            "s0",
+            node="n",
+            location="grpc://x",
+            capacity_bytes=CAP_BYTES,
+            capacity_groups=CAP_GROUPS,
+            now=self.now,
+        )
+        self.L.open_job(
+            "j", 1, JobConfig(default_lease_ttl=TTL, max_lease_ttl=50.0, max_group_bytes=100), now=self.now
+        )
+        self.L.register_writer("j", 1, "w", node="n", now=self.now)
+        self.state: dict[Partition, str] = {}
+        self.gen: dict[Partition, int] = {}
+        self.size: dict[Partition, int] = {}
+        self.leases: dict[int, dict] = {}  # live: expires, live (ordered keys), batches {b: [keys, stage]}
+        self.ended: list[int] = []
+        self.max_token = 0
+        self.committed: set[Partition] = set()
+        self.on_gc: set[Partition] = set()
+
+    # ------------------------------------------------------------ model helpers
+    def _expire(self):
+        for token, lease in list(self.leases.items()):
+            if lease["expires"] <= self.now:
+                for key in lease["live"]:
+                    if self.state[key] in ("LEASED", "PREPARED"):
+                        self.state[key] = "READY"
+                    else:
+                        self.state[key] = "UNKNOWN"
+                self._end(token)
+
+    def _end(self, token):
+        del self.leases[token]
+        self.ended.append(token)
+
+    def _snapshot(self):
+        return {
+            k: (g.state, g.generation, g.columns, g.batch_id)
+            for k, g in ((k, self.L.group(k)) for k in self.state)
+        }
+
+    def _new_token(self, token):
+        assert token > self.max_token, "tokens must strictly increase"
+        self.max_token = token
+
+    # ------------------------------------------------------------ rules
+    @rule(nbytes=st.integers(1, 100))
+    def put(self, nbytes):
+        self._expire()
+        used = sum(self.size[k] for k in self.state)
+        try:
+            grant = self.L.allocate("j", 1, "w", nbytes=nbytes, now=self.now)
+        except CapacityExceededError:
+            assert used + nbytes > CAP_BYTES or len(self.state) + 1 > CAP_GROUPS
+            return
+        assert used + nbytes <= CAP_BYTES
+        assert len(self.state) + 1 <= CAP_GROUPS
+        self._new_token(grant.token)
+        self.L.publish(
+            grant.partition,
+            token=grant.token,
+            rows=1,
+            nbytes=nbytes,
+            tokens=nbytes,
+            policy_version=0,
+            columns=("a",),
+            now=self.now,
+        )
+        key = grant.partition
+        self.state[key], self.gen[key], self.size[key] = "READY", grant.token, nbytes
+
+    @rule(n=st.integers(1, 4))
+    def acquire(self, n):
+        self._expire()
+        ready = [k for k, s in self.state.items() if s == "READY"]
+        lease = self.L.acquire("j", "t", max_groups=n, now=self.now)
+        if lease is None:
+            assert not ready
+            return
+        assert len(lease.groups) == min(n, len(ready))
+        self._new_token(lease.token)
+        for key in lease.partitions:
+            assert self.state[key] == "READY"
+            assert key not in self.committed, "a committed group was offered again"
+            assert lease.token > self.gen[key]
+            self.state[key], self.gen[key] = "LEASED", lease.token
+        self.leases[lease.token] = {"expires": self.now + TTL, "live": list(lease.partitions), "batches": {}}
+
+    @rule(
+        data=st.data(),
+        op=st.sampled_from(["prepare", "start_training", "finish_training", "commit", "release", "renew"]),
+        batch=st.sampled_from(["b0", "b1"]),
+    )
+    def lease_call(self, data, op, batch):
+        self._expire()
+        if not self.leases and not self.ended:
+            return
+        if self.leases and (not self.ended or data.draw(st.integers(0, 4)) > 0):
+            token = data.draw(st.sampled_from(sorted(self.leases)))
+        else:
+            token = data.draw(st.sampled_from(self.ended))
+            known = sorted(self.L._ended[token].batches) if token in self.L._ended else []
+            if known:  # aim at a batch the ended lease really had
+                batch = data.draw(st.sampled_from(known))
+        self._lease_call(token, op, batch)
+
+    @precondition(lambda self: bool(self.leases))
+    @rule(data=st.data())
+    def progress(self, data):
+        """Move one batch of a live lease one step along the lease path (the common trainer path)."""
+        self._expire()
+        if not self.leases:
+            return
+        token = data.draw(st.sampled_from(sorted(self.leases)))
+        batches = self.leases[token]["batches"]
+        nxt = {"PREPARED": "start_training", "TRAINING": "finish_training", "TRAINED": "commit"}
+        for batch, (_, stage) in batches.items():
+            if stage in nxt:
+                self._lease_call(token, nxt[stage], batch)
+                return
+        self._lease_call(token, "prepare", f"b{len(batches)}")
+
+    @precondition(lambda self: bool(self.ended))
+    @rule(data=st.data())
+    def zombie(self, data):
+        """A trainer whose lease ended carries on with its next step: nothing may change."""
+        self._expire()
+        token = data.draw(st.sampled_from(self.ended))
+        lease = self.L._ended.get(token)
+        if lease is None or not lease.batches:
+            return
+        batch = data.draw(st.sampled_from(sorted(lease.batches)))
+        nxt = {
+            "PREPARED": "start_training",
+            "TRAINING": "finish_training",
+            "TRAINED": "commit",
+            "COMMITTED": "commit",
+        }
+        self._lease_call(token, nxt[lease.stage[batch].value], batch)
+
+    def _lease_call(self, token, op, batch):
+        lease = self.leases.get(token)
+        if lease is None:  # an ended lease: the call may repeat something already done, but change nothing
+            before = self._snapshot()
+            with contextlib.suppress(TrajflightError):
+                self._call(op, token, batch)
+            assert self._snapshot() == before
+            return
+        expected = self._predict(op, lease, batch)
+        try:
+            self._call(op, token, batch)
+        except TrajflightError as exc:
+            refused: TrajflightError | None = exc
+        else:
+            refused = None
+        if refused is not None:
+            assert expected is None, f"{op} refused unexpectedly: {refused}"
+            return
+        assert expected is not None, f"{op} accepted although the model refuses it"
+        expected()
+
+    def _call(self, op, token, batch):
+        if op == "prepare":
+            self.L.prepare(token, batch, now=self.now)
+        elif op == "release":
+            self.L.release(token, now=self.now)
+        elif op == "renew":
+            self.L.renew(token, now=self.now)
+        else:
+            getattr(self.L, op)(token, batch, now=self.now)
+
+    def _predict(self, op, lease, batch):
+        """The model's effect of a call on a live lease, or None when it must be refused."""
+        token = next(t for t, v in self.leases.items() if v is lease)
+        batches = lease["batches"]
+        if op == "renew":
+            return lambda: lease.update(expires=self.now + TTL)
+        if op == "prepare":
+            if batch in batches:
+                return (lambda: None) if batches[batch][1] == "PREPARED" else None
+            keys = [k for k in lease["live"] if self.state[k] == "LEASED"]
+            if not keys:
+                return None
+
+            def apply_prepare():
+                for k in keys:
+                    self.state[k] = "PREPARED"
+                batches[batch] = [keys, "PREPARED"]
+
+            return apply_prepare
+        if op == "release":
+            keys = [k for k in lease["live"] if self.state[k] in ("LEASED", "PREPARED")]
+
+            def apply_release():
+                for k in keys:
+                    self.state[k] = "READY"
+                    lease["live"].remove(k)
+                for b, (bkeys, _) in list(batches.items()):
+                    rest = [k for k in bkeys if k not in keys]
+                    if rest:
+                        batches[b][0] = rest
+                    else:
+                        del batches[b]
+                if not lease["live"]:
+                    self._end(token)
+
+            return apply_release
+        prior, target = STEPS[op]
+        if batch not in batches:
+            return None
+        keys, stage = batches[batch]
+        if stage == target:
+            return lambda: None
+        if stage != prior:
+            return None
+
+        def apply_step():
+            for k in keys:
+                self.state[k] = target
+            batches[batch][1] = target
+            if target == "COMMITTED":
+                for k in keys:
+                    assert k not in self.committed, "committed twice"
+                    self.committed.add(k)
+                    self.on_gc.add(k)
+                    lease["live"].remove(k)
+                if not lease["live"]:
+                    self._end(token)
+
+        return apply_step
+
+    @rule(dt=st.sampled_from([0.0, 1.0, 4.0, 9.5, 10.0, 25.0]))
+    def advance(self, dt):
+        self.now += dt
+
+    @rule()
+    def tick(self):
+        self._expire()
+        self.L.tick(self.now)
+
+    @rule(data=st.data())
+    def deletes(self, data):
+        self._expire()
+        for work in self.L.take_deletes(now=self.now):
+            assert work.partition in self.on_gc
+            ok = data.draw(st.booleans())
+            released = self.L.delete_done(work.partition, ok=ok, now=self.now, error=None if ok else "down")
+            assert released == ok
+            if ok:
+                self.on_gc.discard(work.partition)
+                for d in (self.state, self.gen, self.size):
+                    del d[work.partition]
+
+    @precondition(lambda self: any(s == "UNKNOWN" for s in self.state.values()))
+    @rule(data=st.data(), action=st.sampled_from(["requeue", "drop"]))
+    def resolve(self, data, action):
+        self._expire()
+        unknown = sorted(k for k, s in self.state.items() if s == "UNKNOWN")
+        key = data.draw(st.sampled_from(unknown))
+        self.L.resolve("j", [key], action, now=self.now)
+        if action == "requeue":
+            self.state[key] = "READY"
+        else:
+            self.state[key] = "DROPPED"
+            self.on_gc.add(key)
+
+    # ------------------------------------------------------------ invariants
+    @invariant()
+    def states_match_the_model(self):
+        self.L.tick(self.now)
+        self._expire()
+        assert set(self.L._groups) == set(self.state), "a group was deleted without a confirmed delete"
+        for key, state in self.state.items():
+            g = self.L.group(key)
+            assert g.state.value == state, (key, g.state, state)
+            assert g.generation == self.gen[key]
+
+    @invariant()
+    def one_live_lease_per_group(self):
+        seen: set[Partition] = set()
+        for lease in self.L._leases.values():
+            assert seen.isdisjoint(lease.live)
+            seen |= set(lease.live)
+        assert seen == {k for k, s in self.state.items() if s in LIVE}
+        assert set(self.L.live_leases()) == set(self.leases)
+
+    @invariant()
+    def capacity_bounded_and_released_only_after_delete(self):
+        used_bytes, used_groups = self.L.usage("j")
+        assert used_bytes == sum(self.size.values()) <= CAP_BYTES
+        assert used_groups == len(self.state) <= CAP_GROUPS
+        (server,) = self.L.servers()
+        assert (server.used_bytes, server.used_groups) == (used_bytes, used_groups)
+
+    @invariant()
+    def committed_groups_stay_committed(self):
+        for key in self.committed:
+            assert self.state.get(key, "COMMITTED") == "COMMITTED"
+
+
+LedgerMachine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+TestLedgerMachine = LedgerMachine.TestCase
