@@ -121,18 +121,34 @@ class StorageClient:
 
     # ------------------------------------------------------------------------------------------ writes
 
-    def _split(self, table: pa.Table) -> list[pa.RecordBatch]:
+    def _batches(self, data: pa.RecordBatch | pa.Table) -> tuple[list[pa.RecordBatch], int, int]:
+        """The batches to send (split by rows to respect the write size limit), their bytes and rows."""
+        if isinstance(data, pa.RecordBatch):
+            batches = [data]
+        elif isinstance(data, pa.Table):
+            batches = data.to_batches()
+        else:
+            raise InvalidRequestError(f"expected a pyarrow RecordBatch or Table, got {type(data).__name__}")
+        # get_total_buffer_size is O(buffers); RecordBatch.nbytes walks list offsets and costs ~20 us.
+        nbytes = sum(b.get_total_buffer_size() for b in batches)
+        rows = sum(b.num_rows for b in batches)
         limit = self.write_size_limit_bytes
-        if limit is None or table.nbytes <= limit or table.num_rows <= 1:
-            return table.to_batches()
-        rows = max(1, int(table.num_rows * limit / table.nbytes / 2))  # half the limit: framing headroom
-        return table.to_batches(max_chunksize=rows)
+        if limit is not None and nbytes > limit and rows > 1:
+            chunk = max(1, int(rows * limit / nbytes / 2))  # half the limit: framing headroom
+            batches = [b.slice(i, chunk) for b in batches for i in range(0, b.num_rows, chunk)]
+        return batches, nbytes, rows
 
-    def _put(self, descriptor: bytes, table: pa.Table, timeout: float | None, what: str) -> None:
-        batches = self._split(table)
+    def _put(
+        self,
+        descriptor: bytes,
+        batches: list[pa.RecordBatch],
+        schema: pa.Schema,
+        timeout: float | None,
+        what: str,
+    ) -> None:
         with translate_errors(what):
             writer, _ = self._client.do_put(
-                flight.FlightDescriptor.for_command(descriptor), table.schema, options=self._options(timeout)
+                flight.FlightDescriptor.for_command(descriptor), schema, options=self._options(timeout)
             )
             try:
                 for batch in batches:
@@ -169,9 +185,9 @@ class StorageClient:
             ``retry_after``; nothing was stored), InvalidRequestError, DeadlineExceededError,
             UnavailableError.
         """
-        table = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
-        descriptor = PutDescriptor(key, writer, nbytes=table.nbytes, num_rows=table.num_rows, sig=sig)
-        self._put(encode(descriptor), table, timeout, f"put of group {key.group_id}")
+        batches, nbytes, rows = self._batches(data)
+        descriptor = PutDescriptor(key, writer, nbytes=nbytes, num_rows=rows, sig=sig)
+        self._put(encode(descriptor), batches, data.schema, timeout, f"put of group {key.group_id}")
 
     def append_columns(
         self,
@@ -189,9 +205,9 @@ class StorageClient:
             StaleFenceError (older generation or fenced epoch), NotFoundError, AlreadyExistsError (a column
             exists), SchemaError (row count or type), CapacityExceededError.
         """
-        table = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
-        descriptor = AppendDescriptor(key, token, nbytes=table.nbytes)
-        self._put(encode(descriptor), table, timeout, f"column append to group {key.group_id}")
+        batches, nbytes, _ = self._batches(data)
+        descriptor = AppendDescriptor(key, token, nbytes=nbytes)
+        self._put(encode(descriptor), batches, data.schema, timeout, f"column append to group {key.group_id}")
 
     # ------------------------------------------------------------------------------------------- reads
 

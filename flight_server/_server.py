@@ -340,5 +340,5 @@ def _receive(
         batch = chunk.data
         if batch is None:  # metadata-only message
             continue
-        res.grow(batch.nbytes)
+        res.grow(batch.get_total_buffer_size())  # O(buffers); RecordBatch.nbytes walks offsets (~20 us)
         batches.append(batch)
