@@ -21,6 +21,16 @@ _LAZY = {
     "decode_numpy": "trajflight.codec",
     "validate_group": "trajflight.codec",
     "TrajflightError": "trajflight.errors",
+    "connect": "trajflight._client",
+    "Client": "trajflight._client",
+    "Writer": "trajflight._client",
+    "Trainer": "trajflight._client",
+    "LocalCluster": "trajflight._cluster",
+    "LeasedBatch": "trajflight._lease",
+    "fetch": "trajflight._lease",
+    "fetch_table": "trajflight._lease",
+    "BatchHandle": "trajflight._handles",
+    "GroupMeta": "trajflight._handles",
 }
 
 __all__ = ["__version__", *sorted(_LAZY)]

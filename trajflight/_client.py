@@ -1,0 +1,349 @@
+"""The public client: ``connect(address)``, rollout writers and trainers.
+
+* :class:`Writer` (a rollout worker): ``put`` one finished GRPO group (any input the codec accepts) and
+  get its :class:`GroupMeta` back; when capacity is full the put waits up to its deadline, then raises
+  :class:`~trajflight.errors.CapacityExceededError` (backpressure, never an unbounded queue).
+* :class:`Trainer`: ``lease`` a batch (long poll), then :class:`~trajflight._lease.LeasedBatch` fetches
+  it as torch tensors and drives prepare -> start_training -> finish_training -> commit.
+
+The same code runs against the embedded data plane (``grpc://`` address of its control server) and the
+Ray data plane (``ray://namespace/name``). Every call has a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from trajflight._handles import BatchHandle, GroupMeta
+from trajflight._lease import LeasedBatch
+from trajflight._storage import StoragePool
+from trajflight.codec import GroupKey, encode_group
+from trajflight.controller import ControllerClient, JobConfig, OldReady
+from trajflight.errors import CapacityExceededError, DeadlineExceededError, InvalidRequestError
+
+__all__ = ["Client", "Trainer", "Writer", "connect"]
+
+
+def connect(address: str, *, timeout: float = 30.0) -> Client:
+    """Connect to a running data plane.
+
+    Args:
+        address: ``grpc://host:port`` of an embedded data plane's control server (what
+            ``LocalCluster.address`` and ``trajflight up`` print), or ``ray://NAMESPACE/NAME`` of a Ray data
+            plane's controller actor (Ray must be initialised in this process, or reachable).
+        timeout: Default deadline of every call, seconds.
+
+    Raises:
+        InvalidRequestError: an address of another scheme. UnavailableError / NotFoundError: nothing
+        answers there.
+    """
+    if address.startswith("grpc://") or address.startswith("grpc+tcp://"):
+        from trajflight._control import connect_control
+
+        return Client(connect_control(address, timeout=timeout), address=address, timeout=timeout)
+    if address.startswith("ray://"):
+        from trajflight._ray_plane import connect_ray_plane
+
+        return Client(connect_ray_plane(address, timeout=timeout), address=address, timeout=timeout)
+    raise InvalidRequestError(
+        f"unknown data plane address {address!r}: use grpc://HOST:PORT (embedded) or ray://NAMESPACE/NAME"
+    )
+
+
+def _node_identity() -> str:
+    from trajflight._control import host_identity
+
+    return host_identity()
+
+
+class Client:
+    """A connection to one data plane: jobs, writers, trainers, checkpoints and stats.
+
+    Args:
+        controller: The controller client (any host).
+        address: The address it was reached at (for messages and ``stats``).
+        timeout: Default deadline of every call.
+    """
+
+    def __init__(self, controller: ControllerClient, *, address: str = "", timeout: float = 30.0) -> None:
+        self.controller = controller
+        self.address = address
+        self.timeout = timeout
+        self.storage = StoragePool(timeout=timeout)
+
+    def close(self) -> None:
+        """Close storage connections and the controller transport."""
+        self.storage.close()
+        close = getattr(self.controller.transport, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _fence_servers(self, job_id: str, epoch: int) -> None:
+        self.storage.fence((s.location for s in self.controller.servers()), job_id, epoch)
+
+    def open_job(
+        self, job_id: str, epoch: int, config: JobConfig | Mapping[str, Any] | None = None, *,
+        old_ready: OldReady | str = OldReady.REOFFER,
+    ) -> JobConfig:  # fmt: skip
+        """Open ``job_id`` at ``epoch`` (larger than any before) and fence older epochs everywhere.
+
+        The controller refuses older epochs' allocations and leases; every storage server is told to
+        refuse their puts too, so a stale rollout worker cannot write.
+
+        Raises:
+            StaleFenceError: the epoch is not larger than one seen before. ConfigError: names the setting.
+        """
+        cfg = self.controller.open_job(job_id, epoch, config, old_ready=old_ready)
+        self._fence_servers(job_id, epoch)
+        return cfg
+
+    def restore(
+        self, source: bytes | str | os.PathLike[str], *, job_id: str, epoch: int,
+        config: JobConfig | Mapping[str, Any] | None = None, old_ready: OldReady | str = OldReady.REOFFER,
+    ) -> dict[str, int]:  # fmt: skip
+        """Restart a job from a checkpoint under a larger epoch, fencing the old one on every server.
+
+        Uncommitted READY groups of the old epoch are re-offered (``old_ready="reoffer"``) or dropped.
+        """
+        out = self.controller.restore(source, job_id=job_id, epoch=epoch, config=config, old_ready=old_ready)
+        self._fence_servers(job_id, epoch)
+        return out
+
+    def checkpoint(self, job_id: str, path: str | os.PathLike[str] | None = None) -> bytes:
+        """Checkpoint the job (refused while a group is LEASED..TRAINED); written atomically to ``path``
+        on the controller's machine when given."""
+        return self.controller.checkpoint(job_id, path)
+
+    def writer(
+        self, job_id: str, epoch: int, *, writer_id: str | None = None, policy_version: int = 0,
+        put_timeout: float = 60.0,
+    ) -> Writer:  # fmt: skip
+        """Register a rollout worker of ``job_id`` at ``epoch`` and return its :class:`Writer`."""
+        return Writer(self, job_id, epoch, writer_id=writer_id, policy_version=policy_version,
+                      put_timeout=put_timeout)  # fmt: skip
+
+    def trainer(self, job_id: str, *, owner: str | None = None, ttl: float | None = None) -> Trainer:
+        """A :class:`Trainer` leasing groups of ``job_id``."""
+        return Trainer(self, job_id, owner=owner, ttl=ttl)
+
+    def stats(self, job_id: str | None = None) -> dict[str, Any]:
+        """Counters of the controller host, group counts per state, and every storage server's stats."""
+        transport_info = getattr(self.controller.transport, "info", None)
+        out: dict[str, Any] = {"address": self.address}
+        if transport_info is not None:
+            out["controller"] = transport_info(self.timeout)
+        out["servers"] = {
+            s.server_id: self.storage.client(s.location).stats() for s in self.controller.servers()
+        }
+        if job_id is not None:
+            out["counts"] = self.controller.counts(job_id)
+            out["usage_bytes"], out["usage_groups"] = self.controller.usage(job_id)
+        return out
+
+
+def _tokens_of(batch: pa.RecordBatch) -> int:
+    if "response_ids" not in batch.schema.names:
+        return 0
+    offsets = batch.column("response_ids").offsets
+    return int(offsets[-1].as_py() - offsets[0].as_py()) if len(offsets) else 0
+
+
+def _with_key(batch: pa.RecordBatch, key: GroupKey) -> pa.RecordBatch:
+    """The batch with its key columns set to ``key`` (built by the writer before the id was known)."""
+    rows = batch.num_rows
+    for name, value, type_ in (
+        ("job_id", key.job_id, pa.string()),
+        ("epoch", key.epoch, pa.int64()),
+        ("group_id", key.group_id, pa.int64()),
+    ):
+        index = batch.schema.get_field_index(name)
+        field = batch.schema.field(index) if index >= 0 else pa.field(name, type_, nullable=False)
+        column = pa.repeat(pa.scalar(value, type=type_), rows)
+        batch = (
+            batch.set_column(index, field.with_type(type_), column)
+            if index >= 0
+            else batch.add_column(0, field, column)
+        )
+    return batch
+
+
+class Writer:
+    """A registered rollout worker of one job and epoch. Thread-safe.
+
+    Args:
+        client: The data plane connection.
+        job_id: The job.
+        epoch: The epoch it writes under (a restarted job fences older ones).
+        writer_id: Stable id (default: a random one).
+        policy_version: Weights version its groups are generated with (updated by :meth:`ack_policy`).
+        put_timeout: Default deadline of a put, including waits for capacity.
+    """
+
+    def __init__(
+        self, client: Client, job_id: str, epoch: int, *, writer_id: str | None = None,
+        policy_version: int = 0, put_timeout: float = 60.0,
+    ) -> None:  # fmt: skip
+        self.client = client
+        self.job_id = job_id
+        self.epoch = epoch
+        self.writer_id = writer_id or f"writer-{uuid.uuid4().hex[:8]}"
+        self.policy_version = policy_version
+        self.put_timeout = put_timeout
+        self.node = _node_identity()
+        client.controller.register_writer(job_id, epoch, self.writer_id, node=self.node,
+                                          policy_version=policy_version)  # fmt: skip
+
+    def ack_policy(self, version: int) -> None:
+        """Acknowledge new weights: later groups carry ``version``."""
+        self.client.controller.ack_policy(self.job_id, self.epoch, self.writer_id, version)
+        self.policy_version = version
+
+    def put(
+        self, batch: pa.RecordBatch | None = None, *, timeout: float | None = None, **group: Any
+    ) -> GroupMeta:
+        """Store one finished group and make it READY; returns its metadata.
+
+        Args:
+            batch: A record batch of the group (its key columns are set here), or ``None`` and the group's
+                columns as keyword arguments of :func:`trajflight.codec.encode_group` (``prompt_ids``,
+                ``response_ids``, ``response_logprobs``, ``reward``, ...; no ``job_id``/``epoch``/
+                ``group_id``: the controller assigns the partition).
+            timeout: Deadline of the whole put, waits for capacity included (default ``put_timeout``).
+
+        Raises:
+            CapacityExceededError: capacity stayed full until the deadline (``retry_after`` hints when to
+                try again); nothing was stored.
+            StaleFenceError: the epoch was fenced (the job restarted): stop this worker.
+            SchemaError: bad group data, naming the column and row.
+        """
+        deadline = time.monotonic() + (self.put_timeout if timeout is None else timeout)
+        for reserved in ("job_id", "epoch", "group_id"):
+            if reserved in group:
+                raise InvalidRequestError(f"put() assigns {reserved}; leave it out of the group's columns")
+        if batch is None:
+            group.setdefault("policy_version", self.policy_version)
+            batch = encode_group(job_id=self.job_id, epoch=self.epoch, group_id=0, **group)
+        elif group:
+            raise InvalidRequestError("pass either a record batch or the group's columns, not both")
+        controller = self.client.controller
+        nbytes = batch.nbytes
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise DeadlineExceededError(f"put of a group to job {self.job_id!r} did not finish in time")
+            try:
+                grant = controller.allocate(self.job_id, self.epoch, self.writer_id, nbytes=nbytes,
+                                            timeout=remaining)  # fmt: skip
+                break
+            except CapacityExceededError as exc:
+                wait = float(getattr(exc, "retry_after", 1.0) or 1.0)
+                if time.monotonic() + wait > deadline:
+                    raise CapacityExceededError(
+                        f"{exc.message} (waited until the put's deadline; retry later or raise capacity)",
+                        retry_after=wait,
+                    ) from exc
+                time.sleep(wait)
+        key = GroupKey(*grant.partition)
+        batch = _with_key(batch, key)
+        self.client.storage.client(grant.location).put_group(
+            key, batch, writer=self.writer_id, timeout=max(0.001, deadline - time.monotonic())
+        )
+        info = controller.publish(
+            grant.partition, token=grant.token, rows=batch.num_rows, nbytes=nbytes, tokens=_tokens_of(batch),
+            policy_version=_policy_version(batch, self.policy_version), columns=batch.schema.names,
+        )  # fmt: skip
+        return GroupMeta.from_info(info)
+
+    async def put_async(self, batch: pa.RecordBatch | None = None, *, timeout: float | None = None,
+                        **group: Any) -> GroupMeta:  # fmt: skip
+        """The ``asyncio`` twin of :meth:`put` (same implementation, run off the event loop)."""
+        return await asyncio.to_thread(self.put, batch, timeout=timeout, **group)
+
+
+def _policy_version(batch: pa.RecordBatch, default: int) -> int:
+    if "policy_version" not in batch.schema.names or batch.num_rows == 0:
+        return default
+    return int(pa.compute.min(batch.column("policy_version")).as_py())
+
+
+class Trainer:
+    """Leases batches of one job. Thread-safe.
+
+    Args:
+        client: The data plane connection.
+        job_id: The job.
+        owner: Name shown to operators (default: a random one).
+        ttl: Lease time-to-live (default: the job's); leases renew themselves while held.
+    """
+
+    def __init__(
+        self, client: Client, job_id: str, *, owner: str | None = None, ttl: float | None = None
+    ) -> None:
+        self.client = client
+        self.job_id = job_id
+        self.owner = owner or f"trainer-{uuid.uuid4().hex[:8]}"
+        self.ttl = ttl
+
+    def announce_policy(self, version: int) -> None:
+        """Announce new weights to the job's writers."""
+        self.client.controller.announce_policy(self.job_id, version)
+
+    def try_lease(
+        self, max_groups: int, *, wait: float = 0.0, max_tokens: int | None = None,
+        max_staleness: int | None = None, require: Iterable[str] = (), lack: Iterable[str] = (),
+        renew: bool = True,
+    ) -> LeasedBatch | None:  # fmt: skip
+        """Lease up to ``max_groups`` READY groups, waiting up to ``wait`` seconds; ``None`` if none came.
+
+        Args:
+            max_groups: Most groups to lease.
+            wait: Long-poll time, seconds.
+            max_tokens: Token budget of the batch (at least one group is granted).
+            max_staleness: Lease only groups at most this many policy versions old.
+            require: Lease only groups carrying these columns (e.g. ``advantage``).
+            lack: Lease only groups lacking these columns (enrichment stages).
+            renew: Renew the lease in the background while it is held.
+        """
+        lease = self.client.controller.acquire(
+            self.job_id, self.owner, max_groups=max_groups, wait=wait, ttl=self.ttl, max_tokens=max_tokens,
+            max_staleness=max_staleness, require=tuple(require), lack=tuple(lack),
+            timeout=max(self.client.timeout, wait + 5.0),
+        )  # fmt: skip
+        if lease is None:
+            return None
+        handle = BatchHandle(lease.job_id, lease.token, tuple(GroupMeta.from_info(g) for g in lease.groups),
+                             expires_at=lease.expires_at)  # fmt: skip
+        # Fence before anyone reads: a zombie holding an older lease of these groups is refused from now on.
+        self.client.storage.advance(handle)
+        return LeasedBatch(self.client, handle, ttl=self.ttl, renew=renew)
+
+    def lease(
+        self, max_groups: int, *, wait: float = 30.0, max_tokens: int | None = None,
+        max_staleness: int | None = None, require: Iterable[str] = (), lack: Iterable[str] = (),
+        renew: bool = True,
+    ) -> LeasedBatch:  # fmt: skip
+        """Like :meth:`try_lease`, but raise when no group became READY within ``wait`` seconds.
+
+        Raises:
+            DeadlineExceededError: nothing to lease in time (the writers may be slow or finished).
+        """
+        batch = self.try_lease(max_groups, wait=wait, max_tokens=max_tokens, max_staleness=max_staleness,
+                               require=require, lack=lack, renew=renew)  # fmt: skip
+        if batch is None:
+            raise DeadlineExceededError(
+                f"no group of job {self.job_id!r} became READY within {wait:g}s; wait longer or check writers"
+            )
+        return batch

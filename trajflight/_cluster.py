@@ -1,0 +1,206 @@
+"""The embedded data plane: the controller in this process, N storage servers as local processes.
+
+:class:`LocalCluster` needs no Ray. It starts ``trajflight server`` processes on loopback (or, with
+``processes=False``, servers in this process's threads, quicker to start in tests), hosts the controller
+in-process with its sweeper, serves it to other processes over Flight, registers the servers, and tears
+everything down on exit. Other processes reach it with ``trajflight.connect(cluster.address)``.
+
+It does not survive the death of this process: the controller's state lives here unless ``state_dir``
+is given (journal + snapshots), and the storage servers hold groups in memory.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from trajflight._client import Client
+from trajflight._control import ControlServer, host_identity
+from trajflight._storage import StoragePool
+from trajflight._units import parse_size
+from trajflight.controller import ControllerClient, LocalController, LocalTransport
+from trajflight.errors import ConfigError, UnavailableError
+
+__all__ = ["LocalCluster"]
+
+
+def _read_location(proc: subprocess.Popen[str], log: Path, timeout: float) -> str:
+    """First stdout line of a starting server (its location), or UnavailableError with its log."""
+    found: list[str] = []
+    reader = threading.Thread(
+        target=lambda: found.append(proc.stdout.readline() if proc.stdout else ""), daemon=True
+    )
+    reader.start()
+    reader.join(timeout)
+    line = found[0].strip() if found else ""
+    if not line.startswith("grpc://"):
+        proc.kill()
+        detail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+        raise UnavailableError(f"a storage server did not start within {timeout:g}s; its log says:\n{detail}")
+    return line
+
+
+class LocalCluster:
+    """The embedded data plane, as a context manager.
+
+    Args:
+        servers: Storage servers to run.
+        capacity: Bytes each server may hold (``"2GiB"`` or an int).
+        max_groups: Groups each server may hold.
+        processes: Run servers as separate processes (default) or as threads of this process.
+        host: Interface everything binds to; loopback by default.
+        state_dir: Controller journal directory (crash recovery); ``None`` keeps it in memory.
+        timeout: Default deadline of client calls.
+    """
+
+    def __init__(
+        self,
+        servers: int = 2,
+        *,
+        capacity: str | int = "2GiB",
+        max_groups: int = 1_000_000,
+        processes: bool = True,
+        host: str = "127.0.0.1",
+        state_dir: str | os.PathLike[str] | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
+            raise ConfigError(
+                f"servers: need at least one storage server, got {servers!r}", setting="servers"
+            )
+        self.num_servers = servers
+        self.capacity = parse_size(capacity, setting="capacity")
+        self.max_groups = max_groups
+        self.processes = processes
+        self.host = host
+        self.state_dir = state_dir
+        self.timeout = timeout
+        self.node = host_identity()
+        self.server_locations: list[str] = []
+        self._procs: list[subprocess.Popen[str]] = []
+        self._threads: list[Any] = []
+        self._logs: list[IO[bytes]] = []
+        self._logdir: tempfile.TemporaryDirectory[str] | None = None
+        self._pool = StoragePool(timeout=timeout)
+        self.controller: LocalController | None = None
+        self._control: ControlServer | None = None
+        self._started = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> LocalCluster:
+        """Start servers, controller and control server, and register the servers (idempotent)."""
+        if self._started:
+            return self
+        self._started = True
+        try:
+            self._start_servers()
+            self.controller = LocalController(deleter=self._pool.delete, state_dir=self.state_dir)
+            self._control = ControlServer(self.controller, host=self.host)
+            local = ControllerClient(LocalTransport(self.controller), timeout=self.timeout)
+            for i, location in enumerate(self.server_locations):
+                local.register_server(
+                    f"{self.node}/server-{i}", node=self.node, location=location,
+                    capacity_bytes=self.capacity, capacity_groups=self.max_groups,
+                )  # fmt: skip
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _start_servers(self) -> None:
+        if not self.processes:
+            from trajflight.flight_server import StorageServer, StoreLimits
+
+            limits = StoreLimits(capacity_bytes=self.capacity, capacity_groups=self.max_groups)
+            for _ in range(self.num_servers):
+                server = StorageServer(self.host, 0, limits=limits)
+                self._threads.append(server)
+                self.server_locations.append(server.location)
+            return
+        self._logdir = tempfile.TemporaryDirectory(prefix="trajflight-cluster-")
+        for i in range(self.num_servers):
+            log_path = Path(self._logdir.name) / f"server-{i}.log"
+            log = open(log_path, "wb")  # noqa: SIM115 - closed in close()
+            self._logs.append(log)
+            cmd = [sys.executable, "-m", "trajflight", "server", "--host", self.host, "--port", "0",
+                   "--capacity", str(self.capacity), "--max-groups", str(self.max_groups)]  # fmt: skip
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+            self._procs.append(proc)
+            self.server_locations.append(_read_location(proc, log_path, timeout=60.0))
+
+    def close(self) -> None:
+        """Stop the control server, the controller and every storage server (idempotent)."""
+        if self._control is not None:
+            self._control.shutdown()
+            self._control = None
+        if self.controller is not None:
+            self.controller.close()
+            self.controller = None
+        self._pool.close()
+        for server in self._threads:
+            server.close()
+        self._threads.clear()
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self._procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        self._procs.clear()
+        for log in self._logs:
+            log.close()
+        self._logs.clear()
+        if self._logdir is not None:
+            self._logdir.cleanup()
+            self._logdir = None
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ access
+    @property
+    def address(self) -> str:
+        """The control server's location: ``trajflight.connect(address)`` from any local process."""
+        if self._control is None:
+            raise UnavailableError("the cluster is not running; use it as a context manager or call start()")
+        return self._control.location
+
+    def client(self) -> Client:
+        """A client in this process that calls the controller directly (no RPC for control calls)."""
+        if self.controller is None:
+            raise UnavailableError("the cluster is not running; use it as a context manager or call start()")
+        controller = ControllerClient(LocalTransport(self.controller), timeout=self.timeout)
+        return Client(controller, address=self.address, timeout=self.timeout)
+
+    def kill_server(self, index: int) -> None:
+        """Kill storage server ``index`` (SIGKILL) — for fault-injection tests."""
+        self._procs[index].kill()
+        self._procs[index].wait()
+
+    def wait_idle(self, job_id: str, timeout: float = 10.0) -> tuple[int, int]:
+        """Wait until the job holds no bytes and no groups (every delete confirmed); returns the usage."""
+        if self.controller is None:
+            raise UnavailableError("the cluster is not running")
+        deadline = time.monotonic() + timeout
+        while True:
+            usage: tuple[int, int] = self.controller.call("usage", {"job_id": job_id})
+            if usage == (0, 0) or time.monotonic() > deadline:
+                return usage
+            time.sleep(0.02)

@@ -1,0 +1,198 @@
+"""The controller over Arrow Flight: how other processes reach an embedded (in-process) controller.
+
+:class:`ControlServer` serves a :class:`~trajflight.controller.LocalController` as Flight actions on
+loopback; :class:`FlightTransport` is the matching transport of a
+:class:`~trajflight.controller.ControllerClient`. Messages are typed JSON (:mod:`trajflight._rpc`),
+errors travel as the project's error classes (:mod:`trajflight.flight_server._errors`).
+
+Actions (``do_action`` type -> JSON body -> one result):
+
+* ``call``: ``{"method", "kwargs", "timeout"}`` -> the ledger's answer; only the client operations in
+  :data:`CALLS` are served (no internal ledger method is reachable).
+* ``acquire``: ``{"kwargs", "wait", "timeout"}`` -> a lease or null (long poll; other calls proceed).
+* ``checkpoint``: ``{"job_id", "path", "timeout"}`` -> bytes; ``restore``: ``{"source", "kwargs", ...}``.
+* ``info``: deployment facts (storage servers, host identity, counters).
+
+It does not authenticate callers: bind it to loopback (the default) or a trusted network.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pyarrow.flight as flight
+
+from trajflight import _rpc
+from trajflight.controller import (
+    ControllerClient,
+    DeleteWork,
+    GroupInfo,
+    GroupState,
+    JobConfig,
+    Lease,
+    LocalController,
+    OldReady,
+    Partition,
+    PolicyStatus,
+    PutGrant,
+    ResolveAction,
+    ServerInfo,
+)
+from trajflight.errors import InvalidRequestError, TrajflightError
+from trajflight.flight_server._errors import server_errors, translate_errors
+
+__all__ = ["CALLS", "ControlServer", "FlightTransport", "connect_control"]
+
+_rpc.register(
+    DeleteWork, GroupInfo, GroupState, JobConfig, Lease, OldReady, Partition, PolicyStatus, PutGrant,
+    ResolveAction, ServerInfo,
+)  # fmt: skip
+
+CALLS = frozenset(
+    {
+        "register_server", "open_job", "register_writer", "announce_policy", "ack_policy", "policy_status",
+        "allocate", "publish", "group", "renew", "prepare", "start_training", "finish_training", "commit",
+        "release", "resolve", "counts", "usage", "lease_groups", "gc_list", "servers",
+    }
+)  # fmt: skip
+"""Controller operations a remote client may call (the methods of ``ControllerClient``)."""
+
+# Calls whose success is an outcome worth counting for ``trajflight stats``.
+_COUNTED = {"publish": "groups_published", "commit": "commits", "release": "releases", "resolve": "resolves"}
+
+
+def host_identity() -> str:
+    """This machine's identity for same-node placement: its hostname (not an IP address)."""
+    return socket.gethostname()
+
+
+class ControlServer(flight.FlightServerBase):
+    """Serve a :class:`LocalController` to other processes over Flight.
+
+    Args:
+        controller: The in-process controller (the caller keeps ownership and closes it).
+        host: Interface to bind; loopback by default.
+        port: 0 picks a free port.
+    """
+
+    def __init__(self, controller: LocalController, *, host: str = "127.0.0.1", port: int = 0) -> None:
+        super().__init__(f"grpc://{host}:{port}")
+        self.controller = controller
+        self.host = host
+        self.counters: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self.started_at = time.time()
+
+    @property
+    def location(self) -> str:
+        """``grpc://host:port`` other processes connect to."""
+        return f"grpc://{self.host}:{self.port}"
+
+    def _count(self, key: str, amount: int = 1) -> None:
+        with self._lock:
+            self.counters[key] += amount
+
+    def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
+        return [
+            ("call", "run one controller operation: {method, kwargs, timeout}"),
+            ("acquire", "long-poll lease: {kwargs, wait, timeout} -> lease or null"),
+            ("checkpoint", "take a job checkpoint: {job_id, path, timeout} -> bytes"),
+            ("restore", "restore a job from a checkpoint: {source, kwargs, timeout}"),
+            ("info", "deployment facts: storage servers, host identity, counters"),
+        ]
+
+    def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> list[bytes]:
+        with server_errors(f"controller action {action.type}"):
+            body = _rpc.loads(action.body.to_pybytes()) if action.body.size else {}
+            if not isinstance(body, dict):
+                raise InvalidRequestError(f"controller action {action.type}: the body must be an object")
+            return [_rpc.dumps(self._dispatch(action.type, body))]
+
+    def _dispatch(self, kind: str, body: dict[str, Any]) -> Any:
+        timeout = body.get("timeout")
+        if kind == "call":
+            method = body.get("method")
+            if method not in CALLS:
+                raise InvalidRequestError(f"unknown controller operation {method!r}; known: {sorted(CALLS)}")
+            result = self.controller.call(method, body.get("kwargs") or {}, timeout=timeout)
+            if method in _COUNTED:
+                self._count(_COUNTED[method], len(result) if isinstance(result, tuple) else 1)
+            if method == "publish":
+                self._count("bytes_published", result.nbytes)
+            return result
+        if kind == "acquire":
+            lease: Lease | None = self.controller.acquire(
+                body["kwargs"], wait=body.get("wait", 0.0), timeout=timeout
+            )
+            self._count("leases_granted" if lease is not None else "acquires_empty")
+            if lease is not None:
+                self._count("groups_leased", len(lease.groups))
+            return lease
+        if kind == "checkpoint":
+            return self.controller.checkpoint(body["job_id"], body.get("path"), timeout=timeout)
+        if kind == "restore":
+            return self.controller.restore(body["source"], timeout=timeout, **body.get("kwargs", {}))
+        if kind == "info":
+            servers = self.controller.call("servers", {}, timeout=timeout)
+            with self._lock:
+                counters = dict(self.counters)
+            return {
+                "kind": "embedded",
+                "node": host_identity(),
+                "servers": servers,
+                "counters": counters,
+                "uptime_s": time.time() - self.started_at,
+            }
+        raise InvalidRequestError(f"unknown controller action {kind!r}")
+
+
+class FlightTransport:
+    """A ``ControllerClient`` transport to a :class:`ControlServer` (every call under a deadline)."""
+
+    def __init__(self, location: str) -> None:
+        self.location = location
+        with translate_errors(f"connect to controller at {location}"):
+            self._client = flight.FlightClient(location)
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._client.close()
+
+    def _action(self, kind: str, body: dict[str, Any], timeout: float) -> Any:
+        # The server gets a slightly shorter budget than the wire so its own deadline error wins.
+        body = {**body, "timeout": max(0.0, timeout - 0.05)}
+        options = flight.FlightCallOptions(timeout=timeout)
+        with translate_errors(f"controller {kind}"):
+            results = list(self._client.do_action(flight.Action(kind, _rpc.dumps(body)), options=options))
+        if len(results) != 1:
+            raise TrajflightError(f"controller {kind}: expected one result, got {len(results)}")
+        return _rpc.loads(results[0].body.to_pybytes())
+
+    def invoke(self, method: str, kwargs: dict[str, Any], timeout: float) -> Any:
+        return self._action("call", {"method": method, "kwargs": kwargs}, timeout)
+
+    def acquire(self, kwargs: dict[str, Any], wait: float, timeout: float) -> Lease | None:
+        lease: Lease | None = self._action("acquire", {"kwargs": kwargs, "wait": wait}, timeout + 0.5)
+        return lease
+
+    def checkpoint(self, job_id: str, path: str | None, timeout: float) -> bytes:
+        data: bytes = self._action("checkpoint", {"job_id": job_id, "path": path}, timeout)
+        return data
+
+    def restore(self, source: bytes | str, kwargs: dict[str, Any], timeout: float) -> dict[str, int]:
+        out: dict[str, int] = self._action("restore", {"source": source, "kwargs": kwargs}, timeout)
+        return out
+
+    def info(self, timeout: float) -> dict[str, Any]:
+        """Deployment facts of the controller host (``info`` action)."""
+        out: dict[str, Any] = self._action("info", {}, timeout)
+        return out
+
+
+def connect_control(location: str, *, timeout: float = 30.0) -> ControllerClient:
+    """A :class:`ControllerClient` for the embedded controller served at ``location``."""
+    return ControllerClient(FlightTransport(location), timeout=timeout)
