@@ -75,7 +75,7 @@ def test_restore_can_drop_old_ready_groups(world):
 def test_checkpoint_refused_while_a_group_is_leased_to_trained(world):
     world.put(1)
     lease = world.lease(1)
-    with pytest.raises(InvalidStateError, match="LEASED..TRAINED"):
+    with pytest.raises(InvalidStateError, match=r"LEASED\.\.TRAINED"):
         world.ledger.checkpoint("j", now=world.now)
     world.train(lease)
     world.ledger.checkpoint("j", now=world.now)
@@ -109,7 +109,7 @@ def test_restore_of_other_job_or_into_a_ledger_with_the_job_refused(world):
 def test_truncated_checkpoint_refused(world, cut):
     world.put(3)
     data = world.ledger.checkpoint("j", now=world.now)
-    with pytest.raises(CheckpointError, match="truncated|magic"):
+    with pytest.raises(CheckpointError, match=r"truncated|magic"):
         Ledger().restore(data[:cut], job_id="j", epoch=2, config=_config(world), now=world.now)
 
 

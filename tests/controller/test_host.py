@@ -110,9 +110,8 @@ def test_call_past_its_deadline_raises_deadline_exceeded():
     with LocalController() as host:
         client = ControllerClient(host)
         _setup(client)
-        with host._cond:  # another caller holds the controller
-            with pytest.raises(DeadlineExceededError):
-                client.counts("j", timeout=0.05)
+        with host._cond, pytest.raises(DeadlineExceededError):  # another caller holds the controller
+            client.counts("j", timeout=0.05)
 
 
 def test_closed_host_is_unavailable():

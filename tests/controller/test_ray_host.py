@@ -1,0 +1,135 @@
+"""The controller as a named async Ray actor, in a real local Ray runtime (the session's ``ray_runtime``)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from trajflight.controller import ControllerClient, GroupState, connect_ray, start_ray_controller
+from trajflight.errors import DeadlineExceededError, LeaseExpiredError, NotFoundError, StaleFenceError
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture
+def controller(ray_runtime, tmp_path):
+    """A fresh controller actor in its own namespace, with a state directory; killed afterwards."""
+    namespace = f"trajflight-test-{uuid.uuid4().hex[:8]}"
+    client = start_ray_controller(
+        name="controller", namespace=namespace, state_dir=str(tmp_path), timeout=30.0
+    )
+    client.register_server(
+        "s0", node="n0", location="grpc://127.0.0.1:1", capacity_bytes=10**9, capacity_groups=10**6
+    )
+    client.open_job("j", 1, {"default_lease_ttl": "30s"})
+    client.register_writer("j", 1, "w0", node="n0")
+    client.test_namespace = namespace
+    yield client
+    ray_runtime.kill(client.transport.actor, no_restart=True)
+
+
+def _put(client: ControllerClient, n: int) -> list:
+    out = []
+    for _ in range(n):
+        grant = client.allocate("j", 1, "w0", nbytes=100)
+        client.publish(
+            grant.partition,
+            token=grant.token,
+            rows=8,
+            nbytes=100,
+            tokens=10,
+            policy_version=0,
+            columns=("a",),
+        )
+        out.append(grant.partition)
+    return out
+
+
+def _wait_for_restart(client: ControllerClient, old_pid: int, timeout: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            info = client.transport.info(5.0)
+        except Exception:  # restarting: RayActorError / UnavailableError until the new actor is up
+            time.sleep(0.2)
+            continue
+        if info["pid"] != old_pid:
+            return info
+        time.sleep(0.2)
+    raise AssertionError("the controller actor did not restart")
+
+
+def test_long_poll_acquire_does_not_block_other_callers(controller, ray_runtime):
+    actor = controller.transport.actor
+    kwargs = {
+        "job_id": "j",
+        "owner": "t",
+        "max_groups": 2,
+        "ttl": None,
+        "max_tokens": None,
+        "max_staleness": None,
+        "require": (),
+        "lack": (),
+    }
+    pending = actor.acquire.remote(kwargs, 20.0)  # a trainer long-polls for 2 groups
+    t0 = time.monotonic()
+    for _ in range(5):  # other callers proceed meanwhile
+        assert controller.counts("j")["READY"] == 0
+    (part,) = _put(controller, 1)
+    assert time.monotonic() - t0 < 10.0
+    status, lease = ray_runtime.get(pending, timeout=20.0)
+    assert status == "ok"
+    assert lease.partitions == (part,)
+
+
+def test_long_poll_through_the_client_times_out_with_none(controller):
+    t0 = time.monotonic()
+    assert controller.acquire("j", "t", max_groups=1, wait=0.3) is None
+    assert time.monotonic() - t0 >= 0.25
+
+
+def test_typed_errors_and_deadlines_through_ray(controller):
+    (part,) = _put(controller, 1)
+    with pytest.raises(StaleFenceError):
+        controller.allocate("j", 0, "w0", nbytes=1)
+    with pytest.raises(NotFoundError):
+        controller.renew(10**18)
+    with pytest.raises(DeadlineExceededError):
+        controller.counts("j", timeout=1e-6)
+    with pytest.raises(NotFoundError):
+        connect_ray("no-such-controller", namespace="nowhere")
+    same = connect_ray("controller", namespace=controller.test_namespace)  # another process would do this
+    assert same.group(part).state is GroupState.READY
+
+
+@pytest.mark.slow
+def test_killed_actor_restarts_with_larger_tokens_and_training_groups_unknown(controller, ray_runtime):
+    parts = _put(controller, 4)
+    training = controller.acquire("j", "t", max_groups=1)
+    controller.prepare(training.token, "b")
+    controller.start_training(training.token, "b")
+    leased = controller.acquire("j", "t", max_groups=1)
+    before = controller.transport.info(10.0)
+
+    ray_runtime.kill(controller.transport.actor, no_restart=False)
+    after = _wait_for_restart(controller, before["pid"])
+
+    assert after["incarnation"] == before["incarnation"] + 1
+    assert after["recovered_leases"] == 2
+    counts = controller.counts("j")
+    assert counts["UNKNOWN"] == 1
+    assert counts["READY"] == 3
+    assert controller.group(training.partitions[0]).state is GroupState.UNKNOWN
+    lease = controller.acquire("j", "t", max_groups=10)
+    assert lease.token > leased.token > training.token
+    assert set(lease.partitions) == set(parts) - set(training.partitions)
+    with pytest.raises(LeaseExpiredError):
+        controller.finish_training(training.token, "b")
+    with pytest.raises(StaleFenceError):
+        controller.release(leased.token, partitions=leased.partitions)
+    controller.resolve("j", training.partitions, "requeue")
+    again = controller.acquire("j", "t", max_groups=10)
+    assert again.partitions == training.partitions
+    assert again.token > lease.token
