@@ -11,7 +11,7 @@ client (this process) on loopback. Measured, each repeated and reported as media
 
 Throughput = payload bytes (values only, no offsets) / seconds. Not a test: timing decides nothing.
 
-    .venv/bin/python bench/bench_flight_server.py [--groups 64] [--samples 8] [--repeats 7] [--rss-scale 8]
+    .venv/bin/python bench/bench_flight_server.py [--groups 64] [--samples 8] [--repeats 11] [--rss-scale 24]
 """
 
 from __future__ import annotations
@@ -158,15 +158,25 @@ def bare_server() -> Proc:
     return Proc([sys.executable, __file__, "--serve-bare"])
 
 
-def timed(fn: Callable[[], object], repeats: int, setup: Callable[[], object] | None = None) -> list[float]:
-    times = []
-    for _ in range(repeats + 1):  # the first run warms up connections and allocators
-        if setup is not None:
-            setup()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return times[1:]
+Case = tuple[Callable[[], object], Callable[[], object] | None]  # (timed call, untimed setup)
+
+
+def interleaved(cases: dict[str, Case], repeats: int) -> dict[str, list[float]]:
+    """Time each case ``repeats`` times, alternating cases round by round.
+
+    The machine is shared and noisy: alternating keeps a slow spell from landing on one side of a ratio.
+    The first round warms connections and allocators and is dropped.
+    """
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for round_ in range(repeats + 1):
+        for name, (fn, setup) in cases.items():
+            if setup is not None:
+                setup()
+            start = time.perf_counter()
+            fn()
+            if round_:
+                times[name].append(time.perf_counter() - start)
+    return times
 
 
 def fmt(times: list[float], nbytes: int) -> str:
@@ -202,6 +212,14 @@ def bare_put_all(client: flight.FlightClient, batches: list[pa.RecordBatch], key
         writer.close()
 
 
+def bare_put_batched(client: flight.FlightClient, batches: list[pa.RecordBatch]) -> None:
+    descriptor = flight.FlightDescriptor.for_path("batched")
+    writer, _ = client.do_put(descriptor, batches[0].schema, options=flight.FlightCallOptions(timeout=60))
+    for batch in batches:
+        writer.write_batch(batch)
+    writer.close()
+
+
 def bare_get(client: flight.FlightClient, keys: list[GroupKey], columns: list[str] | None = None) -> pa.Table:
     body = {"paths": [[k.job_id, str(k.epoch), str(k.group_id)] for k in keys], "columns": columns}
     ticket = flight.Ticket(json.dumps(body).encode())
@@ -213,7 +231,7 @@ def main() -> int:
     parser.add_argument("--groups", type=int, default=64)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--rss-scale", type=int, default=8, help="the RSS run holds this many workloads")
+    parser.add_argument("--rss-scale", type=int, default=24, help="the RSS run holds this many workloads")
     parser.add_argument("--serve-bare", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_bare:
@@ -241,39 +259,46 @@ def main() -> int:
         client2 = StorageClient(tf2.location, timeout=60, alignment=ipc.Alignment.Any)
         raw = flight.FlightClient(bare.location)
 
-        # -- put
-        results["put trajflight"] = timed(
-            lambda: tf_put_all(client, batches, keys), args.repeats, lambda: tf_clear(client, keys)
-        )
-        results["put bare"] = timed(
-            lambda: bare_put_all(raw, batches, keys),
+        # -- put: each case starts from an empty server
+        def clear_bare() -> None:
+            list(raw.do_action(flight.Action("clear", b"")))
+
+        results |= interleaved(
+            {
+                "put trajflight": (lambda: tf_put_all(client, batches, keys), lambda: tf_clear(client, keys)),
+                "put bare": (lambda: bare_put_all(raw, batches, keys), clear_bare),
+                "put trajflight batched": (
+                    lambda: client.put_groups(list(zip(keys, batches, strict=True))),
+                    lambda: tf_clear(client, keys),
+                ),
+                "put bare batched": (lambda: bare_put_batched(raw, batches), clear_bare),
+            },
             args.repeats,
-            lambda: list(raw.do_action(flight.Action("clear", b""))),
         )
-        # -- get (data stays from the last put)
-        results["get trajflight (1 stream)"] = timed(lambda: client_any.get(keys), args.repeats)
-        results["get trajflight aligned (1 stream)"] = timed(lambda: client.get(keys), args.repeats)
-        results["get bare (1 stream)"] = timed(lambda: bare_get(raw, keys), args.repeats)
-        results["get trajflight (1 per group)"] = timed(
-            lambda: [client_any.get([k]) for k in keys], args.repeats
-        )
-        results["get bare (1 per group)"] = timed(lambda: [bare_get(raw, [k]) for k in keys], args.repeats)
-        results["get trajflight 2-col projection"] = timed(
-            lambda: client_any.get(keys, columns=PROJECTION), args.repeats
-        )
-        results["get bare 2-col projection"] = timed(lambda: bare_get(raw, keys, PROJECTION), args.repeats)
-        # -- parallel: half on each of 2 servers vs all on 1
-        half = len(keys) // 2
+        # -- get: the whole workload on tf and bare; its second half also on tf2 (parallel case)
         tf_clear(client, keys)
-        tf_put_all(client, batches[:half], keys[:half])
-        tf_put_all(client2, batches[half:], keys[half:])
-        results["get parallel 2 servers"] = timed(
-            lambda: get_parallel([(client_any, keys[:half]), (client2, keys[half:])]), args.repeats
-        )
-        tf_clear(client, keys[:half])
-        tf_clear(client2, keys[half:])
+        clear_bare()
         tf_put_all(client, batches, keys)
-        results["get 1 server (same data)"] = timed(lambda: client_any.get(keys), args.repeats)
+        bare_put_all(raw, batches, keys)
+        half = len(keys) // 2
+        tf_put_all(client2, batches[half:], keys[half:])
+        results |= interleaved(
+            {
+                "get trajflight (1 stream)": (lambda: client_any.get(keys), None),
+                "get bare (1 stream)": (lambda: bare_get(raw, keys), None),
+                "get trajflight aligned (1 stream)": (lambda: client.get(keys), None),
+                "get trajflight (1 per group)": (lambda: [client_any.get([k]) for k in keys], None),
+                "get bare (1 per group)": (lambda: [bare_get(raw, [k]) for k in keys], None),
+                "get trajflight 2-col projection": (lambda: client_any.get(keys, columns=PROJECTION), None),
+                "get bare 2-col projection": (lambda: bare_get(raw, keys, PROJECTION), None),
+                "get parallel 2 servers": (
+                    lambda: get_parallel([(client_any, keys[:half]), (client2, keys[half:])]),
+                    None,
+                ),
+            },
+            args.repeats,
+        )
+        results["get 1 server (same data)"] = results["get trajflight (1 stream)"]
         client.close()
         client_any.close()
         client2.close()
@@ -314,7 +339,15 @@ def main() -> int:
         print(f"{name:34s} {fmt(times, nbytes)}")
     med = {k: statistics.median(v) for k, v in results.items()}
     print()
-    print(f"put ratio trajflight/bare (throughput)            {med['put bare'] / med['put trajflight']:.2f}x")
+    print(f"put ratio trajflight/bare, 1 group per put        {med['put bare'] / med['put trajflight']:.2f}x")
+    print(
+        f"put ratio trajflight/bare, batched (1 stream)     "
+        f"{med['put bare batched'] / med['put trajflight batched']:.2f}x"
+    )
+    print(
+        f"put ratio trajflight batched / bare 1 per put     "
+        f"{med['put bare'] / med['put trajflight batched']:.2f}x"
+    )
     print(
         f"get ratio trajflight/bare, 1 stream               "
         f"{med['get bare (1 stream)'] / med['get trajflight (1 stream)']:.2f}x"

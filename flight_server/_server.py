@@ -17,6 +17,7 @@ then exits (see :mod:`trajflight.flight_server._cli`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -46,6 +47,7 @@ from trajflight.flight_server._wire import (
     GetTicket,
     GroupRead,
     PutDescriptor,
+    PutManyDescriptor,
     TokenSigner,
     decode_action_body,
     decode_criteria,
@@ -194,6 +196,9 @@ class StorageServer(flight.FlightServerBase):
             if isinstance(request, AppendDescriptor):
                 self._append(context, request, reader)
                 return
+            if isinstance(request, PutManyDescriptor):
+                self._put_many(request, reader)
+                return
             if isinstance(request, GroupKey):
                 if self._signer is not None:
                     raise InvalidRequestError(
@@ -215,6 +220,44 @@ class StorageServer(flight.FlightServerBase):
                 for batch in batches:
                     validate_group(batch, self.store.schema, expect=key, full=True)
                 self.store.publish(res, batches, schema, request.writer)
+
+    def _put_many(self, request: PutManyDescriptor, reader: flight.MetadataRecordBatchReader) -> None:
+        puts = request.puts
+        for put in puts:
+            self._verify_put(put)
+            if not put.num_rows:
+                raise InvalidRequestError(f"put_many: group {put.key.group_id} announces no samples")
+        schema = reader.schema
+        with contextlib.ExitStack() as stack:
+            reservations = [stack.enter_context(self.store.begin_put(p.key, schema, p.nbytes)) for p in puts]
+            per_group: list[list[pa.RecordBatch]] = [[] for _ in puts]
+            index, filled = 0, 0
+            while True:
+                try:
+                    batch = reader.read_chunk().data
+                except StopIteration:
+                    break
+                if batch is None or batch.num_rows == 0:
+                    continue
+                if index >= len(puts) or filled + batch.num_rows > (puts[index].num_rows or 0):
+                    raise InvalidRequestError(
+                        "put_many: a batch crosses a group boundary or the stream carries more rows than "
+                        "announced; send each group as batches of its own, in the announced order"
+                    )
+                reservations[index].grow(batch.get_total_buffer_size())
+                per_group[index].append(batch)
+                filled += batch.num_rows
+                if filled == puts[index].num_rows:
+                    index, filled = index + 1, 0
+            if index != len(puts):
+                raise InvalidRequestError(
+                    f"put_many: the stream ended inside group {index} of {len(puts)}; nothing was stored, "
+                    "put the groups again"
+                )
+            for put, batches in zip(puts, per_group, strict=True):
+                for batch in batches:
+                    validate_group(batch, self.store.schema, expect=put.key, full=True)
+            self.store.publish_many(list(zip(reservations, per_group, strict=True)), schema, request.writer)
 
     def _append(
         self,

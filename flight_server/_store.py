@@ -361,26 +361,44 @@ class GroupStore:
             CapacityExceededError: a placed segment does not fit (framing overhead at the edge).
             StaleFenceError: the job was fenced while the stream arrived.
         """
-        table, nbytes = self._part(batches, schema)
-        group = StoredGroup(res.key, (table,), (nbytes,), table, writer, self._clock())
-        if nbytes > res.reserved:
-            self._reserve(res, nbytes - res.reserved)
+        return self.publish_many([(res, batches)], schema, writer)[0]
+
+    def publish_many(
+        self,
+        items: Sequence[tuple[Reservation, Sequence[pa.RecordBatch]]],
+        schema: pa.Schema,
+        writer: str,
+    ) -> list[StoredGroup]:
+        """Publish several received, validated groups all at once or not at all; consumes reservations.
+
+        Raises:
+            Like :meth:`publish`; on any error no group of ``items`` becomes visible.
+        """
+        groups = []
+        for res, batches in items:
+            table, nbytes = self._part(batches, schema)
+            groups.append(StoredGroup(res.key, (table,), (nbytes,), table, writer, self._clock()))
+            if nbytes > res.reserved:
+                self._reserve(res, nbytes - res.reserved)
         with self._lock:
             try:
-                self._check_epoch(res.key, "put")
-                self._check_schema(res.key, schema)
+                for res, _ in items:
+                    self._check_epoch(res.key, "put")
+                    self._check_schema(res.key, schema)
             except BaseException:
+                for res, _ in items:
+                    self._release_locked(res)
+                    res.done = True
+                raise
+            for (res, _), group in zip(items, groups, strict=True):
+                self._groups[res.key] = group
+                self._held_bytes += group.nbytes
+                types = self._job(res.key.job_id).column_types
+                for f in schema:
+                    types.setdefault(f.name, f.type)
                 self._release_locked(res)
                 res.done = True
-                raise
-            self._groups[res.key] = group
-            self._held_bytes += nbytes
-            types = self._job(res.key.job_id).column_types
-            for f in schema:
-                types.setdefault(f.name, f.type)
-            self._release_locked(res)
-            res.done = True
-        return group
+        return groups
 
     def _part(self, batches: Sequence[pa.RecordBatch], schema: pa.Schema) -> tuple[pa.Table, int]:
         if self._place is None:

@@ -40,6 +40,7 @@ __all__ = [
     "LeaseToken",
     "ListCriteria",
     "PutDescriptor",
+    "PutManyDescriptor",
     "TokenSigner",
     "decode_action_body",
     "decode_criteria",
@@ -93,6 +94,22 @@ class PutDescriptor:
     nbytes: int | None = None
     num_rows: int | None = None
     sig: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PutManyDescriptor:
+    """A ``do_put`` of several whole groups in one stream, published all together or not at all.
+
+    The stream carries the groups in this order, each as one or more batches of its own (no batch holds
+    rows of two groups); ``num_rows`` of every group is required to find the boundaries.
+
+    Attributes:
+        puts: One :class:`PutDescriptor` per group (``num_rows`` required; their ``writer`` is ignored).
+        writer: Free-form writer id.
+    """
+
+    puts: tuple[PutDescriptor, ...]
+    writer: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +269,15 @@ def _put_body(put: PutDescriptor) -> dict[str, Any]:
     return body
 
 
+def _put_many_body(many: PutManyDescriptor) -> dict[str, Any]:
+    groups = []
+    for put in many.puts:
+        body = _put_body(put)
+        del body["kind"], body["writer"]
+        groups.append(body)
+    return {"kind": "put_many", "writer": many.writer, "groups": groups}
+
+
 def _append_body(app: AppendDescriptor) -> dict[str, Any]:
     body: dict[str, Any] = {"kind": "append", **_read_dict(GroupRead(app.key, app.token))}
     if app.nbytes is not None:
@@ -262,6 +288,8 @@ def _append_body(app: AppendDescriptor) -> dict[str, Any]:
 def _encode(record: object) -> bytes:
     if isinstance(record, PutDescriptor):
         return encode_json(_put_body(record))
+    if isinstance(record, PutManyDescriptor):
+        return encode_json(_put_many_body(record))
     if isinstance(record, AppendDescriptor):
         return encode_json(_append_body(record))
     if isinstance(record, GetTicket):
@@ -405,13 +433,25 @@ def _path_key(path: Iterable[bytes], what: str) -> GroupKey:
     return GroupKey(job_id, epoch, group_id)
 
 
-def decode_descriptor(descriptor: flight.FlightDescriptor) -> PutDescriptor | AppendDescriptor | GroupKey:
+def _decode_put(body: Mapping[str, Any], what: str, writer: str | None = None) -> PutDescriptor:
+    return PutDescriptor(
+        _key(body, what),
+        writer=writer if writer is not None else _field(body, "writer", str, what, required=False) or "",
+        nbytes=_nonneg(body, "nbytes", what, required=False),
+        num_rows=_nonneg(body, "num_rows", what, required=writer is not None),
+        sig=_field(body, "sig", str, what, required=False),
+    )
+
+
+def decode_descriptor(
+    descriptor: flight.FlightDescriptor,
+) -> PutDescriptor | PutManyDescriptor | AppendDescriptor | GroupKey:
     """Decode a Flight descriptor.
 
     Returns:
-        A :class:`PutDescriptor` or :class:`AppendDescriptor` for command descriptors of kind ``put`` /
-        ``append``; a :class:`GroupKey` for kind ``group`` or a path descriptor ``[job_id, epoch,
-        group_id]`` (a bare put, or a ``get_flight_info`` of one group).
+        A :class:`PutDescriptor`, :class:`PutManyDescriptor` or :class:`AppendDescriptor` for command
+        descriptors of kind ``put`` / ``put_many`` / ``append``; a :class:`GroupKey` for kind ``group``
+        or a path descriptor ``[job_id, epoch, group_id]`` (a bare put, or a ``get_flight_info``).
 
     Raises:
         InvalidRequestError: the descriptor is not one of the above.
@@ -422,13 +462,22 @@ def decode_descriptor(descriptor: flight.FlightDescriptor) -> PutDescriptor | Ap
     body = _load(descriptor.command or b"", what)
     kind = _field(body, "kind", str, what)
     if kind == "put":
-        return PutDescriptor(
-            _key(body, what),
-            writer=_field(body, "writer", str, what, required=False) or "",
-            nbytes=_nonneg(body, "nbytes", what, required=False),
-            num_rows=_nonneg(body, "num_rows", what, required=False),
-            sig=_field(body, "sig", str, what, required=False),
-        )
+        return _decode_put(body, what)
+    if kind == "put_many":
+        writer = _field(body, "writer", str, what, required=False) or ""
+        groups = _field(body, "groups", list, what)
+        if not groups:
+            raise InvalidRequestError(f"{what}: 'groups' must name at least one group", field="groups")
+        puts = []
+        for i, entry in enumerate(groups):
+            if not isinstance(entry, dict):
+                raise InvalidRequestError(
+                    f"{what}: groups[{i}] must be an object, got {type(entry).__name__}"
+                )
+            puts.append(_decode_put(entry, f"{what} groups[{i}]", writer))
+        if len({p.key for p in puts}) != len(puts):
+            raise InvalidRequestError(f"{what}: a group is named twice", field="groups")
+        return PutManyDescriptor(tuple(puts), writer)
     if kind == "append":
         token = _token(body, what)
         if token is None:
@@ -439,7 +488,7 @@ def decode_descriptor(descriptor: flight.FlightDescriptor) -> PutDescriptor | Ap
     if kind == "group":
         return _key(body, what)
     raise InvalidRequestError(
-        f"{what}: unknown kind {kind!r}; expected 'put', 'append' or 'group'", field="kind"
+        f"{what}: unknown kind {kind!r}; expected 'put', 'put_many', 'append' or 'group'", field="kind"
     )
 
 

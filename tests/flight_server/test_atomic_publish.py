@@ -13,9 +13,9 @@ import pytest
 from flight_testkit import make_group, serving, slow_writer
 
 from trajflight.codec import GroupKey
-from trajflight.errors import CapacityExceededError, NotFoundError
+from trajflight.errors import AlreadyExistsError, CapacityExceededError, NotFoundError, SchemaError
 from trajflight.flight_server import GroupRead, LeaseToken, PutDescriptor, StoreLimits
-from trajflight.flight_server._wire import encode
+from trajflight.flight_server._wire import PutManyDescriptor, encode
 
 KEY = GroupKey("job-a", 0, 1)
 
@@ -106,3 +106,42 @@ def test_group_count_is_bounded_too():
         other = GroupKey("job-a", 0, 2)
         with pytest.raises(CapacityExceededError, match="1 of 1 groups"):
             client.put_group(other, make_group(other))
+
+
+def test_put_groups_publishes_many_groups_in_one_stream():
+    keys = [GroupKey("job-a", 0, g) for g in range(5)]
+    groups = [make_group(k) for k in keys]
+    with serving() as (_, client):
+        client.put_groups(list(zip(keys, groups, strict=True)), writer="rollout-1")
+        assert client.stats()["groups"] == 5
+        assert client.get(keys).equals(pa.Table.from_batches(groups))
+
+
+def test_put_groups_is_all_or_nothing():
+    keys = [GroupKey("job-a", 0, g) for g in range(3)]
+    groups = [make_group(k) for k in keys]
+    groups[2] = make_group(GroupKey("job-a", 0, 9))  # rows name another partition: validation fails
+    with serving() as (_, client):
+        with pytest.raises(SchemaError, match="group_id"):
+            client.put_groups(list(zip(keys, groups, strict=True)))
+        stats = client.stats()
+        assert (stats["groups"], stats["reserved_bytes"], stats["pending_puts"]) == (0, 0, 0)
+        client.put_group(keys[1], make_group(keys[1]))
+        with pytest.raises(AlreadyExistsError):  # one stored key refuses the whole put
+            client.put_groups([(keys[0], make_group(keys[0])), (keys[1], make_group(keys[1]))])
+        assert client.stats()["groups"] == 1
+
+
+def test_put_groups_refuses_batches_that_straddle_groups():
+    keys = [GroupKey("job-a", 0, g) for g in range(2)]
+    both = pa.concat_tables([pa.Table.from_batches([make_group(k)]) for k in keys]).combine_chunks()
+    with serving() as (server, client):
+        raw = flight.FlightClient(server.location)
+        puts = tuple(PutDescriptor(k, num_rows=8) for k in keys)
+        descriptor = flight.FlightDescriptor.for_command(encode(PutManyDescriptor(puts)))
+        writer, _ = raw.do_put(descriptor, both.schema)
+        with pytest.raises(flight.FlightServerError, match="crosses a group boundary"):  # noqa: PT012
+            writer.write_table(both)  # one batch of 16 rows
+            writer.close()
+        raw.close()
+        assert client.stats()["groups"] == 0
