@@ -141,3 +141,24 @@ def test_a_placement_hook_holds_each_part_as_one_ipc_segment_served_without_copi
         assert handed_out[0].address <= values.address < handed_out[0].address + handed_out[0].size
         assert client.get([KEY]).drop_columns(["ref"]).equals(pa.Table.from_batches([group]))
         assert client.stats()["bytes"] == sum(b.size for b in handed_out)
+
+
+def test_concurrent_puts_of_one_partition_store_exactly_one():
+    from concurrent.futures import ThreadPoolExecutor
+
+    groups = [make_group(KEY, seed=s, k=64, response_len=512) for s in range(4)]
+    with serving() as (_, client):
+
+        def put(group: pa.RecordBatch) -> str:
+            try:
+                client.put_group(KEY, group)
+            except AlreadyExistsError:
+                return "refused"
+            return "stored"
+
+        with ThreadPoolExecutor(4) as pool:
+            outcomes = list(pool.map(put, groups))
+        assert sorted(outcomes) == ["refused"] * 3 + ["stored"]
+        stored = client.get([KEY])
+        assert any(stored.equals(pa.Table.from_batches([g])) for g in groups)
+        assert client.stats()["pending_puts"] == 0
