@@ -200,7 +200,7 @@ def _ray_fill(client: ControllerClient, groups: int) -> None:
                         "policy_version": 0,
                         "columns": ("response_ids",),
                     },
-                )  # fmt: skip
+                )
                 for g in grants
             ],
             60.0,

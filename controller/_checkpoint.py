@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from trajflight.errors import CheckpointError, InvalidStateError, NotFoundError
 
-from ._core import ALLOCATED, READY, _Group, _Job, _Lease, _Server, _Writer
+from ._entries import ALLOCATED, READY, _Group, _Job, _Lease, _Server, _Writer
 from ._records import LIVE_STATES, GroupState, JobConfig, Partition
 
 if TYPE_CHECKING:

@@ -33,7 +33,23 @@ from trajflight.errors import (
     StaleFenceError,
 )
 
-from ._gc import GcList
+from ._entries import (
+    ALLOCATED,
+    DROPPED,
+    LEASED,
+    PREPARED,
+    READY,
+    TRAINED,
+    TRAINING,
+    UNKNOWN,
+    _Group,
+    _Job,
+    _Lease,
+    _Server,
+    _Writer,
+    check_int,
+    check_name,
+)
 from ._index import ReadyIndex
 from ._records import (
     GroupInfo,
@@ -48,165 +64,8 @@ from ._records import (
 
 __all__ = ["LedgerCore"]
 
-READY = GroupState.READY
-LEASED = GroupState.LEASED
-PREPARED = GroupState.PREPARED
-TRAINING = GroupState.TRAINING
-TRAINED = GroupState.TRAINED
-COMMITTED = GroupState.COMMITTED
-UNKNOWN = GroupState.UNKNOWN
-DROPPED = GroupState.DROPPED
-ALLOCATED = GroupState.ALLOCATED
-
 _ENDED_KEPT = 65536  # ended leases remembered for idempotent repeats and precise errors
 _COUNTER_BITS = 32
-
-
-class _Group:
-    __slots__ = (
-        "batch_id",
-        "colset",
-        "columns",
-        "expires_at",
-        "generation",
-        "grant_token",
-        "key",
-        "lease",
-        "nbytes",
-        "policy_version",
-        "ready_seq",
-        "rows",
-        "server_id",
-        "state",
-        "tokens",
-    )
-
-    def __init__(self, key: Partition, server_id: str, token: int, nbytes: int, expires_at: float) -> None:
-        self.key = key
-        self.server_id = server_id
-        self.state = ALLOCATED
-        self.generation = token
-        self.grant_token = token
-        self.nbytes = nbytes  # the reservation until published, then the stored size
-        self.expires_at = expires_at
-        self.rows = 0
-        self.tokens = 0
-        self.policy_version = 0
-        self.colset: frozenset[str] = frozenset()
-        self.columns: tuple[str, ...] = ()
-        self.batch_id: str | None = None
-        self.lease: int | None = None
-        self.ready_seq = 0
-
-
-class _Lease:
-    __slots__ = ("batches", "ended", "expires_at", "job_id", "keys", "live", "owner", "stage", "token", "ttl")
-
-    def __init__(self, token: int, job_id: str, owner: str, ttl: float, expires_at: float) -> None:
-        self.token = token
-        self.job_id = job_id
-        self.owner = owner
-        self.ttl = ttl
-        self.expires_at = expires_at
-        self.keys: list[Partition] = []  # every group granted, in order
-        self.live: dict[Partition, None] = {}  # groups still LEASED..TRAINED under this lease
-        self.batches: dict[str, tuple[Partition, ...]] = {}
-        self.stage: dict[str, GroupState] = {}  # batch -> state all its groups are in
-        self.ended: str | None = None  # None while live; else "done", "expired", "fenced", "restart"
-
-
-class _Writer:
-    __slots__ = ("acked", "node")
-
-    def __init__(self, node: str, acked: int) -> None:
-        self.node = node
-        self.acked = acked
-
-
-class _Server:
-    __slots__ = (
-        "capacity_bytes",
-        "capacity_groups",
-        "location",
-        "node",
-        "server_id",
-        "used_bytes",
-        "used_groups",
-    )
-
-    def __init__(
-        self, server_id: str, node: str, location: str, capacity_bytes: int, capacity_groups: int
-    ) -> None:
-        self.server_id = server_id
-        self.node = node
-        self.location = location
-        self.capacity_bytes = capacity_bytes
-        self.capacity_groups = capacity_groups
-        self.used_bytes = 0
-        self.used_groups = 0
-
-    def info(self) -> ServerInfo:
-        return ServerInfo(
-            self.server_id,
-            self.node,
-            self.location,
-            self.capacity_bytes,
-            self.capacity_groups,
-            self.used_bytes,
-            self.used_groups,
-        )
-
-
-class _Job:
-    __slots__ = (
-        "committed",
-        "config",
-        "counts",
-        "deleted",
-        "epoch",
-        "gc",
-        "groups",
-        "job_id",
-        "next_group_id",
-        "policy_version",
-        "ready",
-        "used_bytes",
-        "used_groups",
-        "writers",
-    )
-
-    def __init__(self, job_id: str, epoch: int, config: JobConfig, ready: ReadyIndex[Partition]) -> None:
-        self.job_id = job_id
-        self.epoch = epoch
-        self.config = config
-        self.next_group_id = 0
-        self.writers: dict[str, _Writer] = {}
-        self.policy_version = 0
-        self.groups: dict[Partition, None] = {}
-        self.counts: dict[GroupState, int] = dict.fromkeys(GroupState, 0)
-        self.committed = 0
-        self.deleted = 0
-        self.used_bytes = 0
-        self.used_groups = 0
-        self.ready = ready
-        self.gc: GcList[Partition] = GcList(
-            config.delete_retry_initial, config.delete_retry_max, config.delete_timeout
-        )
-
-    def pending_writers(self) -> list[str]:
-        return sorted(w for w, writer in self.writers.items() if writer.acked < self.policy_version)
-
-
-def _check_name(value: object, what: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise InvalidRequestError(f"{what} must be a non-empty string, got {value!r}")
-    return value
-
-
-def _check_int(value: object, what: str, *, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidRequestError(f"{what} must be an int >= {minimum}, got {value!r}")
-    return value
 
 
 class LedgerCore:
@@ -218,7 +77,7 @@ class LedgerCore:
     """
 
     def __init__(self, *, incarnation: int = 0) -> None:
-        self._incarnation = _check_int(incarnation, "incarnation")
+        self._incarnation = check_int(incarnation, "incarnation")
         self._counter = 0
         self._now = float("-inf")
         self._servers: dict[str, _Server] = {}
@@ -412,11 +271,11 @@ class LedgerCore:
             InvalidRequestError: an empty name or a negative capacity.
         """
         self._advance(now)
-        _check_name(server_id, "server_id")
-        _check_name(node, "node")
-        _check_name(location, "location")
-        _check_int(capacity_bytes, "capacity_bytes")
-        _check_int(capacity_groups, "capacity_groups")
+        check_name(server_id, "server_id")
+        check_name(node, "node")
+        check_name(location, "location")
+        check_int(capacity_bytes, "capacity_bytes")
+        check_int(capacity_groups, "capacity_groups")
         server = self._servers.get(server_id)
         if server is None:
             server = self._servers[server_id] = _Server(
@@ -455,8 +314,8 @@ class LedgerCore:
             StaleFenceError: ``epoch`` is smaller than one already opened for the job.
         """
         self._advance(now)
-        _check_name(job_id, "job_id")
-        _check_int(epoch, "epoch")
+        check_name(job_id, "job_id")
+        check_int(epoch, "epoch")
         cfg = self._config(config)
         old_ready = OldReady(old_ready)
         job = self._jobs.get(job_id)
@@ -538,10 +397,10 @@ class LedgerCore:
         """
         self._advance(now)
         job = self._job_epoch(job_id, epoch)
-        _check_name(writer_id, "writer_id")
-        _check_name(node, "node")
+        check_name(writer_id, "writer_id")
+        check_name(node, "node")
         version = (
-            job.policy_version if policy_version is None else _check_int(policy_version, "policy_version")
+            job.policy_version if policy_version is None else check_int(policy_version, "policy_version")
         )
         writer = job.writers.get(writer_id)
         if writer is None:
@@ -560,7 +419,7 @@ class LedgerCore:
         """
         self._advance(now)
         job = self._job(job_id)
-        _check_int(version, "version")
+        check_int(version, "version")
         if version < job.policy_version:
             raise InvalidRequestError(
                 f"policy version {version} is older than the announced version {job.policy_version} of job "
@@ -585,7 +444,7 @@ class LedgerCore:
             raise NotFoundError(
                 f"writer {writer_id!r} is not registered for job {job_id!r}; register_writer first"
             )
-        _check_int(version, "version")
+        check_int(version, "version")
         if version > job.policy_version:
             raise InvalidRequestError(
                 f"policy version {version} was not announced (current {job.policy_version}); "
@@ -632,7 +491,7 @@ class LedgerCore:
                 "call register_writer"
             )
         cfg = job.config
-        _check_int(nbytes, "nbytes", minimum=1)
+        check_int(nbytes, "nbytes", minimum=1)
         if nbytes > cfg.max_group_bytes:
             raise InvalidRequestError(
                 f"nbytes={nbytes} exceeds max_group_bytes={cfg.max_group_bytes}; split the group or "
@@ -731,10 +590,10 @@ class LedgerCore:
             raise AlreadyExistsError(
                 f"partition {tuple(key)} is already published; groups are never overwritten"
             )
-        _check_int(rows, "rows")
-        _check_int(nbytes, "nbytes")
-        _check_int(tokens, "tokens")
-        _check_int(policy_version, "policy_version")
+        check_int(rows, "rows")
+        check_int(nbytes, "nbytes")
+        check_int(tokens, "tokens")
+        check_int(policy_version, "policy_version")
         if nbytes > g.nbytes:
             raise InvalidRequestError(
                 f"published nbytes={nbytes} exceeds the {g.nbytes} bytes reserved for {tuple(key)}; allocate "
@@ -747,7 +606,7 @@ class LedgerCore:
             )
         cols = frozenset(columns)
         for col in cols:
-            _check_name(col, "column name")
+            check_name(col, "column name")
         giveback = g.nbytes - nbytes
         server = self._servers[g.server_id]
         server.used_bytes -= giveback

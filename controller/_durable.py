@@ -141,7 +141,7 @@ class HostCore:
             pos += _RECORD.size + length
             method, kwargs, now = pickle.loads(body)
             # A call that failed the first time fails again, after the same lazy expiries.
-            with contextlib.suppress(TrajflightError):
+            with contextlib.suppress(Exception):
                 getattr(self.ledger, method)(now=now, **kwargs)
 
     def compact(self) -> None:
@@ -165,19 +165,28 @@ class HostCore:
 
         Raises:
             InvalidRequestError: ``method`` is not a ledger call.
+            InvalidRequestError: also for arguments the method does not take.
             TrajflightError: whatever the ledger raised (journaled too: its lazy expiries happened).
         """
-        if method in QUERIES:
-            return getattr(self.ledger, method)(**kwargs)
-        if method in TIMED_UNJOURNALED:
-            return getattr(self.ledger, method)(now=self.clock(), **kwargs)
+        try:
+            if method in QUERIES:
+                return getattr(self.ledger, method)(**kwargs)
+            if method in TIMED_UNJOURNALED:
+                return getattr(self.ledger, method)(now=self.clock(), **kwargs)
+        except TypeError as exc:
+            raise InvalidRequestError(f"bad arguments for {method}: {exc}") from exc
         if method not in MUTATING:
             raise InvalidRequestError(f"{method!r} is not a controller call")
         now = self.clock()
         try:
-            return getattr(self.ledger, method)(now=now, **kwargs)
-        finally:
-            self._record(method, kwargs, now)
+            result = getattr(self.ledger, method)(now=now, **kwargs)
+        except TrajflightError:
+            self._record(method, kwargs, now)  # its lazy expiries happened: replay must see the call
+            raise
+        except TypeError as exc:  # a malformed call; it changed nothing worth replaying
+            raise InvalidRequestError(f"bad arguments for {method}: {exc}") from exc
+        self._record(method, kwargs, now)
+        return result
 
     def _record(self, method: str, kwargs: dict[str, Any], now: float) -> None:
         if self._journal is None:

@@ -30,7 +30,8 @@ from trajflight.errors import (
 )
 
 from . import _checkpoint as _ckpt
-from ._core import (
+from ._core import LedgerCore
+from ._entries import (
     COMMITTED,
     DROPPED,
     LEASED,
@@ -39,11 +40,10 @@ from ._core import (
     TRAINED,
     TRAINING,
     UNKNOWN,
-    LedgerCore,
-    _check_int,
-    _check_name,
     _Group,
     _Lease,
+    check_int,
+    check_name,
 )
 from ._records import (
     LIVE_STATES,
@@ -111,8 +111,8 @@ class Ledger(LedgerCore):
         now = self._advance(now)
         job = self._job(job_id)
         cfg = job.config
-        _check_name(owner, "owner")
-        _check_int(max_groups, "max_groups", minimum=1)
+        check_name(owner, "owner")
+        check_int(max_groups, "max_groups", minimum=1)
         if max_groups > cfg.max_groups_per_lease:
             raise InvalidRequestError(
                 f"max_groups={max_groups} exceeds max_groups_per_lease={cfg.max_groups_per_lease}; "
@@ -120,10 +120,10 @@ class Ledger(LedgerCore):
             )
         ttl = self._ttl(ttl, cfg.default_lease_ttl, cfg.max_lease_ttl)
         if max_tokens is not None:
-            _check_int(max_tokens, "max_tokens", minimum=1)
+            check_int(max_tokens, "max_tokens", minimum=1)
         staleness = cfg.max_staleness
         if max_staleness is not None:
-            _check_int(max_staleness, "max_staleness")
+            check_int(max_staleness, "max_staleness")
             staleness = max_staleness if staleness is None else min(staleness, max_staleness)
         exact = None
         if cfg.strict_on_policy:
@@ -207,7 +207,7 @@ class Ledger(LedgerCore):
         """
         self._advance(now)
         lease = self._lease(token)
-        _check_name(batch_id, "batch_id")
+        check_name(batch_id, "batch_id")
         existing = lease.batches.get(batch_id)
         if existing is not None:
             if lease.stage[batch_id] is PREPARED and (
@@ -362,7 +362,7 @@ class Ledger(LedgerCore):
         lease = self._lease(token)
         added = frozenset(columns)
         for col in added:
-            _check_name(col, "column name")
+            check_name(col, "column name")
         if partitions is None:
             if lease.ended is not None and lease.ended != "done":
                 raise self._ended_error(lease)
@@ -624,7 +624,7 @@ class Ledger(LedgerCore):
                 f"{getattr(cfg, diff)!r}; restore with the same configuration",
                 setting=diff,
             )
-        _check_int(epoch, "epoch")
+        check_int(epoch, "epoch")
         if epoch <= payload["epoch"]:
             raise StaleFenceError(
                 f"restore of job {job_id!r} needs an epoch larger than the checkpoint's "
@@ -678,7 +678,7 @@ class Ledger(LedgerCore):
             InvalidRequestError: ``incarnation`` is not larger than the current one.
         """
         self._advance(now)
-        _check_int(incarnation, "incarnation")
+        check_int(incarnation, "incarnation")
         if incarnation <= self._incarnation:
             raise InvalidRequestError(
                 f"incarnation {incarnation} must be larger than the current {self._incarnation}"

@@ -1,0 +1,185 @@
+"""The ledger's internal, mutable records: groups, leases, writers, servers, jobs; and argument checks.
+
+These are owned by the ledger and never handed out: callers get the frozen records of
+:mod:`._records` instead. Nothing here validates invariants across records; :mod:`._core` and
+:mod:`._ledger` keep them.
+"""
+
+from __future__ import annotations
+
+from trajflight.errors import InvalidRequestError
+
+from ._gc import GcList
+from ._index import ReadyIndex
+from ._records import GroupState, JobConfig, Partition, ServerInfo
+
+__all__ = [
+    "ALLOCATED",
+    "COMMITTED",
+    "DROPPED",
+    "LEASED",
+    "PREPARED",
+    "READY",
+    "TRAINED",
+    "TRAINING",
+    "UNKNOWN",
+    "check_int",
+    "check_name",
+]
+
+READY = GroupState.READY
+LEASED = GroupState.LEASED
+PREPARED = GroupState.PREPARED
+TRAINING = GroupState.TRAINING
+TRAINED = GroupState.TRAINED
+COMMITTED = GroupState.COMMITTED
+UNKNOWN = GroupState.UNKNOWN
+DROPPED = GroupState.DROPPED
+ALLOCATED = GroupState.ALLOCATED
+
+
+class _Group:
+    __slots__ = (
+        "batch_id",
+        "colset",
+        "columns",
+        "expires_at",
+        "generation",
+        "grant_token",
+        "key",
+        "lease",
+        "nbytes",
+        "policy_version",
+        "ready_seq",
+        "rows",
+        "server_id",
+        "state",
+        "tokens",
+    )
+
+    def __init__(self, key: Partition, server_id: str, token: int, nbytes: int, expires_at: float) -> None:
+        self.key = key
+        self.server_id = server_id
+        self.state = ALLOCATED
+        self.generation = token
+        self.grant_token = token
+        self.nbytes = nbytes  # the reservation until published, then the stored size
+        self.expires_at = expires_at
+        self.rows = 0
+        self.tokens = 0
+        self.policy_version = 0
+        self.colset: frozenset[str] = frozenset()
+        self.columns: tuple[str, ...] = ()
+        self.batch_id: str | None = None
+        self.lease: int | None = None
+        self.ready_seq = 0
+
+
+class _Lease:
+    __slots__ = ("batches", "ended", "expires_at", "job_id", "keys", "live", "owner", "stage", "token", "ttl")
+
+    def __init__(self, token: int, job_id: str, owner: str, ttl: float, expires_at: float) -> None:
+        self.token = token
+        self.job_id = job_id
+        self.owner = owner
+        self.ttl = ttl
+        self.expires_at = expires_at
+        self.keys: list[Partition] = []  # every group granted, in order
+        self.live: dict[Partition, None] = {}  # groups still LEASED..TRAINED under this lease
+        self.batches: dict[str, tuple[Partition, ...]] = {}
+        self.stage: dict[str, GroupState] = {}  # batch -> state all its groups are in
+        self.ended: str | None = None  # None while live; else "done", "expired", "fenced", "restart"
+
+
+class _Writer:
+    __slots__ = ("acked", "node")
+
+    def __init__(self, node: str, acked: int) -> None:
+        self.node = node
+        self.acked = acked
+
+
+class _Server:
+    __slots__ = (
+        "capacity_bytes",
+        "capacity_groups",
+        "location",
+        "node",
+        "server_id",
+        "used_bytes",
+        "used_groups",
+    )
+
+    def __init__(
+        self, server_id: str, node: str, location: str, capacity_bytes: int, capacity_groups: int
+    ) -> None:
+        self.server_id = server_id
+        self.node = node
+        self.location = location
+        self.capacity_bytes = capacity_bytes
+        self.capacity_groups = capacity_groups
+        self.used_bytes = 0
+        self.used_groups = 0
+
+    def info(self) -> ServerInfo:
+        return ServerInfo(
+            self.server_id,
+            self.node,
+            self.location,
+            self.capacity_bytes,
+            self.capacity_groups,
+            self.used_bytes,
+            self.used_groups,
+        )
+
+
+class _Job:
+    __slots__ = (
+        "committed",
+        "config",
+        "counts",
+        "deleted",
+        "epoch",
+        "gc",
+        "groups",
+        "job_id",
+        "next_group_id",
+        "policy_version",
+        "ready",
+        "used_bytes",
+        "used_groups",
+        "writers",
+    )
+
+    def __init__(self, job_id: str, epoch: int, config: JobConfig, ready: ReadyIndex[Partition]) -> None:
+        self.job_id = job_id
+        self.epoch = epoch
+        self.config = config
+        self.next_group_id = 0
+        self.writers: dict[str, _Writer] = {}
+        self.policy_version = 0
+        self.groups: dict[Partition, None] = {}
+        self.counts: dict[GroupState, int] = dict.fromkeys(GroupState, 0)
+        self.committed = 0
+        self.deleted = 0
+        self.used_bytes = 0
+        self.used_groups = 0
+        self.ready = ready
+        self.gc: GcList[Partition] = GcList(
+            config.delete_retry_initial, config.delete_retry_max, config.delete_timeout
+        )
+
+    def pending_writers(self) -> list[str]:
+        return sorted(w for w, writer in self.writers.items() if writer.acked < self.policy_version)
+
+
+def check_name(value: object, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidRequestError(f"{what} must be a non-empty string, got {value!r}")
+    return value
+
+
+def check_int(value: object, what: str, *, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidRequestError(f"{what} must be an int >= {minimum}, got {value!r}")
+    return value
