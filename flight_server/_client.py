@@ -217,7 +217,8 @@ class StorageClient:
         if sigs is not None and len(sigs) != len(groups):
             raise InvalidRequestError(f"put_groups: {len(sigs)} signatures for {len(groups)} groups")
         schema = groups[0][1].schema
-        puts, batches = [], []
+        puts: list[PutDescriptor] = []
+        batches: list[pa.RecordBatch] = []
         for i, (key, data) in enumerate(groups):
             if not data.schema.equals(schema):
                 raise InvalidRequestError(

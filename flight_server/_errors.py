@@ -107,7 +107,8 @@ def from_flight_error(exc: BaseException) -> TrajflightError | None:
             body = None
         if isinstance(body, dict) and body.get("v") == _EXTRA_VERSION and isinstance(body.get("code"), str):
             cls = error_class_for_code(body["code"])
-            fields = body.get("fields") if isinstance(body.get("fields"), dict) else {}
+            raw = body.get("fields")
+            fields: dict[str, Any] = raw if isinstance(raw, dict) else {}
             return _build(cls, str(body.get("message", exc)), fields)
     text = str(exc)
     match = _PREFIX.match(text)

@@ -82,7 +82,7 @@ ACTIONS: dict[str, str] = {
 """Action name -> description, as ``list_actions`` returns them (``docs/wire-format.md`` has more)."""
 
 
-class StorageServer(flight.FlightServerBase):
+class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow ships no type stubs
     """One trajflight storage server; starts serving on construction. Use it as a context manager.
 
     Args:
@@ -110,7 +110,7 @@ class StorageServer(flight.FlightServerBase):
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
             raise InvalidRequestError(f"port must be an int in 0..65535, got {port!r}")
         self._signer = TokenSigner(secret) if secret is not None else None
-        self.store = GroupStore(limits, schema=schema, place=place)
+        self.store: GroupStore = GroupStore(limits, schema=schema, place=place)
         self._started = time.monotonic()
         self._close_lock = threading.Lock()
         self._closed = False
@@ -299,7 +299,7 @@ class StorageServer(flight.FlightServerBase):
     def list_flights(self, context: flight.ServerCallContext, criteria: bytes) -> Iterator[flight.FlightInfo]:
         """One FlightInfo per stored group matching the criteria (empty, or ``{"v":1,"job_id","epoch"}``)."""
         with server_errors("list_flights"):
-            groups = self.store.list(decode_criteria(criteria))
+            groups = self.store.list_groups(decode_criteria(criteria))
         for group in groups:
             yield self._info(group)
 

@@ -104,7 +104,7 @@ class StoredGroup:
     @property
     def num_rows(self) -> int:
         """Samples in the group."""
-        return self.table.num_rows
+        return int(self.table.num_rows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -606,7 +606,7 @@ class GroupStore:
 
     # ------------------------------------------------------------------------------------ inspection
 
-    def list(self, criteria: ListCriteria | None = None) -> list[StoredGroup]:
+    def list_groups(self, criteria: ListCriteria | None = None) -> list[StoredGroup]:
         """Stored groups matching ``criteria`` (None: all), sorted by key."""
         criteria = criteria or ListCriteria()
         with self._lock:

@@ -381,7 +381,7 @@ def _nonneg(body: Mapping[str, Any], name: str, what: str, *, required: bool = T
     value = _field(body, name, int, what, required=required)
     if value is not None and value < 0:
         raise InvalidRequestError(f"{what}: field {name!r} must be >= 0, got {value}", field=name)
-    return value
+    return None if value is None else int(value)
 
 
 def _key(body: Mapping[str, Any], what: str) -> GroupKey:
