@@ -254,3 +254,34 @@ def test_concurrent_trainers_never_share_a_group():
         for t in threads:
             t.join(30.0)
         assert sorted(got) == sorted(parts)
+
+
+def test_strict_on_policy_long_poll_wakes_when_the_last_writer_acks():
+    with LocalController() as host:
+        client = ControllerClient(host, timeout=10.0)
+        _setup(client, config=JobConfig(strict_on_policy=True))
+        client.announce_policy("j", 1)
+        client.ack_policy("j", 1, "w0", 1)
+        grant = client.allocate("j", 1, "w0", nbytes=10)
+        client.publish(
+            grant.partition, token=grant.token, rows=1, nbytes=10, tokens=1, policy_version=1, columns=()
+        )
+        client.register_writer("j", 1, "w1", node="n0", policy_version=0)  # a writer still on old weights
+        result = {}
+        thread = threading.Thread(
+            target=lambda: result.update(lease=client.acquire("j", "t", max_groups=1, wait=5.0))
+        )
+        thread.start()
+        time.sleep(0.2)
+        assert "lease" not in result  # held: w1 has not acknowledged version 1
+        client.ack_policy("j", 1, "w1", 1)
+        thread.join(5.0)
+        assert result["lease"].partitions == (grant.partition,)
+
+
+def test_unknown_method_and_bad_arguments_are_invalid_requests():
+    with LocalController() as host:
+        with pytest.raises(InvalidRequestError):
+            host.call("drop_everything", {})
+        with pytest.raises(InvalidRequestError):
+            host.call("counts", {"job": "j"})

@@ -133,3 +133,33 @@ def test_killed_actor_restarts_with_larger_tokens_and_training_groups_unknown(co
     again = controller.acquire("j", "t", max_groups=10)
     assert again.partitions == training.partitions
     assert again.token > lease.token
+
+
+def test_sweeper_in_the_actor_confirms_deletes_and_releases_capacity(controller):
+    _put(controller, 3)
+    lease = controller.acquire("j", "t", max_groups=3)
+    for step in (
+        controller.prepare,
+        controller.start_training,
+        controller.finish_training,
+        controller.commit,
+    ):
+        step(lease.token, "b")
+    deadline = time.monotonic() + 20.0
+    while controller.counts("j")["deleted"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert controller.counts("j")["deleted"] == 3
+    assert controller.usage("j") == (0, 0)
+    assert controller.gc_list("j") == ()
+
+
+def test_batched_calls_share_one_round_trip(controller):
+    grants = controller.transport.invoke_many(
+        [("allocate", {"job_id": "j", "epoch": 1, "writer_id": "w0", "nbytes": 10})] * 5, 10.0
+    )
+    assert [g.partition.group_id for g in grants] == [0, 1, 2, 3, 4]
+    assert [g.token for g in grants] == sorted(g.token for g in grants)
+    with pytest.raises(StaleFenceError):
+        controller.transport.invoke_many(
+            [("allocate", {"job_id": "j", "epoch": 0, "writer_id": "w0", "nbytes": 10})], 10.0
+        )
