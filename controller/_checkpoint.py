@@ -260,30 +260,60 @@ def import_job(
 ) -> list[_Group]:
     """Install the job of a decoded job checkpoint at ``epoch`` and return its groups (not yet indexed).
 
-    The caller has checked job, configuration and epoch; the returned groups are in the ledger with
-    their checkpointed states, and capacity is counted for each of them.
+    The caller has checked job, configuration and epoch. Everything is parsed before anything is
+    installed, so a malformed payload leaves the ledger untouched. The returned groups are in the ledger
+    with their checkpointed states, and capacity is counted for each of them.
+
+    Raises:
+        CheckpointError: the payload is malformed (or not quiescent).
     """
     try:
-        _import_servers(ledger, payload["servers"])
-        if ledger.last_token < payload["last_token"]:
-            ledger._incarnation = (payload["last_token"] >> 32) + 1
-            ledger._counter = 0
-        return _install_job(ledger, payload, epoch, config, now)
+        parsed = _parse_job(payload)
+        servers = [(str(a), str(b), str(c), int(d), int(e)) for a, b, c, d, e in payload["servers"]]
+        last_token = int(payload["last_token"])
+        known = {row[0] for row in servers} | set(ledger._servers)
+        if any(g.server_id not in known for g in parsed[1]):
+            raise ValueError("a group is placed on a server the checkpoint does not list")
+        if any(g.state in LIVE_STATES for g in parsed[1]):
+            raise ValueError("a group is LEASED..TRAINED in a job checkpoint")
     except (KeyError, ValueError, TypeError) as exc:
         raise CheckpointError(f"checkpoint payload is malformed ({exc!r}); restore an older copy") from None
+    _import_servers(ledger, [list(row) for row in servers])
+    if ledger.last_token < last_token:
+        ledger._incarnation = (last_token >> 32) + 1
+        ledger._counter = 0
+    return _install_job(ledger, parsed, epoch, config, now)
+
+
+_Parsed = tuple[dict[str, Any], list[_Group], list[tuple[Partition, int, Any]]]
+
+
+def _parse_job(payload: dict[str, Any]) -> _Parsed:
+    fields = {
+        "job_id": str(payload["job_id"]),
+        "epoch": int(payload["epoch"]),
+        "next_group_id": int(payload["next_group_id"]),
+        "policy_version": int(payload["policy_version"]),
+        "committed": int(payload["committed"]),
+        "deleted": int(payload["deleted"]),
+        "writers": {str(w): (str(node), int(acked)) for w, (node, acked) in payload["writers"].items()},
+    }
+    groups = [_import_group(row) for row in payload["groups"]]
+    gc = [(Partition(*key), int(attempts), last_error) for key, attempts, last_error in payload["gc"]]
+    return fields, groups, gc
 
 
 def _install_job(
-    ledger: LedgerCore, payload: dict[str, Any], epoch: int, config: JobConfig, now: float
+    ledger: LedgerCore, parsed: _Parsed, epoch: int, config: JobConfig, now: float
 ) -> list[_Group]:
-    job = ledger._new_job(payload["job_id"], epoch, config)
-    job.next_group_id = 0 if epoch != payload["epoch"] else payload["next_group_id"]
-    job.policy_version = payload["policy_version"]
-    job.committed, job.deleted = payload["committed"], payload["deleted"]
-    for w, (node, acked) in payload["writers"].items():
+    fields, groups, gc = parsed
+    job = ledger._new_job(fields["job_id"], epoch, config)
+    job.next_group_id = 0 if epoch != fields["epoch"] else fields["next_group_id"]
+    job.policy_version = fields["policy_version"]
+    job.committed, job.deleted = fields["committed"], fields["deleted"]
+    for w, (node, acked) in fields["writers"].items():
         job.writers[w] = _Writer(node, acked)
     ledger._jobs[job.job_id] = job
-    groups = [_import_group(row) for row in payload["groups"]]
     for g in groups:
         ledger._groups[g.key] = g
         job.groups[g.key] = None
@@ -293,8 +323,8 @@ def _install_job(
         server.used_groups += 1
         job.used_bytes += g.nbytes
         job.used_groups += 1
-    for key, attempts, last_error in payload["gc"]:
-        job.gc.restore(Partition(*key), attempts, last_error, now)
+    for key, attempts, last_error in gc:
+        job.gc.restore(key, attempts, last_error, now)
     return groups
 
 
@@ -331,7 +361,7 @@ def import_snapshot(ledger: LedgerCore, data: bytes, *, source: str = "snapshot"
         _import_servers(ledger, payload["servers"])
         for jp in payload["jobs"]:
             cfg = JobConfig(**jp["config"])
-            groups = _install_job(ledger, jp, jp["epoch"], cfg, ledger._now)
+            groups = _install_job(ledger, _parse_job(jp), jp["epoch"], cfg, ledger._now)
             job = ledger._jobs[jp["job_id"]]
             for g in sorted((g for g in groups if g.state is READY), key=lambda g: g.ready_seq):
                 g.ready_seq = job.ready.push(g.key, g.policy_version, g.colset)

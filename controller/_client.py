@@ -146,7 +146,9 @@ class RayTransport:
             ) from None
 
     def acquire(self, kwargs: dict[str, Any], wait: float, timeout: float) -> Lease | None:
-        result: Lease | None = self._get(self.actor.acquire.remote(kwargs, min(wait, timeout)), timeout)
+        # Leave the reply time to arrive before the deadline, so that "nothing came" is None, not a timeout.
+        wait = min(wait, max(0.0, timeout - min(1.0, timeout / 4)))
+        result: Lease | None = self._get(self.actor.acquire.remote(kwargs, wait), timeout)
         return result
 
     def checkpoint(self, job_id: str, path: str | None, timeout: float) -> bytes:

@@ -8,8 +8,11 @@ deterministic, so replaying the same calls at the same ``now`` rebuilds the same
 is ignored), then starts a new incarnation so that new tokens exceed every old one, and ends every lease
 that was live: LEASED/PREPARED groups go back to READY, TRAINING/TRAINED groups come back UNKNOWN.
 
-Not journaled: queries, sweeper ticks and delete hand-outs (expiry is decided by the recorded deadlines,
-so replay reaches the same states; only retry timing of deletes may differ). The journal is flushed to
+Not journaled: queries, sweeper ticks, delete hand-outs, refused calls and empty acquires. None of
+them changes state except by lazy expiry, and expiry is decided by the recorded deadlines: the next
+journaled call applies every expiry due by its own ``now`` before acting, in the original order, so
+replay reaches the same states (only the retry timing of deletes may differ). The ledger checks every
+argument before it changes anything, so a refused call has no other effect. The journal is flushed to
 the OS after each record, which survives a crash of the host process; set ``fsync=True`` to survive a
 crash of the machine, at the cost of one fsync per call. It does not protect against two hosts sharing
 one state directory.
@@ -27,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from trajflight.errors import InvalidRequestError, TrajflightError
+from trajflight.errors import InvalidRequestError
 
 from ._checkpoint import write_atomic
 from ._ledger import Ledger
@@ -166,7 +169,7 @@ class HostCore:
         Raises:
             InvalidRequestError: ``method`` is not a ledger call.
             InvalidRequestError: also for arguments the method does not take.
-            TrajflightError: whatever the ledger raised (journaled too: its lazy expiries happened).
+            TrajflightError: whatever the ledger raised (not journaled; see the module docstring).
         """
         try:
             if method in QUERIES:
@@ -180,12 +183,10 @@ class HostCore:
         now = self.clock()
         try:
             result = getattr(self.ledger, method)(now=now, **kwargs)
-        except TrajflightError:
-            self._record(method, kwargs, now)  # its lazy expiries happened: replay must see the call
-            raise
-        except TypeError as exc:  # a malformed call; it changed nothing worth replaying
+        except TypeError as exc:
             raise InvalidRequestError(f"bad arguments for {method}: {exc}") from exc
-        self._record(method, kwargs, now)
+        if result is not None or method != "acquire":
+            self._record(method, kwargs, now)
         return result
 
     def _record(self, method: str, kwargs: dict[str, Any], now: float) -> None:

@@ -356,6 +356,8 @@ class Ledger(LedgerCore):
         Raises:
             InvalidStateError: a group is TRAINING or TRAINED (finish and commit it, or let the lease
                 expire), or is not in this lease.
+            AlreadyExistsError: a group already carries one of ``columns`` (each column is written once);
+                nothing is released.
             LeaseExpiredError, StaleFenceError: the lease is gone.
         """
         self._advance(now)
@@ -385,6 +387,14 @@ class Ledger(LedgerCore):
             if lease.ended is not None:
                 raise self._ended_error(lease)
             todo.append(self._check_member(lease, key, (LEASED, PREPARED)))
+        for g in todo:
+            twice = added & g.colset
+            if twice:
+                raise AlreadyExistsError(
+                    f"group {tuple(g.key)} already carries {sorted(twice)}; each column is written once "
+                    "(lease with lack=... to skip groups that have it)",
+                    columns=sorted(twice),
+                )
         for g in todo:
             if g.batch_id is not None:
                 self._drop_from_batch(lease, g)

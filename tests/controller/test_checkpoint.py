@@ -152,8 +152,11 @@ def test_snapshot_is_not_a_job_checkpoint(world):
 
 def test_malformed_payload_refused():
     data = encode(KIND_JOB, {"job_id": "j", "config": {}, "epoch": 1})
+    ledger = Ledger()
     with pytest.raises(CheckpointError, match="malformed"):
-        Ledger().restore(data, job_id="j", epoch=2, config=None, now=0.0)
+        ledger.restore(data, job_id="j", epoch=2, config=None, now=0.0)
+    with pytest.raises(NotFoundError):  # nothing was installed
+        ledger.counts("j")
 
 
 def test_atomic_file_round_trip(world, tmp_path):

@@ -643,3 +643,11 @@ def test_time_never_goes_back(world):
     world.ledger.tick(world.now + 10.0)
     with pytest.raises(LeaseExpiredError):  # an older `now` does not revive the lease
         world.ledger.renew(lease.token, now=world.now)
+
+
+def test_release_refuses_a_column_written_twice(world):
+    world.put(1, columns=("response_ids", "advantage"))
+    lease = world.lease(1)
+    with pytest.raises(AlreadyExistsError, match="advantage"):
+        world.ledger.release(lease.token, columns=("advantage",), now=world.now)
+    assert world.ledger.counts("j")["LEASED"] == 1  # nothing released
