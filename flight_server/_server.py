@@ -31,13 +31,8 @@ import pyarrow.flight as flight
 from trajflight.codec import STANDARD_SCHEMA, GroupKey, TrajectorySchema, validate_group
 from trajflight.errors import InvalidRequestError, SchemaError
 from trajflight.flight_server._errors import server_errors
-from trajflight.flight_server._store import (
-    GroupStore,
-    Placement,
-    Reservation,
-    StoredGroup,
-    StoreLimits,
-)
+from trajflight.flight_server._segments import Placement
+from trajflight.flight_server._store import GroupStore, Reservation, StoredGroup, StoreLimits
 from trajflight.flight_server._wire import (
     WIRE_VERSION,
     AppendDescriptor,

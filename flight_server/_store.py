@@ -11,9 +11,11 @@ zero-copy view over the parts, built once at publish.
 
 Capacity counts buffer sizes (``get_total_buffer_size`` of received batches, or segment sizes when
 placed; Arrow's memory pool does not see buffers received by Flight) and in-flight reservations, in bytes
-and in groups. Fencing: per job the lowest epoch
-still accepted, per group the highest lease generation seen (kept after a delete, so a zombie's late
-delete or append is still refused; forgotten when the group's epoch is fenced).
+and in groups. Fencing: per job the lowest epoch still accepted for puts, per group the highest lease
+generation seen (kept after a delete, so a zombie's late delete or append is still refused; forgotten when
+the group's epoch is fenced). Reads, appends and deletes are fenced by generation only, not by epoch: a
+job restored from a checkpoint under a new epoch re-offers READY groups of the old epoch under new, higher
+generations, and their new holders must reach them.
 
 This module does not verify signatures (the server does) and does no I/O. It is thread-safe: one lock
 guards the maps; serialisation and validation run outside it.
@@ -28,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.ipc as ipc
 
 from trajflight._units import format_size
 from trajflight.codec import STANDARD_SCHEMA, GroupKey, TrajectorySchema
@@ -40,39 +41,10 @@ from trajflight.errors import (
     SchemaError,
     StaleFenceError,
 )
+from trajflight.flight_server._segments import Placement, open_segment, serialize_segment
 from trajflight.flight_server._wire import GroupRead, LeaseToken, ListCriteria
 
-__all__ = ["GroupStore", "Placement", "StoreLimits", "StoredGroup", "heap_placement", "open_segment"]
-
-Placement = Callable[[int], pa.Buffer]
-"""``place(size)`` returns a mutable buffer of exactly ``size`` bytes that the store may keep."""
-
-
-def heap_placement(size: int) -> pa.Buffer:
-    """Place segments in Arrow's default memory pool (64-byte aligned, returned on free)."""
-    return pa.allocate_buffer(size)
-
-
-def serialize_segment(batches: Sequence[pa.RecordBatch], schema: pa.Schema, allocate: Placement) -> pa.Buffer:
-    """Write ``batches`` as one IPC stream into one buffer of exactly the stream's size (one copy).
-
-    The result is owned by the caller (and whoever ``allocate`` delegates to); it does not alias the
-    batches, so the received Flight buffers can be freed right after.
-    """
-    sizer = pa.MockOutputStream()
-    with ipc.new_stream(sizer, schema) as writer:
-        for batch in batches:
-            writer.write_batch(batch)
-    buffer = allocate(sizer.size())
-    with pa.FixedSizeBufferWriter(buffer) as out, ipc.new_stream(out, schema) as writer:
-        for batch in batches:
-            writer.write_batch(batch)
-    return buffer
-
-
-def open_segment(segment: pa.Buffer) -> pa.Table:
-    """Open a segment as a table whose columns alias the segment's memory (no copy)."""
-    return ipc.open_stream(pa.BufferReader(segment)).read_all()
+__all__ = ["GroupStore", "Reservation", "StoreLimits", "StoredGroup"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +164,7 @@ class GroupStore:
         schema: The trajectory schema groups are checked against (types of user columns are fixed per job
             by the first group that carries them).
         place: None keeps received buffers as they are; a :data:`Placement` copies each part once into
-            one IPC-stream segment it hands out (e.g. :func:`heap_placement`, a shared-memory arena).
+            one IPC-stream segment it hands out (see :mod:`._segments`; e.g. a shared-memory arena).
         clock: Monotonic clock, injectable for tests.
     """
 
@@ -430,7 +402,6 @@ class GroupStore:
         return res
 
     def _check_append_locked(self, key: GroupKey, token: LeaseToken, schema: pa.Schema) -> StoredGroup:
-        self._check_epoch(key, "column append")
         self._check_token(key, token, "column append", required=True)
         group = self._groups.get(key)
         if group is None:
@@ -519,7 +490,6 @@ class GroupStore:
                         **_kd(r.key),
                     )
                 if r.token is not None:
-                    self._check_epoch(r.key, "read")
                     self._check_token(r.key, r.token, "read", required=False)
                 groups.append(group)
             for r in reads:

@@ -1,0 +1,48 @@
+"""Placement of group parts as Arrow IPC segments: one complete IPC stream in one buffer.
+
+A :data:`Placement` hands out buffers (Arrow's pool with :func:`heap_placement`; a shared-memory arena in a
+later issue). :func:`serialize_segment` writes batches into exactly one such buffer with one copy, and
+:func:`open_segment` reopens it as a table that aliases the buffer. A process that maps the same bytes
+(e.g. a same-host reader of a shared-memory file) opens them the same way, with no copy.
+
+This module does not free or recycle buffers: a segment lives as long as something references it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+__all__ = ["Placement", "heap_placement", "open_segment", "serialize_segment"]
+
+Placement = Callable[[int], pa.Buffer]
+"""``place(size)`` returns a mutable buffer of exactly ``size`` bytes that the store may keep."""
+
+
+def heap_placement(size: int) -> pa.Buffer:
+    """Place segments in Arrow's default memory pool (64-byte aligned, returned on free)."""
+    return pa.allocate_buffer(size)
+
+
+def serialize_segment(batches: Sequence[pa.RecordBatch], schema: pa.Schema, allocate: Placement) -> pa.Buffer:
+    """Write ``batches`` as one IPC stream into one buffer of exactly the stream's size (one copy).
+
+    The result is owned by the caller (and whoever ``allocate`` delegates to); it does not alias the
+    batches, so the received Flight buffers can be freed right after.
+    """
+    sizer = pa.MockOutputStream()
+    with ipc.new_stream(sizer, schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    buffer = allocate(sizer.size())
+    with pa.FixedSizeBufferWriter(buffer) as out, ipc.new_stream(out, schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    return buffer
+
+
+def open_segment(segment: pa.Buffer) -> pa.Table:
+    """Open a segment as a table whose columns alias the segment's memory (no copy)."""
+    return ipc.open_stream(pa.BufferReader(segment)).read_all()
