@@ -82,15 +82,19 @@ class LocalTransport:
         self.host = host
 
     def invoke(self, method: str, kwargs: dict[str, Any], timeout: float) -> Any:
+        """Run one ledger call on the local host (see :class:`Transport`)."""
         return self.host.call(method, kwargs, timeout=timeout)
 
     def acquire(self, kwargs: dict[str, Any], wait: float, timeout: float) -> Lease | None:
+        """Long-poll acquire on the local host; ``wait`` is cut to ``timeout``."""
         return self.host.acquire(kwargs, wait=wait, timeout=timeout)
 
     def checkpoint(self, job_id: str, path: str | None, timeout: float) -> bytes:
+        """Take (and maybe write) a job checkpoint on the local host."""
         return self.host.checkpoint(job_id, path, timeout=timeout)
 
     def restore(self, source: bytes | str, kwargs: dict[str, Any], timeout: float) -> dict[str, int]:
+        """Restore a job on the local host from checkpoint bytes or a file."""
         return self.host.restore(source, timeout=timeout, **kwargs)
 
 
@@ -121,6 +125,7 @@ class RayTransport:
         return value
 
     def invoke(self, method: str, kwargs: dict[str, Any], timeout: float) -> Any:
+        """Run one ledger call in the actor; raise the ledger's error, a deadline or an unavailable host."""
         return self._get(self.actor.invoke.remote(method, kwargs), timeout)
 
     def invoke_many(self, calls: list[tuple[str, dict[str, Any]]], timeout: float) -> list[Any]:
@@ -146,16 +151,19 @@ class RayTransport:
             ) from None
 
     def acquire(self, kwargs: dict[str, Any], wait: float, timeout: float) -> Lease | None:
+        """Long-poll acquire in the actor (other callers proceed while it waits)."""
         # Leave the reply time to arrive before the deadline, so that "nothing came" is None, not a timeout.
         wait = min(wait, max(0.0, timeout - min(1.0, timeout / 4)))
         result: Lease | None = self._get(self.actor.acquire.remote(kwargs, wait), timeout)
         return result
 
     def checkpoint(self, job_id: str, path: str | None, timeout: float) -> bytes:
+        """Take (and maybe write, on the actor's node) a job checkpoint."""
         data: bytes = self._get(self.actor.checkpoint.remote(job_id, path), timeout)
         return data
 
     def restore(self, source: bytes | str, kwargs: dict[str, Any], timeout: float) -> dict[str, int]:
+        """Restore a job in the actor from checkpoint bytes or a file on the actor's node."""
         out: dict[str, int] = self._get(self.actor.restore.remote(source, kwargs), timeout)
         return out
 

@@ -122,6 +122,7 @@ class _Server:
         self.used_groups = 0
 
     def info(self) -> ServerInfo:
+        """A frozen copy for callers."""
         return ServerInfo(
             self.server_id,
             self.node,
@@ -170,16 +171,19 @@ class _Job:
         )
 
     def pending_writers(self) -> list[str]:
+        """Registered writers that have not acknowledged the announced policy version, sorted."""
         return sorted(w for w, writer in self.writers.items() if writer.acked < self.policy_version)
 
 
 def check_name(value: object, what: str) -> str:
+    """Return ``value`` if it is a non-empty string; else raise InvalidRequestError naming ``what``."""
     if not isinstance(value, str) or not value:
         raise InvalidRequestError(f"{what} must be a non-empty string, got {value!r}")
     return value
 
 
 def check_int(value: object, what: str, *, minimum: int = 0) -> int:
+    """Return ``value`` if it is an int (not a bool) >= ``minimum``; else raise InvalidRequestError."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise InvalidRequestError(f"{what} must be an int >= {minimum}, got {value!r}")
     return value
