@@ -246,7 +246,7 @@ class StorageClient:
         Existing columns are not rewritten; readers see the group with or without all new columns.
 
         Raises:
-            StaleFenceError (older generation or fenced epoch), NotFoundError, AlreadyExistsError (a column
+            StaleFenceError (older generation), NotFoundError, AlreadyExistsError (a column
             exists), SchemaError (row count or type), CapacityExceededError.
         """
         batches, nbytes, _ = self._batches(data)
@@ -328,7 +328,11 @@ class StorageClient:
         sig: str | None = None,
         timeout: float | None = None,
     ) -> dict[str, Any]:
-        """Refuse every epoch of ``job_id`` below ``min_epoch`` on this server (controller's call)."""
+        """Refuse puts of every epoch of ``job_id`` below ``min_epoch`` on this server (controller's call).
+
+        Stored groups of those epochs stay (reads, appends, deletes are fenced by lease generation) unless
+        ``purge`` deletes them.
+        """
         return self._action("fence", encode(FenceRequest(job_id, min_epoch, purge, sig)), timeout)
 
     def advance_generation(

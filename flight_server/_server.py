@@ -63,7 +63,8 @@ ACTIONS: dict[str, str] = {
         '{"deleted","bytes_freed","missing"}.'
     ),
     "fence": (
-        'Refuse epochs of a job below min_epoch. Body {"v":1,"job_id","min_epoch","purge"?,"sig"?}; '
+        "Refuse puts of epochs of a job below min_epoch (stored groups stay, fenced by generation). "
+        'Body {"v":1,"job_id","min_epoch","purge"?,"sig"?}; '
         'monotonic; purge also deletes stored groups of fenced epochs. Result {"job_id","min_epoch",'
         '"purged_groups","bytes_freed"}.'
     ),

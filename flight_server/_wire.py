@@ -165,7 +165,7 @@ class DeleteRequest:
 
 @dataclass(frozen=True, slots=True)
 class FenceRequest:
-    """Body of the ``fence`` action: refuse every epoch of ``job_id`` below ``min_epoch``.
+    """Body of the ``fence`` action: refuse puts of every epoch of ``job_id`` below ``min_epoch``.
 
     Attributes:
         purge: Also delete stored groups of the fenced epochs and give their bytes back.

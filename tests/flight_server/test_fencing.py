@@ -84,7 +84,7 @@ def test_column_append_is_fenced_and_keeps_existing_columns():
         assert client.get([KEY], columns=["ref_logprob"]).column(0).to_pylist() == [0.5] * 8
 
 
-def test_column_append_refuses_existing_columns_wrong_lengths_and_fenced_epochs():
+def test_column_append_refuses_existing_columns_wrong_lengths_and_stale_tokens():
     with serving() as (_, client):
         client.put_group(KEY, make_group(KEY))
         with pytest.raises(AlreadyExistsError, match="already has column 'reward'"):
@@ -92,9 +92,25 @@ def test_column_append_refuses_existing_columns_wrong_lengths_and_fenced_epochs(
         with pytest.raises(SchemaError, match="3 rows"):
             client.append_columns(KEY, _ref(n=3), LeaseToken(1))
         assert client.stats()["reserved_bytes"] == 0
-        client.fence("job-a", 2)
+        client.advance_generation([GroupRead(KEY, LeaseToken(9))])
+        with pytest.raises(StaleFenceError):
+            client.append_columns(KEY, _ref(), LeaseToken(8))
+
+
+def test_a_restored_job_reaches_old_epoch_groups_under_new_generations():
+    """Regression: a restore re-offers READY groups of the old epoch; fencing that epoch (for puts) must
+    not lock their new holders out of reads and appends, while old holders stay refused."""
+    with serving() as (_, client):
+        client.put_group(KEY, make_group(KEY))
+        client.get([GroupRead(KEY, LeaseToken(3))])  # the old incarnation's lease
+        client.fence("job-a", KEY.epoch + 1)  # the job restarts under a larger epoch
         with pytest.raises(StaleFenceError, match="fenced"):
-            client.append_columns(KEY, _ref(), LeaseToken(9))
+            client.put_group(GroupKey("job-a", KEY.epoch, 99), make_group(GroupKey("job-a", KEY.epoch, 99)))
+        client.advance_generation([GroupRead(KEY, LeaseToken(10))])  # re-offered under a new lease
+        assert client.get([GroupRead(KEY, LeaseToken(10))]).num_rows == 8
+        client.append_columns(KEY, _ref(), LeaseToken(10))
+        with pytest.raises(StaleFenceError):
+            client.get([GroupRead(KEY, LeaseToken(3))])
 
 
 def test_with_a_deployment_secret_only_signed_credentials_pass():
