@@ -101,18 +101,32 @@ class LocalCluster:
         self._started = True
         try:
             self._start_servers()
-            self.controller = LocalController(deleter=self._pool.delete, state_dir=self.state_dir)
-            self._control = ControlServer(self.controller, host=self.host)
-            local = ControllerClient(LocalTransport(self.controller), timeout=self.timeout)
-            for i, location in enumerate(self.server_locations):
-                local.register_server(
-                    f"{self.node}/server-{i}", node=self.node, location=location,
-                    capacity_bytes=self.capacity, capacity_groups=self.max_groups,
-                )  # fmt: skip
+            self._start_controller(port=0)
         except BaseException:
             self.close()
             raise
         return self
+
+    def _start_controller(self, port: int) -> None:
+        self.controller = LocalController(deleter=self._pool.delete, state_dir=self.state_dir)
+        self._control = ControlServer(self.controller, host=self.host, port=port)
+        local = ControllerClient(LocalTransport(self.controller), timeout=self.timeout)
+        for i, location in enumerate(self.server_locations):
+            local.register_server(
+                f"{self.node}/server-{i}", node=self.node, location=location,
+                capacity_bytes=self.capacity, capacity_groups=self.max_groups,
+            )  # fmt: skip
+
+    def restart_controller(self) -> None:
+        """Replace the controller by a fresh one on the same address (its state is lost unless a
+        ``state_dir`` journal recovers it); the storage servers and their data stay. Restore jobs from
+        their checkpoints afterwards. Clients of the old controller must be made again (:meth:`client`)."""
+        if self._control is None or self.controller is None:
+            raise UnavailableError("the cluster is not running")
+        port = self._control.port
+        self._control.shutdown()
+        self.controller.close()
+        self._start_controller(port=port)
 
     def _start_servers(self) -> None:
         if not self.processes:

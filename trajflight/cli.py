@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("trajflight._demo", "the main job: rollout workers, a GRPO trainer, fenced leases, checkpoints"),
     "example": ("trajflight._example", "encode a synthetic GRPO group, decode it to torch, print a summary"),
     "server": ("trajflight.flight_server._cli", "run one storage server on loopback"),
 }
