@@ -95,9 +95,13 @@ class Client:
         self.storage.fence((s.location for s in self.controller.servers()), job_id, epoch)
 
     def open_job(
-        self, job_id: str, epoch: int, config: JobConfig | Mapping[str, Any] | None = None, *,
+        self,
+        job_id: str,
+        epoch: int,
+        config: JobConfig | Mapping[str, Any] | None = None,
+        *,
         old_ready: OldReady | str = OldReady.REOFFER,
-    ) -> JobConfig:  # fmt: skip
+    ) -> JobConfig:
         """Open ``job_id`` at ``epoch`` (larger than any before) and fence older epochs everywhere.
 
         The controller refuses older epochs' allocations and leases; every storage server is told to
@@ -111,9 +115,14 @@ class Client:
         return cfg
 
     def restore(
-        self, source: bytes | str | os.PathLike[str], *, job_id: str, epoch: int,
-        config: JobConfig | Mapping[str, Any] | None = None, old_ready: OldReady | str = OldReady.REOFFER,
-    ) -> dict[str, int]:  # fmt: skip
+        self,
+        source: bytes | str | os.PathLike[str],
+        *,
+        job_id: str,
+        epoch: int,
+        config: JobConfig | Mapping[str, Any] | None = None,
+        old_ready: OldReady | str = OldReady.REOFFER,
+    ) -> dict[str, int]:
         """Restart a job from a checkpoint under a larger epoch, fencing the old one on every server.
 
         Uncommitted READY groups of the old epoch are re-offered (``old_ready="reoffer"``) or dropped.
@@ -128,12 +137,18 @@ class Client:
         return self.controller.checkpoint(job_id, path)
 
     def writer(
-        self, job_id: str, epoch: int, *, writer_id: str | None = None, policy_version: int = 0,
+        self,
+        job_id: str,
+        epoch: int,
+        *,
+        writer_id: str | None = None,
+        policy_version: int = 0,
         put_timeout: float = 60.0,
-    ) -> Writer:  # fmt: skip
+    ) -> Writer:
         """Register a rollout worker of ``job_id`` at ``epoch`` and return its :class:`Writer`."""
-        return Writer(self, job_id, epoch, writer_id=writer_id, policy_version=policy_version,
-                      put_timeout=put_timeout)  # fmt: skip
+        return Writer(
+            self, job_id, epoch, writer_id=writer_id, policy_version=policy_version, put_timeout=put_timeout
+        )
 
     def trainer(self, job_id: str, *, owner: str | None = None, ttl: float | None = None) -> Trainer:
         """A :class:`Trainer` leasing groups of ``job_id``."""
@@ -193,9 +208,15 @@ class Writer:
     """
 
     def __init__(
-        self, client: Client, job_id: str, epoch: int, *, writer_id: str | None = None,
-        policy_version: int = 0, put_timeout: float = 60.0,
-    ) -> None:  # fmt: skip
+        self,
+        client: Client,
+        job_id: str,
+        epoch: int,
+        *,
+        writer_id: str | None = None,
+        policy_version: int = 0,
+        put_timeout: float = 60.0,
+    ) -> None:
         self.client = client
         self.job_id = job_id
         self.epoch = epoch
@@ -203,8 +224,9 @@ class Writer:
         self.policy_version = policy_version
         self.put_timeout = put_timeout
         self.node = _node_identity()
-        client.controller.register_writer(job_id, epoch, self.writer_id, node=self.node,
-                                          policy_version=policy_version)  # fmt: skip
+        client.controller.register_writer(
+            job_id, epoch, self.writer_id, node=self.node, policy_version=policy_version
+        )
 
     def ack_policy(self, version: int) -> None:
         """Acknowledge new weights: later groups carry ``version``."""
@@ -245,8 +267,9 @@ class Writer:
             if remaining <= 0:
                 raise DeadlineExceededError(f"put of a group to job {self.job_id!r} did not finish in time")
             try:
-                grant = controller.allocate(self.job_id, self.epoch, self.writer_id, nbytes=nbytes,
-                                            timeout=remaining)  # fmt: skip
+                grant = controller.allocate(
+                    self.job_id, self.epoch, self.writer_id, nbytes=nbytes, timeout=remaining
+                )
                 break
             except CapacityExceededError as exc:
                 wait = float(getattr(exc, "retry_after", 1.0) or 1.0)
@@ -262,13 +285,19 @@ class Writer:
             key, batch, writer=self.writer_id, timeout=max(0.001, deadline - time.monotonic())
         )
         info = controller.publish(
-            grant.partition, token=grant.token, rows=batch.num_rows, nbytes=nbytes, tokens=_tokens_of(batch),
-            policy_version=_policy_version(batch, self.policy_version), columns=batch.schema.names,
-        )  # fmt: skip
+            grant.partition,
+            token=grant.token,
+            rows=batch.num_rows,
+            nbytes=nbytes,
+            tokens=_tokens_of(batch),
+            policy_version=_policy_version(batch, self.policy_version),
+            columns=batch.schema.names,
+        )
         return GroupMeta.from_info(info)
 
-    async def put_async(self, batch: pa.RecordBatch | None = None, *, timeout: float | None = None,
-                        **group: Any) -> GroupMeta:  # fmt: skip
+    async def put_async(
+        self, batch: pa.RecordBatch | None = None, *, timeout: float | None = None, **group: Any
+    ) -> GroupMeta:
         """The ``asyncio`` twin of :meth:`put` (same implementation, run off the event loop)."""
         return await asyncio.to_thread(self.put, batch, timeout=timeout, **group)
 
@@ -302,10 +331,16 @@ class Trainer:
         self.client.controller.announce_policy(self.job_id, version)
 
     def try_lease(
-        self, max_groups: int, *, wait: float = 0.0, max_tokens: int | None = None,
-        max_staleness: int | None = None, require: Iterable[str] = (), lack: Iterable[str] = (),
+        self,
+        max_groups: int,
+        *,
+        wait: float = 0.0,
+        max_tokens: int | None = None,
+        max_staleness: int | None = None,
+        require: Iterable[str] = (),
+        lack: Iterable[str] = (),
         renew: bool = True,
-    ) -> LeasedBatch | None:  # fmt: skip
+    ) -> LeasedBatch | None:
         """Lease up to ``max_groups`` READY groups, waiting up to ``wait`` seconds; ``None`` if none came.
 
         Args:
@@ -318,30 +353,54 @@ class Trainer:
             renew: Renew the lease in the background while it is held.
         """
         lease = self.client.controller.acquire(
-            self.job_id, self.owner, max_groups=max_groups, wait=wait, ttl=self.ttl, max_tokens=max_tokens,
-            max_staleness=max_staleness, require=tuple(require), lack=tuple(lack),
+            self.job_id,
+            self.owner,
+            max_groups=max_groups,
+            wait=wait,
+            ttl=self.ttl,
+            max_tokens=max_tokens,
+            max_staleness=max_staleness,
+            require=tuple(require),
+            lack=tuple(lack),
             timeout=max(self.client.timeout, wait + 5.0),
-        )  # fmt: skip
+        )
         if lease is None:
             return None
-        handle = BatchHandle(lease.job_id, lease.token, tuple(GroupMeta.from_info(g) for g in lease.groups),
-                             expires_at=lease.expires_at)  # fmt: skip
+        handle = BatchHandle(
+            lease.job_id,
+            lease.token,
+            tuple(GroupMeta.from_info(g) for g in lease.groups),
+            expires_at=lease.expires_at,
+        )
         # Fence before anyone reads: a zombie holding an older lease of these groups is refused from now on.
         self.client.storage.advance(handle)
         return LeasedBatch(self.client, handle, ttl=self.ttl, renew=renew)
 
     def lease(
-        self, max_groups: int, *, wait: float = 30.0, max_tokens: int | None = None,
-        max_staleness: int | None = None, require: Iterable[str] = (), lack: Iterable[str] = (),
+        self,
+        max_groups: int,
+        *,
+        wait: float = 30.0,
+        max_tokens: int | None = None,
+        max_staleness: int | None = None,
+        require: Iterable[str] = (),
+        lack: Iterable[str] = (),
         renew: bool = True,
-    ) -> LeasedBatch:  # fmt: skip
+    ) -> LeasedBatch:
         """Like :meth:`try_lease`, but raise when no group became READY within ``wait`` seconds.
 
         Raises:
             DeadlineExceededError: nothing to lease in time (the writers may be slow or finished).
         """
-        batch = self.try_lease(max_groups, wait=wait, max_tokens=max_tokens, max_staleness=max_staleness,
-                               require=require, lack=lack, renew=renew)  # fmt: skip
+        batch = self.try_lease(
+            max_groups,
+            wait=wait,
+            max_tokens=max_tokens,
+            max_staleness=max_staleness,
+            require=require,
+            lack=lack,
+            renew=renew,
+        )
         if batch is None:
             raise DeadlineExceededError(
                 f"no group of job {self.job_id!r} became READY within {wait:g}s; wait longer or check writers"

@@ -113,9 +113,12 @@ class LocalCluster:
         local = ControllerClient(LocalTransport(self.controller), timeout=self.timeout)
         for i, location in enumerate(self.server_locations):
             local.register_server(
-                f"{self.node}/server-{i}", node=self.node, location=location,
-                capacity_bytes=self.capacity, capacity_groups=self.max_groups,
-            )  # fmt: skip
+                f"{self.node}/server-{i}",
+                node=self.node,
+                location=location,
+                capacity_bytes=self.capacity,
+                capacity_groups=self.max_groups,
+            )
 
     def restart_controller(self) -> None:
         """Replace the controller by a fresh one on the same address (its state is lost unless a
@@ -143,8 +146,20 @@ class LocalCluster:
             log_path = Path(self._logdir.name) / f"server-{i}.log"
             log = open(log_path, "wb")  # noqa: SIM115 - closed in close()
             self._logs.append(log)
-            cmd = [sys.executable, "-m", "trajflight", "server", "--host", self.host, "--port", "0",
-                   "--capacity", str(self.capacity), "--max-groups", str(self.max_groups)]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "trajflight",
+                "server",
+                "--host",
+                self.host,
+                "--port",
+                "0",
+                "--capacity",
+                str(self.capacity),
+                "--max-groups",
+                str(self.max_groups),
+            ]
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
             self._procs.append(proc)
             self.server_locations.append(_read_location(proc, log_path, timeout=60.0))

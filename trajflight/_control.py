@@ -48,17 +48,44 @@ from trajflight.flight_server._errors import server_errors, translate_errors
 __all__ = ["CALLS", "ControlServer", "FlightTransport", "connect_control"]
 
 _rpc.register(
-    DeleteWork, GroupInfo, GroupState, JobConfig, Lease, OldReady, Partition, PolicyStatus, PutGrant,
-    ResolveAction, ServerInfo,
-)  # fmt: skip
+    DeleteWork,
+    GroupInfo,
+    GroupState,
+    JobConfig,
+    Lease,
+    OldReady,
+    Partition,
+    PolicyStatus,
+    PutGrant,
+    ResolveAction,
+    ServerInfo,
+)
 
 CALLS = frozenset(
     {
-        "register_server", "open_job", "register_writer", "announce_policy", "ack_policy", "policy_status",
-        "allocate", "publish", "group", "renew", "prepare", "start_training", "finish_training", "commit",
-        "release", "resolve", "counts", "usage", "lease_groups", "gc_list", "servers",
+        "register_server",
+        "open_job",
+        "register_writer",
+        "announce_policy",
+        "ack_policy",
+        "policy_status",
+        "allocate",
+        "publish",
+        "group",
+        "renew",
+        "prepare",
+        "start_training",
+        "finish_training",
+        "commit",
+        "release",
+        "resolve",
+        "counts",
+        "usage",
+        "lease_groups",
+        "gc_list",
+        "servers",
     }
-)  # fmt: skip
+)
 """Controller operations a remote client may call (the methods of ``ControllerClient``)."""
 
 # Calls whose success is an outcome worth counting for ``trajflight stats``.

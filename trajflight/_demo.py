@@ -80,9 +80,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def rollout_worker(
-    address: str, epoch: int, worker: int, group_ids: list[int], samples: int, median: float, seed: int,
-    rollout_time: float, events: Any,
-) -> None:  # fmt: skip
+    address: str,
+    epoch: int,
+    worker: int,
+    group_ids: list[int],
+    samples: int,
+    median: float,
+    seed: int,
+    rollout_time: float,
+    events: Any,
+) -> None:
     """Generate and put groups until done or fenced; report each outcome on ``events`` (a queue)."""
     import trajflight
     from trajflight.errors import StaleFenceError, UnavailableError
@@ -96,10 +103,14 @@ def rollout_worker(
             (group,) = make_workload(1, samples, seed=seed * 1_000_003 + gid, response_median=median)
             o = group.response_offsets
             columns = dict(
-                prompt_ids=group.prompt, response_ids=(group.response_values, o),
-                response_logprobs=(group.logprobs, o), loss_mask=(group.loss_mask, o), reward=group.reward,
-                advantage=group.advantage, sample_ids=[f"g{gid}/s{i}" for i in range(samples)],
-            )  # fmt: skip
+                prompt_ids=group.prompt,
+                response_ids=(group.response_values, o),
+                response_logprobs=(group.logprobs, o),
+                loss_mask=(group.loss_mask, o),
+                reward=group.reward,
+                advantage=group.advantage,
+                sample_ids=[f"g{gid}/s{i}" for i in range(samples)],
+            )
             for attempt in range(50):
                 try:
                     meta = writer.put(**columns)
@@ -123,8 +134,21 @@ def _start_workers(
     ctx = mp.get_context("spawn")  # gRPC is not fork-safe (PITFALLS.md)
     procs = []
     for worker, gids in enumerate(plan):
-        p = ctx.Process(target=rollout_worker, args=(address, epoch, worker, gids, args.samples,
-                        args.response_median, args.seed, args.rollout_time, events), daemon=True)  # fmt: skip
+        p = ctx.Process(
+            target=rollout_worker,
+            args=(
+                address,
+                epoch,
+                worker,
+                gids,
+                args.samples,
+                args.response_median,
+                args.seed,
+                args.rollout_time,
+                events,
+            ),
+            daemon=True,
+        )
         p.start()
         procs.append(p)
     return procs
@@ -196,10 +220,21 @@ def _drain(events: Any, tally: Tally, done: set[tuple[int, int]]) -> None:
 
 
 def _train(
-    client: Any, policy: Any, optimizer: Any, tally: Tally, args: argparse.Namespace, *, until: int,
-    ckpt: Path, events: Any, workers_done: set[tuple[int, int]], expected_workers: set[tuple[int, int]],
-    crash_after: int | None, progress: Any, wait: float = 2.0,
-) -> bool:  # fmt: skip
+    client: Any,
+    policy: Any,
+    optimizer: Any,
+    tally: Tally,
+    args: argparse.Namespace,
+    *,
+    until: int,
+    ckpt: Path,
+    events: Any,
+    workers_done: set[tuple[int, int]],
+    expected_workers: set[tuple[int, int]],
+    crash_after: int | None,
+    progress: Any,
+    wait: float = 2.0,
+) -> bool:
     """Train until ``until`` groups are in the lineage; returns False when the simulated crash happened."""
     trainer = client.trainer(JOB, owner="demo-trainer")
     held: list[Any] = []
@@ -259,8 +294,15 @@ def _commit_and_checkpoint(
     tally.lineage.extend(tally.pending)
     tally.pending.clear()
     client.checkpoint(JOB, ckpt / "controller.ckpt")
-    torch.save({"model": policy.state_dict(), "optim": optimizer.state_dict(), "lineage": tally.lineage,
-                "steps": tally.steps}, ckpt / "model.pt")  # fmt: skip
+    torch.save(
+        {
+            "model": policy.state_dict(),
+            "optim": optimizer.state_dict(),
+            "lineage": tally.lineage,
+            "steps": tally.steps,
+        },
+        ckpt / "model.pt",
+    )
 
 
 # ---------------------------------------------------------------------------------------- the run
@@ -324,9 +366,20 @@ def run(args: argparse.Namespace) -> int:
         procs = _start_workers(plane.address, 1, _plan(gids, args.workers), args, events)
         done: set[tuple[int, int]] = set()
         expected = {(w, 1) for w in range(args.workers)}
-        finished = _train(client, policy, optimizer, tally, args, until=args.groups, ckpt=state, events=events,
-                          workers_done=done, expected_workers=expected,
-                          crash_after=args.crash_after if args.resume else None, progress=progress)  # fmt: skip
+        finished = _train(
+            client,
+            policy,
+            optimizer,
+            tally,
+            args,
+            until=args.groups,
+            ckpt=state,
+            events=events,
+            workers_done=done,
+            expected_workers=expected,
+            crash_after=args.crash_after if args.resume else None,
+            progress=progress,
+        )
         resumed = None
         if not finished:
             resumed = _resume(client, plane, args, state, tally, events, procs, done, progress)
@@ -344,8 +397,17 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _resume(client: Any, plane: Any, args: argparse.Namespace, state: Path, tally: Tally, events: Any,
-            old_procs: list[Any], done: set[tuple[int, int]], progress: Any) -> dict[str, Any]:  # fmt: skip
+def _resume(
+    client: Any,
+    plane: Any,
+    args: argparse.Namespace,
+    state: Path,
+    tally: Tally,
+    events: Any,
+    old_procs: list[Any],
+    done: set[tuple[int, int]],
+    progress: Any,
+) -> dict[str, Any]:
     """Restart from the last checkpoint under epoch 2, then finish the job with new writers.
 
     Groups READY at the checkpoint are re-offered and trained first; prompts with no group in the
@@ -370,16 +432,41 @@ def _resume(client: Any, plane: Any, args: argparse.Namespace, state: Path, tall
     progress.reset_to(len(tally.lineage), "resumed (epoch 2)")
     # Epoch-1 workers still running are refused from here on, by the controller and the servers.
     before = len(tally.lineage)
-    _train(client, policy, optimizer, tally, args, until=args.groups, ckpt=state, events=events,
-           workers_done=done, expected_workers=set(), crash_after=None, progress=progress, wait=0.0)  # fmt: skip
+    _train(
+        client,
+        policy,
+        optimizer,
+        tally,
+        args,
+        until=args.groups,
+        ckpt=state,
+        events=events,
+        workers_done=done,
+        expected_workers=set(),
+        crash_after=None,
+        progress=progress,
+        wait=0.0,
+    )
     tally.outcomes["reoffered_and_trained"] = len(tally.lineage) - before
     for p in old_procs:
         p.join(timeout=60)
     missing = sorted(set(range(args.groups)) - set(tally.lineage))
     procs = _start_workers(plane.address, 2, _plan(missing, args.workers), args, events)
     expected = {(w, 2) for w in range(args.workers)}
-    _train(client, policy, optimizer, tally, args, until=args.groups, ckpt=state, events=events,
-           workers_done=done, expected_workers=expected, crash_after=None, progress=progress)  # fmt: skip
+    _train(
+        client,
+        policy,
+        optimizer,
+        tally,
+        args,
+        until=args.groups,
+        ckpt=state,
+        events=events,
+        workers_done=done,
+        expected_workers=expected,
+        crash_after=None,
+        progress=progress,
+    )
     # Groups the crashed epoch put after the checkpoint are unknown to the restored ledger: purge them.
     for server in client.controller.servers():
         purged = client.storage.client(server.location).fence(JOB, 2, purge=True)
@@ -387,8 +474,14 @@ def _resume(client: Any, plane: Any, args: argparse.Namespace, state: Path, tall
     return {"policy": policy, "optimizer": optimizer, "procs": procs, "client": client}
 
 
-def _summary(tally: Tally, counts: dict[str, int], usage: tuple[int, int], elapsed: float,
-             args: argparse.Namespace, resumed: dict[str, Any] | None) -> bool:  # fmt: skip
+def _summary(
+    tally: Tally,
+    counts: dict[str, int],
+    usage: tuple[int, int],
+    elapsed: float,
+    args: argparse.Namespace,
+    resumed: dict[str, Any] | None,
+) -> bool:
     trained = Counter(tally.lineage)
     twice = sorted(k for k, n in trained.items() if n > 1)
     missing = set(range(args.groups)) - set(trained)

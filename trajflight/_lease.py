@@ -155,8 +155,13 @@ class LeasedBatch:
         fill_nulls: Mapping[str, Any] | None = None,
     ) -> TorchBatch:
         """Read the groups and decode them to torch tensors in one call (see ``trajflight.codec.decode``)."""
-        return decode(self.fetch_table(columns), layout=layout, device=device, padding_value=padding_value,
-                      fill_nulls=fill_nulls)  # fmt: skip
+        return decode(
+            self.fetch_table(columns),
+            layout=layout,
+            device=device,
+            padding_value=padding_value,
+            fill_nulls=fill_nulls,
+        )
 
     def shards(self, n: int) -> list[BatchHandle]:
         """Per-rank handles balanced by token count, for data-parallel ranks (see ``BatchHandle.split``)."""
