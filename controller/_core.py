@@ -26,6 +26,7 @@ from typing import Any
 from trajflight.errors import (
     AlreadyExistsError,
     CapacityExceededError,
+    ConfigError,
     InvalidRequestError,
     InvalidStateError,
     LeaseExpiredError,
@@ -332,8 +333,6 @@ class LedgerCore:
         if epoch == job.epoch:
             diff = cfg.difference(job.config)
             if diff is not None:
-                from trajflight.errors import ConfigError
-
                 raise ConfigError(
                     f"{diff}: job {job_id!r} epoch {epoch} is already open with {diff}="
                     f"{getattr(job.config, diff)!r}; open a larger epoch to change the configuration",
