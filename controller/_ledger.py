@@ -245,7 +245,9 @@ class Ledger(LedgerCore):
 
     def _check_member(self, lease: _Lease, key: Partition, states: tuple[GroupState, ...]) -> _Group:
         g = self._groups.get(key)
-        if g is None or key not in lease.keys:
+        # Tokens are unique per lease and only grow: a generation below the token means the group was
+        # never granted to this lease; above it, the group was granted again since (O(1), no scan).
+        if g is None or g.generation < lease.token or g.key.job_id != lease.job_id:
             raise NotFoundError(f"group {tuple(key)} is not part of lease {lease.token}")
         if g.generation != lease.token:
             raise StaleFenceError(
@@ -395,29 +397,25 @@ class Ledger(LedgerCore):
                     "(lease with lack=... to skip groups that have it)",
                     columns=sorted(twice),
                 )
+        leaving: dict[str, set[Partition]] = {}
         for g in todo:
             if g.batch_id is not None:
-                self._drop_from_batch(lease, g)
+                leaving.setdefault(g.batch_id, set()).add(g.key)
             if added:
                 g.colset = g.colset | added
                 g.columns = self._columns(g.colset)
             del lease.live[g.key]
             self._make_ready(g, front=True)
+        for batch, keys_out in leaving.items():  # prepared groups leave their batch
+            rest = tuple(k for k in lease.batches[batch] if k not in keys_out)
+            if rest:
+                lease.batches[batch] = rest
+            else:
+                del lease.batches[batch]
+                del lease.stage[batch]
         if lease.ended is None and not lease.live:
             self._retire(lease, "done")
         return keys
-
-    @staticmethod
-    def _drop_from_batch(lease: _Lease, g: _Group) -> None:
-        batch = g.batch_id
-        if batch is None:
-            return
-        rest = tuple(k for k in lease.batches[batch] if k != g.key)
-        if rest:
-            lease.batches[batch] = rest
-        else:
-            del lease.batches[batch]
-            del lease.stage[batch]
 
     def resolve(
         self, job_id: str, partitions: Sequence[Partition], action: ResolveAction | str, *, now: float
