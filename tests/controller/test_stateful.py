@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from trajflight.controller import JobConfig, Ledger, Partition
+from trajflight.controller._durable import MUTATING
 from trajflight.errors import CapacityExceededError, TrajflightError
 
 CAP_BYTES = 600
@@ -29,11 +30,42 @@ STEPS = {
 }
 
 
+class Recorder:
+    """The ledger, recording what a host journals: state-changing calls that succeeded (not empty acquires)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.log: list[tuple[str, tuple, dict]] = []
+
+    def __getattr__(self, name):
+        attr = getattr(self.ledger, name)
+        if name not in MUTATING:
+            return attr
+
+        def call(*args, **kwargs):
+            result = attr(*args, **kwargs)
+            if result is not None or name != "acquire":
+                self.log.append((name, args, kwargs))
+            return result
+
+        return call
+
+
+def _observable(ledger: Ledger) -> tuple:
+    groups = {k: (g.state, g.generation, g.columns, g.batch_id, g.nbytes) for k, g in ledger._groups.items()}
+    leases = {
+        t: (lease.expires_at, tuple(lease.live), dict(lease.stage)) for t, lease in ledger._leases.items()
+    }
+    gc = {w.partition for w in ledger.gc_list()}
+    return groups, leases, gc, ledger.usage("j"), ledger.last_token
+
+
 class LedgerMachine(RuleBasedStateMachine):
     @initialize()
     def setup(self):
         self.now = 0.0
-        self.L = Ledger()
+        self.L = Recorder(Ledger())
+        self.base: bytes | None = None  # snapshot the journal replays from
         self.L.register_server(
             "s0",
             node="n",
@@ -66,6 +98,11 @@ class LedgerMachine(RuleBasedStateMachine):
                         self.state[key] = "UNKNOWN"
                 self._end(token)
 
+    def _sync(self):
+        """Apply due expiries in the ledger and in the model alike."""
+        self.L.tick(self.now)
+        self._expire()
+
     def _end(self, token):
         del self.leases[token]
         self.ended.append(token)
@@ -81,8 +118,12 @@ class LedgerMachine(RuleBasedStateMachine):
         self.max_token = token
 
     # ------------------------------------------------------------ rules
-    @rule(nbytes=st.integers(1, 100))
-    def put(self, nbytes):
+    @rule(sizes=st.lists(st.integers(1, 100), min_size=1, max_size=3))
+    def put(self, sizes):
+        for nbytes in sizes:
+            self._put_one(nbytes)
+
+    def _put_one(self, nbytes):
         self._expire()
         used = sum(self.size[k] for k in self.state)
         try:
@@ -141,14 +182,17 @@ class LedgerMachine(RuleBasedStateMachine):
                 batch = data.draw(st.sampled_from(known))
         self._lease_call(token, op, batch)
 
-    @precondition(lambda self: bool(self.leases))
     @rule(data=st.data())
     def progress(self, data):
-        """Move one batch of a live lease one step along the lease path (the common trainer path)."""
+        """The common trainer path: lease if nothing is held, else renew or move one batch one step."""
         self._expire()
         if not self.leases:
+            self.acquire(data.draw(st.integers(1, 4)))
             return
         token = data.draw(st.sampled_from(sorted(self.leases)))
+        if data.draw(st.integers(0, 5)) == 0:
+            self._lease_call(token, "renew", "b0")
+            return
         batches = self.leases[token]["batches"]
         nxt = {"PREPARED": "start_training", "TRAINING": "finish_training", "TRAINED": "commit"}
         for batch, (_, stage) in batches.items():
@@ -301,11 +345,27 @@ class LedgerMachine(RuleBasedStateMachine):
             self.state[key] = "DROPPED"
             self.on_gc.add(key)
 
+    @rule()
+    def snapshot_and_reload(self):
+        """A host compacts its journal: the ledger continues from its own snapshot, live leases and all."""
+        data = self.L.snapshot()
+        self.L = Recorder(Ledger.from_snapshot(data))
+        self.base = data
+
     # ------------------------------------------------------------ invariants
     @invariant()
+    def journal_replay_rebuilds_the_same_state(self):
+        """What a host journals is enough: replaying it from the last snapshot gives the same ledger."""
+        replayed = Ledger() if self.base is None else Ledger.from_snapshot(self.base)
+        for name, args, kwargs in self.L.log:
+            getattr(replayed, name)(*args, **kwargs)
+        replayed.tick(self.now)
+        self._sync()
+        assert _observable(replayed) == _observable(self.L.ledger)
+
+    @invariant()
     def states_match_the_model(self):
-        self.L.tick(self.now)
-        self._expire()
+        self._sync()
         assert set(self.L._groups) == set(self.state), "a group was deleted without a confirmed delete"
         for key, state in self.state.items():
             g = self.L.group(key)
@@ -314,6 +374,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @invariant()
     def one_live_lease_per_group(self):
+        self._sync()
         seen: set[Partition] = set()
         for lease in self.L._leases.values():
             assert seen.isdisjoint(lease.live)
@@ -336,6 +397,6 @@ class LedgerMachine(RuleBasedStateMachine):
 
 
 LedgerMachine.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=150, stateful_step_count=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TestLedgerMachine = LedgerMachine.TestCase
