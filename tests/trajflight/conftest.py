@@ -1,0 +1,88 @@
+"""Fixtures of the end-to-end tests: one embedded data plane per module, child processes as scripts."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import trajflight
+from trajflight.workload import make_workload
+
+_JOBS = itertools.count()
+
+# A child process that puts groups, given: address, job, epoch, first prompt number, count.
+WRITER = textwrap.dedent(
+    """
+    import json, sys
+    import trajflight
+    from trajflight.workload import make_workload
+    address, job, epoch, first, count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    client = trajflight.connect(address, timeout=20)
+    writer = client.writer(job, epoch, writer_id=f"child-{first}")
+    out = []
+    for g in make_workload(count, 4, seed=first, response_median=64, first_group_id=first):
+        o = g.response_offsets
+        meta = writer.put(prompt_ids=g.prompt, response_ids=(g.response_values, o),
+                          response_logprobs=(g.logprobs, o), reward=g.reward,
+                          sample_ids=[f"p{g.group_id}/{i}" for i in range(4)])
+        out.append(list(meta.partition))
+    print(json.dumps(out), flush=True)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[trajflight.LocalCluster]:
+    """Two storage server processes and an in-process controller, for the whole module."""
+    with trajflight.LocalCluster(servers=2, capacity="256MiB", timeout=20.0) as c:
+        yield c
+
+
+@pytest.fixture
+def job() -> str:
+    """A fresh job id per test (tests share the module's cluster)."""
+    return f"job-{next(_JOBS)}"
+
+
+def put_groups(writer: trajflight.Writer, count: int, *, seed: int = 0, first: int = 0) -> list[Any]:
+    """Put ``count`` small groups (4 samples); sample ids name their prompt ``p{n}/{i}``."""
+    metas = []
+    for g in make_workload(count, 4, seed=seed, response_median=64, first_group_id=first):
+        o = g.response_offsets
+        metas.append(
+            writer.put(
+                prompt_ids=g.prompt,
+                response_ids=(g.response_values, o),
+                response_logprobs=(g.logprobs, o),
+                reward=g.reward,
+                sample_ids=[f"p{g.group_id}/{i}" for i in range(4)],
+            )
+        )
+    return metas
+
+
+def run_child(code: str, *args: object, timeout: float = 60.0) -> Any:
+    """Run a Python child process to completion and return the JSON it printed last."""
+    result = subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, timeout=timeout
+    )
+    if result.returncode != 0:
+        raise AssertionError(f"child failed ({result.returncode}):\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def start_child(code: str, *args: object) -> subprocess.Popen[str]:
+    """Start a Python child process with piped stdout (for tests that kill it)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )

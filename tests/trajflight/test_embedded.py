@@ -1,0 +1,307 @@
+"""End to end on the embedded data plane: real storage server processes, writers in child processes,
+trainers that die, restarts from checkpoints, a two-stage pipeline and backpressure."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import textwrap
+from collections import Counter
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+import trajflight
+from trajflight.codec import GroupKey
+from trajflight.errors import (
+    CapacityExceededError,
+    DeadlineExceededError,
+    InvalidRequestError,
+    LeaseExpiredError,
+    NotFoundError,
+    StaleFenceError,
+)
+from trajflight.flight_server import GroupRead, LeaseToken
+
+from .conftest import WRITER, put_groups, run_child, start_child
+
+
+def _prompts(table: pa.Table) -> list[int]:
+    seen = dict.fromkeys(int(s.split("/")[0][1:]) for s in table.column("sample_id").to_pylist())
+    return list(seen)
+
+
+def test_writers_in_processes_a_trainer_commit_and_capacity_back_to_zero(cluster, job):
+    client = cluster.client()
+    client.open_job(job, 1)
+    written = [run_child(WRITER, cluster.address, job, 1, first, 3) for first in (0, 100)]
+    assert sum(len(w) for w in written) == 6
+    trainer = client.trainer(job)
+    seen: list[int] = []
+    while len(seen) < 6:
+        with trainer.lease(4, wait=5) as batch:
+            tensors = batch.fetch(["response_ids", "response_logprobs", "reward", "sample_id"])
+            assert tensors.tensors["response_ids"].is_nested
+            assert tensors.tensors["reward"].dtype == torch.float32
+            seen += _prompts(pa.table({"sample_id": tensors.arrow["sample_id"]}))
+    assert sorted(seen) == [0, 1, 2, 100, 101, 102]
+    assert cluster.wait_idle(job) == (0, 0)
+    counts = client.controller.counts(job)
+    assert (counts["committed_total"], counts["deleted"], counts["READY"]) == (6, 6, 0)
+    for location in cluster.server_locations:  # the data is gone from the servers too
+        assert not client.storage.client(location).list_groups(job)
+
+
+def test_groups_are_spread_over_servers_and_read_in_parallel_in_lease_order(cluster, job):
+    client = cluster.client()
+    client.open_job(job, 1)
+    metas = put_groups(client.writer(job, 1), 6)
+    assert len({m.server_id for m in metas}) == 2  # least-loaded placement uses both servers
+    with client.trainer(job).lease(6, wait=5) as batch:
+        table = batch.fetch_table(["sample_id", "response_ids"])
+        leased_order = [g.partition for g in batch.handle.groups]
+        # Prompt n was put as metas[n]: the rows come back in the lease's group order.
+        assert [metas[n].partition for n in _prompts(table)] == leased_order
+
+
+def test_a_killed_trainer_loses_its_lease_and_its_token_is_refused_everywhere(cluster, job):
+    client = cluster.client()
+    client.open_job(job, 1, {"default_lease_ttl": "1s"})
+    put_groups(client.writer(job, 1), 2)
+    holder = textwrap.dedent(
+        """
+        import json, sys, time
+        import trajflight
+        client = trajflight.connect(sys.argv[1], timeout=20)
+        batch = client.trainer(sys.argv[2], owner="doomed").lease(2, wait=5)
+        batch.fetch_table(["reward"])
+        batch.prepare("doomed-batch")
+        print(json.dumps({"token": batch.token, "gens": [g.generation for g in batch.handle.groups]}), flush=True)
+        time.sleep(600)
+        """
+    )
+    proc = start_child(holder, cluster.address, job)
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        dead = json.loads(line)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if proc.stdout:
+            proc.stdout.close()
+        if proc.stderr:
+            proc.stderr.close()
+    # The lease expires (PREPARED -> READY) and another trainer gets the same groups, newer token.
+    batch = client.trainer(job, owner="survivor").lease(2, wait=10)
+    assert batch.token > dead["token"]
+    assert all(g.generation > old for g, old in zip(batch.handle.groups, dead["gens"], strict=True))
+    # The dead trainer's token is refused by the controller ...
+    with pytest.raises((LeaseExpiredError, StaleFenceError, NotFoundError)):
+        client.controller.renew(dead["token"])
+    with pytest.raises((LeaseExpiredError, StaleFenceError, NotFoundError)):
+        client.controller.start_training(dead["token"], "doomed-batch")
+    # ... and by the storage server, for reads and deletes.
+    group = batch.handle.groups[0]
+    storage = client.storage.client(group.location)
+    stale = GroupRead(GroupKey(*group.partition), LeaseToken(dead["gens"][0]))
+    with pytest.raises(StaleFenceError):
+        storage.get([stale])
+    with pytest.raises(StaleFenceError):
+        storage.delete([stale])
+    with batch:
+        batch.fetch(["reward"])
+    assert cluster.wait_idle(job) == (0, 0)
+
+
+def test_restart_from_checkpoint_refuses_stale_writers_and_offers_each_uncommitted_group_once(
+    cluster, job, tmp_path
+):
+    client = cluster.client()
+    client.open_job(job, 1)
+    writer = client.writer(job, 1)
+    put_groups(writer, 6)
+    trainer = client.trainer(job)
+    with trainer.lease(2, wait=5) as batch:
+        committed = _prompts(batch.fetch_table(["sample_id"]))
+    ckpt = tmp_path / "job.ckpt"
+    client.checkpoint(job, ckpt)
+    # After the checkpoint: one more batch trained and committed by the old incarnation (its training
+    # is lost with it), and one group put by the old writer.
+    with trainer.lease(1, wait=5) as batch:
+        batch.fetch_table(["sample_id"])
+    put_groups(writer, 1, seed=7, first=6)
+
+    cluster.restart_controller()
+    client = cluster.client()
+    client.restore(ckpt, job_id=job, epoch=2, config=None, old_ready="reoffer")
+    # Stale writers of epoch 1 are refused by the controller and by the storage servers.
+    with pytest.raises(StaleFenceError):
+        put_groups(client.writer(job, 1), 1, first=50)
+    for location in cluster.server_locations:
+        key = GroupKey(job, 1, 999)
+        with pytest.raises(StaleFenceError, match="fenced"):
+            client.storage.client(location).put_group(key, _one_group(job, 1, 999))
+    # Every group uncommitted at the checkpoint is offered exactly once; committed ones never again.
+    offered: list[int] = []
+    new_trainer = client.trainer(job)
+    while (batch := new_trainer.try_lease(3, wait=0.5)) is not None:
+        with batch:
+            offered += _prompts(batch.fetch_table(["sample_id"]))
+    assert sorted(offered) == sorted(set(range(6)) - set(committed))
+    assert Counter(offered).most_common(1)[0][1] == 1
+    assert not set(offered) & set(committed)
+
+
+def _one_group(job: str, epoch: int, group_id: int) -> pa.RecordBatch:
+    (g,) = trajflight.workload.make_workload(1, 2, response_median=64)
+    batch = g.encode(job, epoch)
+    index = batch.schema.get_field_index("group_id")
+    return batch.set_column(index, batch.schema.field(index), pa.array([group_id] * 2, pa.int64()))
+
+
+def test_two_stage_pipeline_reward_stage_then_trainer(cluster, job):
+    client = cluster.client()
+    client.open_job(job, 1)
+    writer = client.writer(job, 1)
+    for g in trajflight.workload.make_workload(4, 4, response_median=64):
+        o = g.response_offsets
+        writer.put(
+            prompt_ids=g.prompt,
+            response_ids=(g.response_values, o),
+            response_logprobs=(g.logprobs, o),
+            reward=g.reward,
+        )
+    trainer = client.trainer(job)
+    assert trainer.try_lease(4, wait=0.2, require=["advantage"]) is None  # nothing has it yet
+    stage = client.trainer(job, owner="advantage-stage")
+    done = 0
+    while (batch := stage.try_lease(2, wait=0.5, lack=["advantage"])) is not None:
+        for meta in batch.handle.groups:
+            part = trajflight.BatchHandle(batch.handle.job_id, batch.token, (meta,))
+            reward = trajflight.fetch_table(part.select(["reward"]), pool=client.storage).column("reward")
+            r = reward.to_numpy()
+            advantage = (r - r.mean()) / (r.std() + 1e-6)
+            batch.append(meta.partition, pa.table({"advantage": pa.array(advantage.astype(np.float32))}))
+        batch.release(columns=["advantage"])
+        done += len(batch)
+    assert done == 4
+    assert stage.try_lease(4, wait=0.2, lack=["advantage"]) is None
+    with trainer.lease(4, wait=2, require=["advantage"]) as batch:
+        tensors = batch.fetch(["advantage", "reward"])
+        assert tensors.tensors["advantage"].shape == (16,)
+    assert cluster.wait_idle(job) == (0, 0)
+
+
+def test_full_capacity_makes_puts_wait_then_raise_and_a_commit_frees_it(cluster, job):
+    client = cluster.client()
+    client.open_job(job, 1, {"capacity_groups": 2, "capacity_retry_after": "100ms"})
+    writer = client.writer(job, 1)
+    put_groups(writer, 2)
+    with pytest.raises(CapacityExceededError, match="deadline") as info:
+        put_groups_with_timeout(writer, timeout=0.5)
+    assert info.value.retry_after > 0
+    with client.trainer(job).lease(1, wait=2) as batch:
+        batch.fetch_table(["reward"])
+    put_groups_with_timeout(writer, timeout=5.0)  # capacity came back after the delete
+
+
+def put_groups_with_timeout(writer: trajflight.Writer, *, timeout: float) -> None:
+    (g,) = trajflight.workload.make_workload(1, 4, response_median=64, seed=3)
+    o = g.response_offsets
+    writer.put(
+        prompt_ids=g.prompt,
+        response_ids=(g.response_values, o),
+        response_logprobs=(g.logprobs, o),
+        reward=g.reward,
+        timeout=timeout,
+    )
+
+
+def test_an_exception_inside_the_with_block_never_commits(cluster, job):
+    client = cluster.client()
+    client.open_job(job, 1)
+    put_groups(client.writer(job, 1), 2)
+    trainer = client.trainer(job)
+    with pytest.raises(RuntimeError, match="boom"), trainer.lease(2, wait=5) as batch:
+        batch.fetch_table(["reward"])
+        raise RuntimeError("boom")
+    assert client.controller.counts(job)["READY"] == 2  # untrained groups went back at once
+    with pytest.raises(RuntimeError, match="in training"), trainer.lease(2, wait=5) as batch:
+        batch.start_training()
+        raise RuntimeError("failed in training")
+    counts = client.controller.counts(job)
+    assert counts["COMMITTED"] == 0 and counts["TRAINING"] == 2  # left to expire into UNKNOWN
+
+
+def test_shards_are_fetched_by_other_processes_under_the_lease(cluster, job):
+    client = cluster.client()
+    client.open_job(job, 1)
+    put_groups(client.writer(job, 1), 4)
+    reader = textwrap.dedent(
+        """
+        import json, pickle, sys
+        import trajflight
+        handle = pickle.loads(bytes.fromhex(sys.argv[1]))
+        batch = trajflight.fetch(handle, layout="padded")
+        print(json.dumps({"rows": batch.num_rows, "shape": list(batch.padded["response_ids"].values.shape)}))
+        """
+    )
+    import pickle
+
+    with client.trainer(job).lease(4, wait=5) as batch:
+        shards = [s.select(["response_ids"]) for s in batch.shards(2)]
+        results = [run_child(reader, pickle.dumps(s).hex()) for s in shards]
+        assert sum(r["rows"] for r in results) == 16
+        assert abs(shards[0].tokens - shards[1].tokens) <= max(g.tokens for g in batch.handle.groups)
+
+
+def test_put_async_is_the_twin_of_put(cluster, job):
+    client = cluster.client()
+    client.open_job(job, 1)
+    writer = client.writer(job, 1)
+    (g,) = trajflight.workload.make_workload(1, 4, response_median=64)
+    o = g.response_offsets
+
+    async def main() -> list[trajflight.GroupMeta]:
+        return await asyncio.gather(
+            *[
+                writer.put_async(
+                    prompt_ids=g.prompt,
+                    response_ids=(g.response_values, o),
+                    response_logprobs=(g.logprobs, o),
+                    reward=g.reward,
+                )
+                for _ in range(3)
+            ]
+        )
+
+    metas = asyncio.run(main())
+    assert len({m.partition for m in metas}) == 3
+    assert all(m.state == "READY" and m.rows == 4 for m in metas)
+
+
+def test_lease_raises_when_nothing_becomes_ready(cluster, job):
+    client = cluster.client()
+    client.open_job(job, 1)
+    with pytest.raises(DeadlineExceededError, match="became READY"):
+        client.trainer(job).lease(1, wait=0.2)
+
+
+@pytest.mark.parametrize("address", ["http://x", "localhost:1234", "ray:/"])
+def test_bad_addresses_say_what_to_use(address):
+    with pytest.raises(InvalidRequestError):
+        trajflight.connect(address)
+
+
+def test_put_refuses_partition_keys_and_mixed_inputs(cluster, job):
+    client = cluster.client()
+    client.open_job(job, 1)
+    writer = client.writer(job, 1)
+    with pytest.raises(InvalidRequestError, match="assigns group_id"):
+        writer.put(group_id=3, prompt_ids=[1], response_ids=[[1]], response_logprobs=[[0.0]], reward=[1.0])
+    (g,) = trajflight.workload.make_workload(1, 2, response_median=64)
+    with pytest.raises(InvalidRequestError, match="either a record batch"):
+        writer.put(g.encode(job, 1), reward=[1.0, 0.0])
