@@ -31,7 +31,7 @@ STEPS = {
 
 
 class Recorder:
-    """The ledger, recording what a host journals: state-changing calls that succeeded (not empty acquires)."""
+    """The ledger, recording what a host journals: successful state-changing calls, no empty acquires."""
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
