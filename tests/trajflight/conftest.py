@@ -23,7 +23,8 @@ WRITER = textwrap.dedent(
     import json, sys
     import trajflight
     from trajflight.workload import make_workload
-    address, job, epoch, first, count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    address, job = sys.argv[1], sys.argv[2]
+    epoch, first, count = (int(a) for a in sys.argv[3:6])
     client = trajflight.connect(address, timeout=20)
     writer = client.writer(job, epoch, writer_id=f"child-{first}")
     out = []

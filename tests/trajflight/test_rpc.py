@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from trajflight import _control  # noqa: F401 - registers the controller's records
-from trajflight import _rpc
+from trajflight import (
+    _control,  # noqa: F401 - registers the controller's records
+    _rpc,
+)
 from trajflight.controller import GroupInfo, GroupState, Lease, Partition
 from trajflight.errors import InvalidRequestError
 
