@@ -1,0 +1,84 @@
+"""The hosts' shared core: journal, compaction into snapshots, and recovery."""
+
+from __future__ import annotations
+
+import pytest
+
+from trajflight.controller import GroupState
+from trajflight.controller._durable import HostCore
+from trajflight.errors import CheckpointError, InvalidRequestError
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _open(core: HostCore) -> None:
+    core.apply("register_server", {"server_id": "s", "node": "n", "location": "grpc://x",
+                                   "capacity_bytes": 10**6, "capacity_groups": 100})  # fmt: skip
+    core.apply("open_job", {"job_id": "j", "epoch": 1, "config": None})
+    core.apply("register_writer", {"job_id": "j", "epoch": 1, "writer_id": "w", "node": "n"})
+
+
+def _put(core: HostCore, n: int) -> None:
+    for _ in range(n):
+        g = core.apply("allocate", {"job_id": "j", "epoch": 1, "writer_id": "w", "nbytes": 10})
+        publish = {"partition": g.partition, "token": g.token, "rows": 1, "nbytes": 10, "tokens": 1}
+        core.apply("publish", {**publish, "policy_version": 0, "columns": ()})
+
+
+def test_compaction_keeps_state_across_restarts(tmp_path):
+    clock = Clock()
+    core = HostCore(clock=clock, state_dir=tmp_path, compact_every=3)
+    _open(core)
+    _put(core, 5)
+    lease = core.apply("acquire", {"job_id": "j", "owner": "t", "max_groups": 2})
+    core.apply("prepare", {"token": lease.token, "batch_id": "b"})
+    core.apply("start_training", {"token": lease.token, "batch_id": "b"})
+    core.close()
+    again = HostCore(clock=clock, state_dir=tmp_path, compact_every=3)
+    counts = again.ledger.counts("j")
+    assert counts["READY"] == 3
+    assert counts["UNKNOWN"] == 2
+    assert again.incarnation == core.incarnation + 1
+    assert (tmp_path / "journal.log").stat().st_size == 0  # recovery compacts
+    again.close()
+    third = HostCore(clock=clock, state_dir=tmp_path)
+    assert third.ledger.counts("j") == counts
+    assert third.incarnation == again.incarnation + 1
+    third.close()
+
+
+def test_refused_calls_and_empty_acquires_are_not_journaled(tmp_path):
+    core = HostCore(clock=Clock(), state_dir=tmp_path)
+    _open(core)
+    size = (tmp_path / "journal.log").stat().st_size
+    assert core.apply("acquire", {"job_id": "j", "owner": "t", "max_groups": 2}) is None
+    with pytest.raises(InvalidRequestError):
+        core.apply("allocate", {"job_id": "j", "epoch": 1, "writer_id": "w", "nbytes": 0})
+    with pytest.raises(InvalidRequestError):
+        core.apply("allocate", {"job_id": "j", "unknown_argument": 1})
+    assert (tmp_path / "journal.log").stat().st_size == size
+    core.close()
+
+
+def test_corrupt_snapshot_refuses_to_start(tmp_path):
+    core = HostCore(clock=Clock(), state_dir=tmp_path)
+    _open(core)
+    core.close()
+    snap = tmp_path / "snapshot.ckpt"
+    snap.write_bytes(snap.read_bytes()[:-5])
+    with pytest.raises(CheckpointError, match="truncated"):
+        HostCore(clock=Clock(), state_dir=tmp_path)
+
+
+def test_memory_only_core_has_no_files(tmp_path):
+    core = HostCore(clock=Clock())
+    _open(core)
+    _put(core, 1)
+    assert core.ledger.groups_in("j", GroupState.READY)
+    assert list(tmp_path.iterdir()) == []
