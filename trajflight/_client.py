@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 
 from trajflight._handles import BatchHandle, GroupMeta
-from trajflight._lease import LeasedBatch
+from trajflight._lease import LeasedBatch, Renewals
 from trajflight._storage import StoragePool
 from trajflight.codec import GroupKey, encode_group
 from trajflight.controller import ControllerClient, JobConfig, OldReady
@@ -57,7 +57,14 @@ def connect(address: str, *, timeout: float = 30.0) -> Client:
     )
 
 
-def _node_identity() -> str:
+def _node_identity(address: str) -> str:
+    """The node a writer of a client connected to ``address`` runs on, for same-node placement: the Ray
+    node id of this process on a Ray data plane (``ray://``; servers register under their Ray node ids),
+    else the hostname (the embedded plane registers its servers under it)."""
+    if address.startswith("ray://"):
+        from trajflight._ray_plane import current_node_id
+
+        return current_node_id()
     from trajflight._control import host_identity
 
     return host_identity()
@@ -77,6 +84,7 @@ class Client:
         self.address = address
         self.timeout = timeout
         self.storage = StoragePool(timeout=timeout)
+        self.renewals = Renewals()
 
     def close(self) -> None:
         """Close storage connections and the controller transport."""
@@ -144,10 +152,19 @@ class Client:
         writer_id: str | None = None,
         policy_version: int = 0,
         put_timeout: float = 60.0,
+        node: str | None = None,
     ) -> Writer:
-        """Register a rollout worker of ``job_id`` at ``epoch`` and return its :class:`Writer`."""
+        """Register a rollout worker of ``job_id`` at ``epoch`` and return its :class:`Writer`.
+
+        ``node`` is where it runs, for same-node placement (see :class:`Writer`)."""
         return Writer(
-            self, job_id, epoch, writer_id=writer_id, policy_version=policy_version, put_timeout=put_timeout
+            self,
+            job_id,
+            epoch,
+            writer_id=writer_id,
+            policy_version=policy_version,
+            put_timeout=put_timeout,
+            node=node,
         )
 
     def trainer(self, job_id: str, *, owner: str | None = None, ttl: float | None = None) -> Trainer:
@@ -205,6 +222,8 @@ class Writer:
         writer_id: Stable id (default: a random one).
         policy_version: Weights version its groups are generated with (updated by :meth:`ack_policy`).
         put_timeout: Default deadline of a put, including waits for capacity.
+        node: The node it runs on; the controller places its groups on a storage server of that node
+            when one has room. Default: this process's Ray node id on a Ray data plane, else the hostname.
     """
 
     def __init__(
@@ -216,6 +235,7 @@ class Writer:
         writer_id: str | None = None,
         policy_version: int = 0,
         put_timeout: float = 60.0,
+        node: str | None = None,
     ) -> None:
         self.client = client
         self.job_id = job_id
@@ -223,7 +243,7 @@ class Writer:
         self.writer_id = writer_id or f"writer-{uuid.uuid4().hex[:8]}"
         self.policy_version = policy_version
         self.put_timeout = put_timeout
-        self.node = _node_identity()
+        self.node = node if node is not None else _node_identity(client.address)
         client.controller.register_writer(
             job_id, epoch, self.writer_id, node=self.node, policy_version=policy_version
         )

@@ -15,6 +15,7 @@ the lease then expires, and every later call on it is refused (that is the point
 
 from __future__ import annotations
 
+import heapq
 import threading
 import time
 import uuid
@@ -34,7 +35,7 @@ from trajflight.flight_server import LeaseToken
 if TYPE_CHECKING:
     from trajflight._client import Client
 
-__all__ = ["LeasedBatch", "fetch", "fetch_table"]
+__all__ = ["LeasedBatch", "Renewals", "fetch", "fetch_table"]
 
 _DEFAULT_POOL: StoragePool | None = None
 _POOL_LOCK = threading.Lock()
@@ -78,25 +79,51 @@ def fetch(
     return decode(table, layout=layout, device=device, padding_value=padding_value, fill_nulls=fill_nulls)
 
 
-class _Renewer(threading.Thread):
-    def __init__(self, batch: LeasedBatch, interval: float) -> None:
-        super().__init__(name=f"trajflight-renew-{batch.token}", daemon=True)
-        self.batch = batch
-        self.interval = interval
-        self.stop = threading.Event()
+class Renewals:
+    """One background thread that renews every held lease of a client when it falls due.
 
-    def run(self) -> None:
-        while not self.stop.wait(self.interval):
-            try:
-                self.batch._expires_at = self.batch.client.controller.renew(
-                    self.batch.token, ttl=self.batch.ttl
-                )
-                self.batch.renewals += 1
-            except TrajflightError as exc:  # expired, superseded or committed: stop, remember why
-                self.batch.lost = exc
-                return
-            except Exception as exc:  # a transport hiccup: keep trying until the lease really expires
-                self.batch.renew_errors.append(repr(exc))
+    Leases register with an interval; the thread sleeps until the earliest is due (or a new one
+    arrives), renews it, and schedules the next renewal. A lease that the controller reports expired,
+    superseded or finished is dropped and its ``lost`` is set. One thread serves any number of leases.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, LeasedBatch]] = []
+        self._live: set[int] = set()
+        self._thread: threading.Thread | None = None
+
+    def add(self, batch: LeasedBatch, interval: float) -> None:
+        """Renew ``batch`` every ``interval`` seconds until :meth:`remove`."""
+        with self._cond:
+            self._live.add(id(batch))
+            heapq.heappush(self._heap, (time.monotonic() + interval, id(batch), batch))
+            batch._interval = interval
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="trajflight-renewals", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def remove(self, batch: LeasedBatch) -> None:
+        """Stop renewing ``batch`` (idempotent)."""
+        with self._cond:
+            self._live.discard(id(batch))
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._heap or self._heap[0][0] > time.monotonic():
+                    timeout = None if not self._heap else self._heap[0][0] - time.monotonic()
+                    self._cond.wait(timeout)
+                _, key, batch = heapq.heappop(self._heap)
+                if key not in self._live:
+                    continue
+            keep = batch._renew_once()
+            with self._cond:
+                if keep and key in self._live:
+                    heapq.heappush(self._heap, (time.monotonic() + batch._interval, key, batch))
+                else:
+                    self._live.discard(key)
 
 
 class LeasedBatch:
@@ -119,11 +146,24 @@ class LeasedBatch:
         self.renewals = 0
         self.renew_errors: list[str] = []
         self._expires_at = handle.expires_at
-        self._renewer: _Renewer | None = None
+        self._interval = 0.0
+        self._renewing = renew
         if renew:
             remaining = ttl if ttl is not None else max(0.3, handle.expires_at - time.time())
-            self._renewer = _Renewer(self, max(0.05, remaining / 3))
-            self._renewer.start()
+            client.renewals.add(self, max(0.05, remaining / 3))
+
+    def _renew_once(self) -> bool:
+        """One heartbeat (called by :class:`Renewals`); False when the lease is gone for good."""
+        try:
+            self._expires_at = self.client.controller.renew(self.token, ttl=self.ttl)
+            self.renewals += 1
+            return True
+        except TrajflightError as exc:  # expired, superseded or committed: stop, remember why
+            self.lost = exc
+            return False
+        except Exception as exc:  # a transport hiccup: keep trying until the lease really expires
+            self.renew_errors.append(repr(exc))
+            return True
 
     # ------------------------------------------------------------------ facts
     @property
@@ -227,9 +267,9 @@ class LeasedBatch:
 
     def close(self) -> None:
         """Stop renewing (the lease then expires on its own unless committed or released)."""
-        if self._renewer is not None:
-            self._renewer.stop.set()
-            self._renewer = None
+        if self._renewing:
+            self.client.renewals.remove(self)
+            self._renewing = False
 
     def __enter__(self) -> LeasedBatch:
         return self

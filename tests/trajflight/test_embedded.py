@@ -7,6 +7,7 @@ import asyncio
 import json
 import signal
 import textwrap
+import time
 from collections import Counter
 
 import numpy as np
@@ -316,3 +317,29 @@ def test_put_refuses_partition_keys_and_mixed_inputs(cluster, job):
     (g,) = trajflight.workload.make_workload(1, 2, response_median=64)
     with pytest.raises(InvalidRequestError, match="either a record batch"):
         writer.put(g.encode(job, 1), reward=[1.0, 0.0])
+
+
+def test_held_leases_renew_themselves_past_their_ttl(cluster, job):
+    client = cluster.client()
+    client.open_job(job, 1, {"default_lease_ttl": "500ms"})
+    put_groups(client.writer(job, 1), 2)
+    trainer = client.trainer(job, ttl=0.5)
+    first, second = trainer.lease(1, wait=5), trainer.lease(1, wait=5)  # one renewal thread serves both
+    time.sleep(1.6)
+    assert first.renewals >= 2
+    assert second.renewals >= 2
+    assert first.lost is None
+    first.commit()
+    second.commit()
+    assert cluster.wait_idle(job) == (0, 0)
+
+
+def test_a_lease_that_stops_renewing_is_lost_and_refuses_transitions(cluster, job):
+    client = cluster.client()
+    client.open_job(job, 1, {"default_lease_ttl": "300ms"})
+    put_groups(client.writer(job, 1), 1)
+    batch = client.trainer(job, ttl=0.3).lease(1, wait=5, renew=False)
+    time.sleep(0.6)
+    with pytest.raises((LeaseExpiredError, StaleFenceError, NotFoundError)):
+        batch.commit()
+    assert client.controller.counts(job)["READY"] == 1  # LEASED went back to READY on expiry
