@@ -1,11 +1,12 @@
 """What both hosts share: applying calls to the ledger with the host's clock, the journal, and recovery.
 
 A host with a state directory survives its own crash: every state-changing call is appended to
-``journal.log`` (length, CRC-32, pickled ``(method, kwargs, now)``) after it ran, and every
-``compact_every`` records the whole ledger is written to ``snapshot.ckpt`` (atomically) and the journal
-restarted. On start, :class:`HostCore` loads the snapshot, replays the journal (the ledger is
-deterministic, so replaying the same calls at the same ``now`` rebuilds the same state; a torn last record
-is ignored), then starts a new incarnation so that new tokens exceed every old one, and ends every lease
+``journal-N.log`` (length, CRC-32, pickled ``(method, kwargs, now)``) after it ran, and every
+``compact_every`` records the whole ledger is written to ``snapshot-(N+1).ckpt`` (atomically) and a new
+journal started (the pair of files of one generation ``N`` always belong together). On start,
+:class:`HostCore` loads the newest snapshot, replays its journal (the ledger is deterministic, so
+replaying the same calls at the same ``now`` rebuilds the same state; a torn last record is ignored),
+then starts a new incarnation so that new tokens exceed every old one, and ends every lease
 that was live: LEASED/PREPARED groups go back to READY, TRAINING/TRAINED groups come back UNKNOWN.
 
 Not journaled: queries, sweeper ticks, delete hand-outs, refused calls and empty acquires. None of
@@ -90,7 +91,7 @@ class HostCore:
 
     Args:
         clock: Wall-clock seconds (``time.time``): deadlines survive a restart in another process.
-        state_dir: Directory for ``snapshot.ckpt`` and ``journal.log``; ``None`` keeps state in memory
+        state_dir: Directory for ``snapshot-N.ckpt`` and ``journal-N.log``; ``None`` keeps state in memory
             only (a restart starts empty).
         fsync: fsync the journal after every record.
         compact_every: Journal records between snapshots.
@@ -116,12 +117,13 @@ class HostCore:
             return
         self._dir = Path(state_dir)
         self._dir.mkdir(parents=True, exist_ok=True)
-        snap = self._dir / "snapshot.ckpt"
+        self._seq = _latest_seq(self._dir)
+        snap = self._dir / f"snapshot-{self._seq}.ckpt"
         if snap.exists():
             self.ledger = Ledger.from_snapshot(snap.read_bytes(), source=str(snap))
         else:
             self.ledger = Ledger()
-        self._replay(self._dir / "journal.log")
+        self._replay(self._dir / f"journal-{self._seq}.log")
         now = self.clock()
         self.recovered_leases = self.ledger.recover(self.ledger.incarnation + 1, now=now)
         self.compact()
@@ -148,14 +150,23 @@ class HostCore:
                 getattr(self.ledger, method)(now=now, **kwargs)
 
     def compact(self) -> None:
-        """Write a snapshot of the ledger and start an empty journal (no-op without a state directory)."""
+        """Write a snapshot of the ledger and start an empty journal (no-op without a state directory).
+
+        Snapshot ``n + 1`` is written (atomically) before journal ``n + 1`` is created and the files of
+        ``n`` are removed, so a crash at any point leaves either snapshot ``n`` with its journal, or
+        snapshot ``n + 1`` alone: no journal record is ever replayed on top of a snapshot that has it.
+        """
         if self._dir is None:
             return
-        write_atomic(self._dir / "snapshot.ckpt", self.ledger.snapshot())
+        old = self._seq
+        self._seq += 1
+        write_atomic(self._dir / f"snapshot-{self._seq}.ckpt", self.ledger.snapshot())
         if self._journal is not None:
             self._journal.close()
-        self._journal = open(self._dir / "journal.log", "wb")  # noqa: SIM115 - held open for appends
+        self._journal = open(self._dir / f"journal-{self._seq}.log", "wb")  # noqa: SIM115 - held for appends
         self._records = 0
+        for stale in (self._dir / f"journal-{old}.log", self._dir / f"snapshot-{old}.ckpt"):
+            stale.unlink(missing_ok=True)
 
     def close(self) -> None:
         """Close the journal (state stays on disk)."""
@@ -200,6 +211,15 @@ class HostCore:
         self._records += 1
         if self._records >= self._compact_every:
             self.compact()
+
+
+def _latest_seq(state_dir: Path) -> int:
+    """The newest snapshot generation in ``state_dir`` (0 when there is none)."""
+    seqs = [0]
+    for path in state_dir.glob("snapshot-*.ckpt"):
+        with contextlib.suppress(ValueError):
+            seqs.append(int(path.stem.split("-", 1)[1]))
+    return max(seqs)
 
 
 def run_deletes(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trajflight.controller import GroupState
+from trajflight.controller import GroupState, write_checkpoint
 from trajflight.controller._durable import HostCore
 from trajflight.errors import CheckpointError, InvalidRequestError
 
@@ -15,6 +15,11 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def _journal(state_dir):
+    (path,) = state_dir.glob("journal-*.log")
+    return path
 
 
 def _open(core: HostCore) -> None:
@@ -45,7 +50,7 @@ def test_compaction_keeps_state_across_restarts(tmp_path):
     assert counts["READY"] == 3
     assert counts["UNKNOWN"] == 2
     assert again.incarnation == core.incarnation + 1
-    assert (tmp_path / "journal.log").stat().st_size == 0  # recovery compacts
+    assert _journal(tmp_path).stat().st_size == 0  # recovery compacts
     again.close()
     third = HostCore(clock=clock, state_dir=tmp_path)
     assert third.ledger.counts("j") == counts
@@ -56,13 +61,13 @@ def test_compaction_keeps_state_across_restarts(tmp_path):
 def test_refused_calls_and_empty_acquires_are_not_journaled(tmp_path):
     core = HostCore(clock=Clock(), state_dir=tmp_path)
     _open(core)
-    size = (tmp_path / "journal.log").stat().st_size
+    size = _journal(tmp_path).stat().st_size
     assert core.apply("acquire", {"job_id": "j", "owner": "t", "max_groups": 2}) is None
     with pytest.raises(InvalidRequestError):
         core.apply("allocate", {"job_id": "j", "epoch": 1, "writer_id": "w", "nbytes": 0})
     with pytest.raises(InvalidRequestError):
         core.apply("allocate", {"job_id": "j", "unknown_argument": 1})
-    assert (tmp_path / "journal.log").stat().st_size == size
+    assert _journal(tmp_path).stat().st_size == size
     core.close()
 
 
@@ -70,7 +75,7 @@ def test_corrupt_snapshot_refuses_to_start(tmp_path):
     core = HostCore(clock=Clock(), state_dir=tmp_path)
     _open(core)
     core.close()
-    snap = tmp_path / "snapshot.ckpt"
+    (snap,) = tmp_path.glob("snapshot-*.ckpt")
     snap.write_bytes(snap.read_bytes()[:-5])
     with pytest.raises(CheckpointError, match="truncated"):
         HostCore(clock=Clock(), state_dir=tmp_path)
@@ -82,3 +87,19 @@ def test_memory_only_core_has_no_files(tmp_path):
     _put(core, 1)
     assert core.ledger.groups_in("j", GroupState.READY)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_crash_during_compaction_never_replays_a_journal_twice(tmp_path):
+    """Regression: a snapshot written before the old journal was removed must not get it replayed again."""
+    clock = Clock()
+    core = HostCore(clock=clock, state_dir=tmp_path)
+    _open(core)
+    _put(core, 3)
+    (snap,) = tmp_path.glob("snapshot-*.ckpt")
+    seq = int(snap.stem.split("-")[1])
+    write_checkpoint(tmp_path / f"snapshot-{seq + 1}.ckpt", core.ledger.snapshot())  # crash right here
+    core.close()
+    again = HostCore(clock=clock, state_dir=tmp_path)
+    assert again.ledger.counts("j")["READY"] == 3
+    assert again.ledger.usage("j") == (30, 3)
+    again.close()

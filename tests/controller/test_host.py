@@ -209,7 +209,7 @@ def test_torn_last_journal_record_is_ignored(tmp_path):
     _setup(client)
     _put(client, 2)
     host._core.close()
-    journal = tmp_path / "journal.log"
+    (journal,) = tmp_path.glob("journal-*.log")
     journal.write_bytes(journal.read_bytes()[:-3])  # the last publish was torn mid-write
     again = LocalController(clock=clock, state_dir=tmp_path, start=False)
     counts = ControllerClient(again).counts("j")
