@@ -65,7 +65,10 @@ from ._records import (
 
 __all__ = ["LedgerCore"]
 
-_ENDED_KEPT = 65536  # ended leases remembered for idempotent repeats and precise errors
+# Ended leases are remembered (oldest forgotten first) for idempotent repeats and precise errors; a
+# forgotten token is still refused, as stale.
+_ENDED_KEPT = 65536
+_ENDED_GROUPS_KEPT = 1 << 20
 _COUNTER_BITS = 32
 
 
@@ -86,6 +89,7 @@ class LedgerCore:
         self._groups: dict[Partition, _Group] = {}
         self._leases: dict[int, _Lease] = {}
         self._ended: dict[int, _Lease] = {}
+        self._ended_groups = 0
         self._lease_heap: list[tuple[float, int]] = []
         self._grant_heap: list[tuple[float, Partition]] = []
         self._colcache: dict[frozenset[str], tuple[str, ...]] = {}
@@ -162,8 +166,10 @@ class LedgerCore:
         lease.ended = reason
         del self._leases[lease.token]
         self._ended[lease.token] = lease
-        if len(self._ended) > _ENDED_KEPT:
-            del self._ended[next(iter(self._ended))]
+        self._ended_groups += len(lease.keys)
+        while len(self._ended) > _ENDED_KEPT or self._ended_groups > _ENDED_GROUPS_KEPT:
+            oldest = self._ended.pop(next(iter(self._ended)))
+            self._ended_groups -= len(oldest.keys)
 
     def _job(self, job_id: str) -> _Job:
         job = self._jobs.get(job_id)
