@@ -1,4 +1,4 @@
-"""The README's Python examples run as written."""
+"""The README's Python examples run as written (```python blocks; ```py marks fragments)."""
 
 from __future__ import annotations
 
@@ -17,4 +17,7 @@ def test_readme_python_examples_run(capsys):
     assert blocks, "the README has no python example"
     for block in blocks:
         exec(compile(block, str(README), "exec"), {"__name__": "readme"})
-    assert "torch.Size([6, 7]) [4, 0, 7, 4, 0, 7]" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "torch.Size([6, 7]) [4, 0, 7, 4, 0, 7]" in out
+    assert "Partition(job_id='grpo-run', epoch=1, group_id=0) 3 READY" in out
+    assert "(0, 0)" in out
