@@ -50,6 +50,7 @@ from ._entries import (
     _Writer,
     check_int,
     check_name,
+    check_old_ready,
 )
 from ._index import ReadyIndex
 from ._records import (
@@ -324,7 +325,7 @@ class LedgerCore:
         check_name(job_id, "job_id")
         check_int(epoch, "epoch")
         cfg = self._config(config)
-        old_ready = OldReady(old_ready)
+        old_ready = check_old_ready(old_ready)
         job = self._jobs.get(job_id)
         if job is None:
             self._jobs[job_id] = self._new_job(job_id, epoch, cfg)

@@ -11,7 +11,7 @@ from trajflight.errors import InvalidRequestError
 
 from ._gc import GcList
 from ._index import ReadyIndex
-from ._records import GroupState, JobConfig, Partition, ServerInfo
+from ._records import GroupState, JobConfig, OldReady, Partition, ServerInfo
 
 __all__ = [
     "ALLOCATED",
@@ -25,6 +25,8 @@ __all__ = [
     "UNKNOWN",
     "check_int",
     "check_name",
+    "check_old_ready",
+    "check_state",
 ]
 
 READY = GroupState.READY
@@ -187,3 +189,21 @@ def check_int(value: object, what: str, *, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise InvalidRequestError(f"{what} must be an int >= {minimum}, got {value!r}")
     return value
+
+
+def check_old_ready(value: OldReady | str) -> OldReady:
+    """Return ``value`` as :class:`OldReady`; else raise InvalidRequestError listing the choices."""
+    try:
+        return OldReady(value)
+    except ValueError:
+        raise InvalidRequestError(f"old_ready must be 'reoffer' or 'drop', got {value!r}") from None
+
+
+def check_state(value: GroupState | str) -> GroupState:
+    """Return ``value`` as :class:`GroupState`; else raise InvalidRequestError listing the states."""
+    try:
+        return GroupState(value)
+    except ValueError:
+        raise InvalidRequestError(
+            f"unknown group state {value!r}; one of {[s.value for s in GroupState]}"
+        ) from None

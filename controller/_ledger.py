@@ -44,6 +44,8 @@ from ._entries import (
     _Lease,
     check_int,
     check_name,
+    check_old_ready,
+    check_state,
 )
 from ._records import (
     LIVE_STATES,
@@ -564,7 +566,7 @@ class Ledger(LedgerCore):
     def groups_in(self, job_id: str, state: GroupState | str) -> tuple[GroupInfo, ...]:
         """Every group of the job in ``state`` (O(groups of the job); for operators and tests)."""
         job = self._job(job_id)
-        st = GroupState(state)
+        st = check_state(state)
         return tuple(self._info(g) for k in job.groups if (g := self._groups[k]).state is st)
 
     def is_quiescent(self, job_id: str) -> bool:
@@ -644,7 +646,7 @@ class Ledger(LedgerCore):
             raise AlreadyExistsError(
                 f"job {job_id!r} is already open in this controller; restore into a fresh controller"
             )
-        drop = OldReady(old_ready) is OldReady.DROP
+        drop = check_old_ready(old_ready) is OldReady.DROP
         groups = _ckpt.import_job(self, payload, epoch, cfg, now)
         job = self._jobs[job_id]
         for g in sorted(groups, key=lambda g: g.ready_seq):

@@ -651,3 +651,10 @@ def test_release_refuses_a_column_written_twice(world):
     with pytest.raises(AlreadyExistsError, match="advantage"):
         world.ledger.release(lease.token, columns=("advantage",), now=world.now)
     assert world.ledger.counts("j")["LEASED"] == 1  # nothing released
+
+
+def test_bad_choices_are_invalid_requests(world):
+    with pytest.raises(InvalidRequestError, match="old_ready"):
+        world.ledger.open_job("j", 2, None, now=world.now, old_ready="keep")
+    with pytest.raises(InvalidRequestError, match="unknown group state"):
+        world.ledger.groups_in("j", "DONE")
