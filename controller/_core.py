@@ -48,9 +48,11 @@ from ._entries import (
     _Lease,
     _Server,
     _Writer,
+    check_columns,
     check_int,
     check_name,
     check_old_ready,
+    check_partition,
 )
 from ._index import ReadyIndex
 from ._records import (
@@ -576,7 +578,7 @@ class LedgerCore:
             InvalidRequestError: ``nbytes`` exceeds the reservation, or a value is invalid.
         """
         self._advance(now)
-        key = Partition(*partition)
+        key = check_partition(partition)
         job = self._job_epoch(key.job_id, key.epoch)
         g = self._groups.get(key)
         if g is None:
@@ -610,9 +612,7 @@ class LedgerCore:
                 f"policy_version {policy_version} was never announced for job {key.job_id!r} "
                 f"(current {job.policy_version})"
             )
-        cols = frozenset(columns)
-        for col in cols:
-            check_name(col, "column name")
+        cols = check_columns(columns, "columns")
         giveback = g.nbytes - nbytes
         server = self._servers[g.server_id]
         server.used_bytes -= giveback
@@ -628,7 +628,7 @@ class LedgerCore:
         Raises:
             NotFoundError: never allocated, or deleted.
         """
-        g = self._groups.get(Partition(*partition))
+        g = self._groups.get(check_partition(partition))
         if g is None:
             raise NotFoundError(f"no group {tuple(partition)} (never allocated, or already deleted)")
         return self._info(g)

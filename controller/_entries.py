@@ -7,6 +7,9 @@ These are owned by the ledger and never handed out: callers get the frozen recor
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from trajflight.errors import InvalidRequestError
 
 from ._gc import GcList
@@ -23,9 +26,12 @@ __all__ = [
     "TRAINED",
     "TRAINING",
     "UNKNOWN",
+    "check_columns",
     "check_int",
     "check_name",
     "check_old_ready",
+    "check_partition",
+    "check_partitions",
     "check_state",
 ]
 
@@ -207,3 +213,31 @@ def check_state(value: GroupState | str) -> GroupState:
         raise InvalidRequestError(
             f"unknown group state {value!r}; one of {[s.value for s in GroupState]}"
         ) from None
+
+
+def check_partition(value: Any) -> Partition:
+    """Return ``value`` (a Partition or a ``(job_id, epoch, group_id)`` sequence) as a :class:`Partition`."""
+    if isinstance(value, Partition):
+        return value
+    try:
+        job_id, epoch, group_id = value
+    except (TypeError, ValueError):
+        raise InvalidRequestError(f"a partition is (job_id, epoch, group_id), got {value!r}") from None
+    return Partition(job_id, epoch, group_id)
+
+
+def check_partitions(values: Iterable[Any]) -> tuple[Partition, ...]:
+    """Distinct partitions in the order given (see :func:`check_partition`)."""
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        raise InvalidRequestError(f"expected a sequence of partitions, got {values!r}")
+    return tuple(dict.fromkeys(check_partition(v) for v in values))
+
+
+def check_columns(values: Iterable[str], what: str) -> frozenset[str]:
+    """Column names as a frozenset; a bare string is refused (it would read as its characters)."""
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        raise InvalidRequestError(f"{what} must be a list of column names, got {values!r}")
+    out = frozenset(values)
+    for name in out:
+        check_name(name, f"a column name in {what}")
+    return out

@@ -42,9 +42,12 @@ from ._entries import (
     UNKNOWN,
     _Group,
     _Lease,
+    check_columns,
     check_int,
     check_name,
     check_old_ready,
+    check_partition,
+    check_partitions,
     check_state,
 )
 from ._records import (
@@ -127,6 +130,8 @@ class Ledger(LedgerCore):
         if max_staleness is not None:
             check_int(max_staleness, "max_staleness")
             staleness = max_staleness if staleness is None else min(staleness, max_staleness)
+        require_set = check_columns(require, "require")
+        lack_set = check_columns(lack, "lack")
         exact = None
         if cfg.strict_on_policy:
             if job.pending_writers():
@@ -137,8 +142,8 @@ class Ledger(LedgerCore):
             max_groups,
             min_version=None if staleness is None else job.policy_version - staleness,
             exact_version=exact,
-            require=frozenset(require),
-            lack=frozenset(lack),
+            require=require_set,
+            lack=lack_set,
             max_tokens=max_tokens,
             tokens_of=lambda key: groups[key].tokens,
         )
@@ -213,7 +218,7 @@ class Ledger(LedgerCore):
         existing = lease.batches.get(batch_id)
         if existing is not None:
             if lease.stage[batch_id] is PREPARED and (
-                partitions is None or {Partition(*p) for p in partitions} == set(existing)
+                partitions is None or set(check_partitions(partitions)) == set(existing)
             ):
                 if lease.ended is not None:
                     raise self._ended_error(lease)
@@ -229,7 +234,7 @@ class Ledger(LedgerCore):
             if not keys:
                 raise InvalidStateError(f"lease {token} has no LEASED group left to prepare")
         else:
-            keys = tuple(dict.fromkeys(Partition(*p) for p in partitions))
+            keys = check_partitions(partitions)
             if not keys:
                 raise InvalidRequestError("partitions must name at least one group (or be None for all)")
             for key in keys:
@@ -366,15 +371,13 @@ class Ledger(LedgerCore):
         """
         self._advance(now)
         lease = self._lease(token)
-        added = frozenset(columns)
-        for col in added:
-            check_name(col, "column name")
+        added = check_columns(columns, "columns")
         if partitions is None:
             if lease.ended is not None and lease.ended != "done":
                 raise self._ended_error(lease)
             keys = tuple(k for k in lease.live if self._groups[k].state in (LEASED, PREPARED))
         else:
-            keys = tuple(dict.fromkeys(Partition(*p) for p in partitions))
+            keys = check_partitions(partitions)
         todo = []
         for key in keys:
             g = self._groups.get(key)
@@ -435,7 +438,7 @@ class Ledger(LedgerCore):
             act = ResolveAction(action)
         except ValueError:
             raise InvalidRequestError(f"action must be 'requeue' or 'drop', got {action!r}") from None
-        keys = tuple(dict.fromkeys(Partition(*p) for p in partitions))
+        keys = check_partitions(partitions)
         todo = []
         for key in keys:
             g = self._groups.get(key)
@@ -502,7 +505,7 @@ class Ledger(LedgerCore):
             duplicate report.
         """
         self._advance(now)
-        key = Partition(*partition)
+        key = check_partition(partition)
         job = self._jobs.get(key.job_id)
         if job is None or key not in job.gc:
             return False

@@ -658,3 +658,16 @@ def test_bad_choices_are_invalid_requests(world):
         world.ledger.open_job("j", 2, None, now=world.now, old_ready="keep")
     with pytest.raises(InvalidRequestError, match="unknown group state"):
         world.ledger.groups_in("j", "DONE")
+
+
+def test_malformed_partitions_and_column_sets_are_invalid_requests(world):
+    world.put(1)
+    lease = world.lease(1)
+    with pytest.raises(InvalidRequestError, match="list of column names"):
+        world.ledger.acquire("j", "t", max_groups=1, require="advantage", now=world.now)
+    with pytest.raises(InvalidRequestError, match="partition"):
+        world.ledger.prepare(lease.token, "b", partitions=[("j", 1)], now=world.now)
+    with pytest.raises(InvalidRequestError, match="partition"):
+        world.ledger.group(42)
+    with pytest.raises(InvalidRequestError, match="column name"):
+        world.ledger.release(lease.token, columns=[""], now=world.now)
