@@ -33,7 +33,8 @@ class LocalController:
 
     Args:
         deleter: Deletes one group from its storage server; raises on failure (the group stays on the GC
-            list and is retried). ``None``: no storage servers, every delete is confirmed at once.
+            list and is retried). ``None``: no storage servers, every delete is confirmed at once. Give
+            it its own deadline: while it hangs, the sweeper waits (calls still expire leases lazily).
         clock: Wall-clock seconds given to the ledger as ``now``.
         state_dir: Journal and snapshot directory for crash recovery (see :mod:`._durable`); ``None``
             keeps state in memory only.

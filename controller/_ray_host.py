@@ -44,7 +44,8 @@ class ControllerActor:
     Args:
         state_dir: Journal and snapshot directory; ``None`` loses state on restart.
         deleter: Deletes one group from its storage server (must be picklable for Ray); raises on
-            failure. ``None``: every delete is confirmed at once.
+            failure. ``None``: every delete is confirmed at once. Give it its own deadline: while it
+            hangs, the sweeper waits (calls still expire leases lazily).
         sweep_interval: Longest sleep of the sweeper (seconds).
         delete_batch: Most deletes per sweeper pass.
         journal_fsync: fsync the journal after every call.
