@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("trajflight._demo", "the main job: rollout workers, a GRPO trainer, fenced leases, checkpoints"),
     "example": ("trajflight._example", "encode a synthetic GRPO group, decode it to torch, print a summary"),
     "server": ("trajflight.flight_server._cli", "run one storage server on loopback"),
+    "bench": ("trajflight.bench._cli", "benchmark trajflight against TransferQueue, Ray and bare Flight"),
     "stats": ("trajflight._stats", "show the counters of a running data plane"),
     "up": ("trajflight._up", "start a standing embedded data plane and print how to connect"),
 }

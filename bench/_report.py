@@ -1,0 +1,210 @@
+"""Reading a ``trajflight bench`` result: ratios, the targets of issue 6, a text table and a PNG chart.
+
+Ratios compare throughputs measured in the same run (``a/b`` > 1: a is faster); for latency the ratio is
+b's p50 over a's. The chart needs matplotlib (optional: ``pip install 'trajflight[bench]'``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["add_ratios_and_targets", "draw_chart", "format_table"]
+
+FIGURES: tuple[tuple[str, str], ...] = (
+    ("put", "put"),
+    ("get_all_jagged", "get all, jagged"),
+    ("get_all_padded", "get all, padded"),
+    ("get_subset_jagged", "get 2-col, jagged"),
+    ("get_subset_padded", "get 2-col, padded"),
+)
+CHART_HINT = "pip install 'trajflight[bench]'  (matplotlib)"
+
+
+def _ok(doc: dict[str, Any], name: str) -> dict[str, Any] | None:
+    system = doc["systems"].get(name)
+    return system if system is not None and system["status"] == "ok" else None
+
+
+def add_ratios_and_targets(doc: dict[str, Any]) -> dict[str, Any]:
+    """Add ``ratios`` (trajflight over every other system, per figure) and ``targets`` to ``doc``."""
+    ratios: dict[str, float] = {}
+    ours = _ok(doc, "trajflight")
+    if ours is not None:
+        for other in doc["systems"]:
+            theirs = _ok(doc, other)
+            if other == "trajflight" or theirs is None:
+                continue
+            for key, _ in FIGURES:
+                ratios[f"{key} trajflight/{other}"] = ours[key]["GBps"] / theirs[key]["GBps"]
+            ratios[f"latency_p50 trajflight/{other}"] = (
+                theirs["latency"]["p50_ms"] / ours["latency"]["p50_ms"]
+            )
+    doc["ratios"] = ratios
+
+    targets: list[dict[str, Any]] = []
+
+    def target(
+        id_: str, description: str, threshold: float, value: float | None, note: str, lower: bool = False
+    ) -> None:
+        met = None if value is None else (value <= threshold if lower else value >= threshold)
+        targets.append(
+            {
+                "id": id_,
+                "description": description,
+                "threshold": threshold,
+                "value": value,
+                "met": met,
+                "note": note,
+            }
+        )
+
+    for key, label in FIGURES:
+        for peer, threshold, why in (
+            ("transferqueue", 5.0, ">= 5x TransferQueue"),
+            ("flight", 0.8, ">= 0.8x the bare Flight server"),
+        ):
+            value = ratios.get(f"{key} trajflight/{peer}")
+            note = "" if value is not None else f"not measured ({peer} did not run)"
+            target(f"{key} vs {peer}", f"{label} throughput {why}", threshold, value, note)
+        if key != "put":
+            value = ratios.get(f"{key} trajflight/ray")
+            note = "" if value is not None else "not measured (ray did not run)"
+            target(
+                f"{key} vs ray", f"{label} to torch at least as fast as Ray's object store", 1.0, value, note
+            )
+    p50 = ours["latency"]["p50_ms"] if ours is not None else None
+    target(
+        "small-group p50",
+        "put 1 group of 8 + lease + get p50 at most 3 ms",
+        3.0,
+        p50,
+        "" if p50 is not None else "not measured (trajflight did not run)",
+        lower=True,
+    )
+    doc["targets"] = targets
+    return doc
+
+
+def _cell(op: dict[str, Any]) -> str:
+    return f"{op['GBps']:.3g} ({op['GBps_min']:.3g}-{op['GBps_max']:.3g})"
+
+
+def format_table(doc: dict[str, Any]) -> str:
+    """The human-readable summary: throughput, latency and memory per system, ratios, targets."""
+    cfg = doc["config"]
+    lines = [
+        f"trajflight bench  {doc['started']}  G={cfg['groups']} K={cfg['samples']} seed={cfg['seed']}  "
+        f"payload {cfg['payload_bytes'] / 1e6:.2f} MB (2-col {cfg['subset_payload_bytes'] / 1e6:.2f} MB)  "
+        f"repeats={cfg['repeats']}  {doc['machine']['cpus']} CPUs  "
+        f"load {doc['machine']['loadavg_before'][0]:.2f}->{doc['machine']['loadavg_after'][0]:.2f}",
+        "",
+        "Throughput, GB/s of payload: median (min-max) over the rounds",
+    ]
+    header = f"{'system':14s}" + "".join(f"{label:>22s}" for _, label in FIGURES)
+    lines += [header, "-" * len(header)]
+    for name, system in doc["systems"].items():
+        if system["status"] != "ok":
+            lines.append(
+                f"{name:14s}  {system['status'].upper()}: {system['reason']}"
+                + (f"  -> {system['hint']}" if system["hint"] else "")
+            )
+            continue
+        lines.append(f"{name:14s}" + "".join(f"{_cell(system[key]):>22s}" for key, _ in FIGURES))
+    lines += [
+        "",
+        f"{'system':14s}{'put groups/s':>14s}{'p50 ms':>9s}{'p99 ms':>9s}{'client B/B':>12s}"
+        f"{'servers B/B':>13s}  (peak RSS growth per payload byte)",
+    ]
+    for name, system in doc["systems"].items():
+        if system["status"] != "ok":
+            continue
+        mem = system["memory"]
+        servers = mem["servers_per_payload_byte"]
+        lines.append(
+            f"{name:14s}{system['put']['groups_per_s']:>14,.0f}{system['latency']['p50_ms']:>9.2f}"
+            f"{system['latency']['p99_ms']:>9.2f}{mem['client_per_payload_byte']:>12.2f}"
+            f"{('-' if servers is None else f'{servers:.2f}'):>13s}"
+        )
+    ours = _ok(doc, "trajflight")
+    if ours is not None and "controller" in ours:
+        c = ours["controller"]["group_cycles_per_s"]
+        lines += [
+            "",
+            f"trajflight controller: {c['median']:,.0f} group lease cycles/s "
+            f"({c['min']:,.0f}-{c['max']:,.0f}), "
+            f"{ours['controller']['transitions_per_s']:,.0f} transitions/s, "
+            f"{ours['controller']['groups_per_lease']} groups per lease",
+        ]
+    if doc["ratios"]:
+        lines += [
+            "",
+            "Ratios, trajflight / other (throughput; latency: other p50 / ours); > 1: trajflight faster",
+        ]
+        others = sorted({k.split("/")[1] for k in doc["ratios"]})
+        keys = [k for k, _ in FIGURES] + ["latency_p50"]
+        lines.append(f"{'vs':14s}" + "".join(f"{k:>18s}" for k in keys))
+        for other in others:
+            lines.append(
+                f"{other:14s}"
+                + "".join(
+                    f"{doc['ratios'].get(f'{k} trajflight/{other}', float('nan')):>18.2f}" for k in keys
+                )
+            )
+    lines += ["", "Targets (issue 6)"]
+    for t in doc["targets"]:
+        state = "n/a " if t["met"] is None else ("MET " if t["met"] else "MISS")
+        value = "-" if t["value"] is None else f"{t['value']:.2f}"
+        lines.append(
+            f"  [{state}] {t['description']}: {value} (target {t['threshold']:g}) {t['note']}".rstrip()
+        )
+    return "\n".join(lines)
+
+
+def draw_chart(doc: dict[str, Any], path: str) -> str | None:
+    """Draw throughput (log scale, min-max error bars) and latency bars to ``path`` (PNG).
+
+    Returns:
+        ``None`` when drawn, else why not (matplotlib missing, with the install hint).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return f"no chart: matplotlib is not installed; {CHART_HINT}"
+    names = [n for n, s in doc["systems"].items() if s["status"] == "ok"]
+    if not names:
+        return "no chart: no system ran"
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3.2, 1]})
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        system = doc["systems"][name]
+        medians = [system[k]["GBps"] for k, _ in FIGURES]
+        lo = [m - system[k]["GBps_min"] for m, (k, _) in zip(medians, FIGURES, strict=True)]
+        hi = [system[k]["GBps_max"] - m for m, (k, _) in zip(medians, FIGURES, strict=True)]
+        xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(FIGURES))]
+        ax.bar(xs, medians, width, yerr=[lo, hi], capsize=2, label=name)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(FIGURES)), [label for _, label in FIGURES], fontsize=8)
+    ax.set_ylabel("GB/s of payload (median, min-max)")
+    cfg = doc["config"]
+    ax.set_title(
+        f"throughput, G={cfg['groups']} K={cfg['samples']}, {cfg['payload_bytes'] / 1e6:.1f} MB", fontsize=10
+    )
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3, which="both")
+    p50 = [doc["systems"][n]["latency"]["p50_ms"] for n in names]
+    p99 = [doc["systems"][n]["latency"]["p99_ms"] for n in names]
+    ax2.bar(range(len(names)), p99, 0.6, color="lightgray", label="p99")
+    ax2.bar(range(len(names)), p50, 0.6, color="tab:blue", label="p50")
+    ax2.set_xticks(range(len(names)), names, rotation=30, fontsize=8)
+    ax2.set_yscale("log")
+    ax2.set_ylabel("ms")
+    ax2.set_title("put 1 group + lease + get", fontsize=10)
+    ax2.legend(fontsize=8)
+    ax2.grid(axis="y", alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return None

@@ -1,0 +1,129 @@
+"""trajflight's public client on the embedded data plane, as a user runs it.
+
+``LocalCluster(servers=2, processes=True)``: the controller in this process, two storage servers as
+processes on loopback. One :class:`~trajflight.Writer` puts each group (``Writer.put`` of the group's
+record batch, encoded from the numpy arrays inside the timing); one :class:`~trajflight.Trainer` leases
+the whole workload and ``LeasedBatch.fetch`` reads it to torch (both servers in parallel). A put is
+finished when the group is READY in the controller, i.e. visible to the trainer.
+
+The controller figure is ``bench_controller.bench_local``: acquire..commit cycles through the
+in-process host with its sweeper confirming every delete.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from trajflight.workload import SyntheticGroup
+
+from ._stats import Stats
+from ._system import GetVariant, System
+
+__all__ = ["TrajflightSystem"]
+
+JOB = "bench"
+TRANSITIONS_PER_CYCLE = 5
+
+
+class TrajflightSystem(System):
+    """The public client over ``LocalCluster(servers=2, processes=True)``."""
+
+    name = "trajflight"
+    role = "system"
+    description = (
+        "trajflight public client: LocalCluster, 2 storage server processes, Writer.put / lease+fetch"
+    )
+    memory_note = "RSS of the 2 storage server processes"
+
+    def __init__(
+        self, groups: Sequence[SyntheticGroup], *, servers: int = 2, controller_groups: int = 20_000
+    ) -> None:
+        super().__init__(groups)
+        self.servers = servers
+        self.controller_groups = controller_groups
+        self._cluster: Any = None
+        self._client: Any = None
+        self._writer: Any = None
+        self._trainer: Any = None
+        self._lease: Any = None
+        self._small: Any = None
+
+    def setup(self) -> None:
+        from trajflight import LocalCluster
+
+        self._cluster = LocalCluster(servers=self.servers, capacity="8GiB", processes=True).start()
+        self._client = self._cluster.client()
+        self._client.open_job(JOB, 1)
+        self._writer = self._client.writer(JOB, 1, writer_id="bench-writer")
+        self._trainer = self._client.trainer(JOB, owner="bench-trainer", ttl=120.0)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if self._cluster is not None:
+            self._cluster.close()
+            self._cluster = None
+
+    def server_pids(self) -> list[int]:
+        return [p.pid for p in self._cluster._procs] if self._cluster is not None else []
+
+    def put_all(self) -> None:
+        put = self._writer.put
+        for g in self.groups:
+            put(g.encode(JOB, 1))
+
+    def prepare_get(self) -> None:
+        self._lease = self._trainer.lease(len(self.groups), wait=30.0, renew=False)
+        if len(self._lease) != len(self.groups):
+            raise RuntimeError(f"leased {len(self._lease)} groups, expected {len(self.groups)}")
+
+    def get(self, variant: GetVariant) -> Any:
+        return self._lease.fetch(variant.columns, layout=variant.layout)
+
+    def finish_get(self) -> None:
+        self._lease.release()
+        self._lease = None
+
+    def drain(self) -> None:
+        while True:
+            lease = self._trainer.try_lease(4096, wait=0.0, renew=False)
+            if lease is None:
+                break
+            lease.commit()
+        self._cluster.wait_idle(JOB, timeout=60.0)
+
+    def small_roundtrip(self, index: int) -> None:
+        g = self.groups[index % len(self.groups)]
+        self._writer.put(g.encode(JOB, 1))
+        self._small = self._trainer.lease(1, wait=10.0, renew=False)
+        self._small.fetch()
+
+    def small_cleanup(self) -> None:
+        if self._small is not None:
+            self._small.commit()
+            self._small = None
+
+    def extra_metrics(self, repeats: int) -> dict[str, Any]:
+        from .bench_controller import bench_local
+
+        per_lease = 64
+        runs = [bench_local(self.controller_groups, per_lease) for _ in range(max(1, repeats))]
+        cycles = [r / TRANSITIONS_PER_CYCLE for r in runs]
+        s = Stats.of(cycles)
+        return {
+            "controller": {
+                "group_cycles_per_s": _stats_dict(s),
+                "transitions_per_s": statistics.median(runs),
+                "groups_per_lease": per_lease,
+                "groups_cycled": self.controller_groups,
+                "how": "bench_controller.bench_local: LocalController + ControllerClient, acquire..commit, "
+                "deletes confirmed by the sweeper",
+            }
+        }
+
+
+def _stats_dict(s: Stats) -> dict[str, float | int]:
+    return {"median": s.median, "min": s.min, "max": s.max, "q1": s.q1, "q3": s.q3, "n": s.n}
