@@ -61,6 +61,9 @@ _STANDARD_FIELDS: tuple[tuple[pa.Field, bool], ...] = (
 )
 
 
+_ACCEPTED_CACHE = 1024  # distinct Arrow schemas remembered as accepted (a job has a handful)
+
+
 def _type_matches(name: str, expected: pa.DataType, actual: pa.DataType) -> bool:
     if name == "telemetry" and expected == pa.struct([]):
         # The standard schema leaves the telemetry struct's fields to the engine.
@@ -85,6 +88,8 @@ class TrajectorySchema:
     fields: tuple[pa.Field, ...]
     required: frozenset[str]
     _by_name: Mapping[str, pa.Field] = field(init=False, repr=False, compare=False)
+    _accepted: dict[pa.Schema, None] = field(init=False, repr=False, compare=False)
+    _non_nullable: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         by_name: dict[str, pa.Field] = {}
@@ -96,6 +101,14 @@ class TrajectorySchema:
         if missing:
             raise SchemaError(f"required columns {sorted(missing)} are not declared in the schema")
         object.__setattr__(self, "_by_name", by_name)
+        # Arrow schemas that passed check(): a stream's batches (and a job's groups) share one.
+        object.__setattr__(self, "_accepted", {})
+        object.__setattr__(self, "_non_nullable", frozenset(f.name for f in self.fields if not f.nullable))
+
+    @property
+    def non_nullable(self) -> frozenset[str]:
+        """Names of the declared columns that may not hold nulls."""
+        return self._non_nullable
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -166,6 +179,8 @@ class TrajectorySchema:
         Raises:
             SchemaError: naming the first missing column or mistyped column.
         """
+        if isinstance(schema, pa.Schema) and schema in self._accepted:
+            return
         present = {f.name: f for f in schema}
         for name in self.names:
             if name in self.required and name not in present:
@@ -179,6 +194,8 @@ class TrajectorySchema:
                     f"column {name!r} has type {f.type}, the schema declares {self._by_name[name].type}",
                     column=name,
                 )
+        if isinstance(schema, pa.Schema) and len(self._accepted) < _ACCEPTED_CACHE:
+            self._accepted[schema] = None
 
 
 STANDARD_SCHEMA = TrajectorySchema(

@@ -46,6 +46,9 @@ def _check_constant(batch: pa.RecordBatch, name: str, expected: object | None) -
     if len(column) == 0:
         return expected
     value = column[0].as_py() if expected is None else expected
+    bounds = pc.min_max(column)  # one pass; constant iff min == max == value (nulls were refused)
+    if bounds["min"].as_py() == value and bounds["max"].as_py() == value:
+        return value
     row = _first_false(pc.equal(column, pa.scalar(value, type=column.type)))
     if row is not None:
         raise SchemaError(
@@ -63,9 +66,7 @@ def check_nulls(batch: pa.RecordBatch, schema: TrajectorySchema) -> None:
     Raises:
         SchemaError: naming the column and its first null row.
     """
-    for name in batch.schema.names:
-        if name not in schema or schema.field(name).nullable:
-            continue
+    for name in schema.non_nullable.intersection(batch.schema.names):
         column = batch.column(name)
         if column.null_count:
             row = _first_false(pc.is_valid(column))
