@@ -97,6 +97,8 @@ class FlightSystem(System):
             self._client = None
         if self._proc is not None:
             self._proc.stop()
+            if self._proc.proc.stdout is not None:  # bench_flight_server.Proc leaves its pipe open
+                self._proc.proc.stdout.close()
             self._proc = None
 
     def server_pids(self) -> list[int]:

@@ -1,0 +1,130 @@
+"""``trajflight bench --quick``: every figure it reports is present and positive, the JSON matches its
+schema, and a missing peer is skipped with its install hint. Timing decides nothing here.
+
+Ray and TransferQueue are left out of the quick run (Ray may only run through the session's
+``ray_runtime`` fixture, and starting TransferQueue's actors costs more than this test's budget); the
+skip path is checked by hiding both packages.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+
+import pytest
+
+from trajflight.bench._report import add_ratios_and_targets
+from trajflight.bench._run import BenchConfig, run_bench
+from trajflight.bench._schema import SCHEMA, SchemaViolation, validate, validate_complete
+from trajflight.bench._stats import Progress
+from trajflight.cli import main
+
+QUICK_SYSTEMS = "memcpy,flight,trajflight"
+OPS = ("put", "get_all_jagged", "get_all_padded", "get_subset_jagged", "get_subset_padded")
+
+
+@pytest.fixture(scope="module")
+def quick_result(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One quick run through the CLI, as CI runs it; its JSON document."""
+    out = tmp_path_factory.mktemp("bench")
+    status = main(
+        [
+            "bench",
+            "--quick",
+            "--quiet",
+            "--systems",
+            QUICK_SYSTEMS,
+            "--json",
+            str(out / "result.json"),
+            "--chart",
+            str(out / "chart.png"),
+        ]
+    )
+    assert status == 0
+    doc = json.loads((out / "result.json").read_text())
+    doc["_chart"] = str(out / "chart.png")
+    return doc
+
+
+def test_quick_run_matches_the_schema(quick_result: dict) -> None:
+    doc = {k: v for k, v in quick_result.items() if k != "_chart"}
+    validate_complete(doc)
+    assert doc["config"]["quick"] is True
+    assert set(doc["systems"]) == set(QUICK_SYSTEMS.split(","))
+
+
+def test_every_reported_figure_is_present_and_positive(quick_result: dict) -> None:
+    for name, system in quick_result["systems"].items():
+        assert system["status"] == "ok", (name, system["reason"])
+        for op in OPS:
+            figure = system[op]
+            for key in ("GBps", "GBps_min", "GBps_max", "groups_per_s"):
+                assert figure[key] > 0, (name, op, key)
+            assert figure["seconds"]["n"] == quick_result["config"]["repeats"]
+        assert system["latency"]["p50_ms"] > 0
+        assert system["latency"]["p99_ms"] >= system["latency"]["p50_ms"]
+        memory = system["memory"]
+        assert memory["client_peak_bytes"] > 0
+        # Growth may be 0 when the allocator reuses freed pages: present and not negative.
+        assert memory["client_per_payload_byte"] >= 0
+        if name == "memcpy":
+            assert memory["servers_per_payload_byte"] is None
+        else:
+            assert memory["servers_peak_bytes"] > 0
+            assert memory["servers_per_payload_byte"] >= 0
+    controller = quick_result["systems"]["trajflight"]["controller"]
+    assert controller["group_cycles_per_s"]["median"] > 0
+    assert controller["transitions_per_s"] > 0
+
+
+def test_ratios_and_targets_cover_the_references(quick_result: dict) -> None:
+    ratios = quick_result["ratios"]
+    for op in OPS:
+        assert ratios[f"{op} trajflight/flight"] > 0
+        assert ratios[f"{op} trajflight/memcpy"] > 0
+    targets = {t["id"]: t for t in quick_result["targets"]}
+    assert targets["put vs flight"]["met"] in (True, False)
+    # Peers that did not run give no verdict, and say so.
+    assert targets["put vs transferqueue"]["met"] is None
+    assert "did not run" in targets["put vs transferqueue"]["note"]
+
+
+def test_chart_is_drawn_or_explained(quick_result: dict) -> None:
+    from pathlib import Path
+
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert not Path(quick_result["_chart"]).exists()
+    else:
+        assert Path(quick_result["_chart"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_missing_peers_are_skipped_with_their_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A None entry in sys.modules makes `import x` raise ImportError and find_spec return None.
+    monkeypatch.setitem(sys.modules, "ray", None)
+    monkeypatch.setitem(sys.modules, "transfer_queue", None)
+    cfg = BenchConfig.quick_config(systems=("memcpy", "ray", "transferqueue"), repeats=1, latency_iters=2)
+    doc = add_ratios_and_targets(run_bench(cfg, Progress(enabled=False)))
+    validate_complete(doc)
+    assert doc["systems"]["memcpy"]["status"] == "ok"
+    for peer, hint in (("ray", "trajflight[ray]"), ("transferqueue", "transferqueue==0.1.11")):
+        assert doc["systems"][peer]["status"] == "skipped"
+        assert hint in doc["systems"][peer]["hint"]
+
+
+def test_schema_rejects_a_broken_document(quick_result: dict) -> None:
+    doc = copy.deepcopy({k: v for k, v in quick_result.items() if k != "_chart"})
+    doc["systems"]["trajflight"]["put"]["GBps"] = 0
+    with pytest.raises(SchemaViolation, match=r"\$\.systems\.trajflight\.put\.GBps"):
+        validate(doc)
+    del doc["systems"]["flight"]["latency"]
+    doc["systems"]["trajflight"]["put"]["GBps"] = 1.0
+    with pytest.raises(SchemaViolation, match="latency"):
+        validate_complete(doc)
+
+
+def test_schema_is_printable(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--schema"]) == 0
+    assert json.loads(capsys.readouterr().out) == SCHEMA
