@@ -26,6 +26,7 @@ _LAZY = {
     "Writer": "trajflight._client",
     "Trainer": "trajflight._client",
     "LocalCluster": "trajflight._cluster",
+    "RayCluster": "trajflight._ray_plane",  # imports ray only when a plane starts or connects
     "LeasedBatch": "trajflight._lease",
     "fetch": "trajflight._lease",
     "fetch_table": "trajflight._lease",

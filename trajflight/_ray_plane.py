@@ -1,0 +1,558 @@
+"""The Ray data plane: the controller as a named Ray actor, storage servers as Ray actors on every node.
+
+:class:`RayCluster` deploys one data plane on a Ray cluster, in its own Ray namespace:
+
+* the controller is the named async actor of :func:`trajflight.controller._ray_host.start_ray_actor`
+  (``ray://NAMESPACE/NAME`` is the plane's address), restarted by Ray when it dies; its sweeper deletes
+  committed groups through :class:`FlightDeleter`, straight from the storage servers over Flight;
+* storage servers are :class:`StorageServerActor` actors pinned to their nodes
+  (``NodeAffinitySchedulingStrategy(node_id, soft=False)``), one per node by default, each running a
+  :class:`~trajflight.flight_server.StorageServer` on its node's IP address, port 0, registered with the
+  controller under its Ray node id, so that writers on a node put to that node's server.
+
+Flight carries the data; Ray only places and supervises. Other processes reach the plane with
+``trajflight.connect(cluster.address)``; in a process where Ray is not initialised, :func:`connect_ray_plane`
+joins the running Ray cluster first (``RAY_ADDRESS``, which :class:`RayCluster` exports to the processes it
+spawns, or else the cluster last started on this machine).
+
+Ray is imported only when a Ray plane is started or connected to (``pip install 'trajflight[ray]'``).
+
+It does not guarantee that stored groups survive their storage server: a server actor is not restarted
+(its groups lived in its memory; the controller would point at data that is gone), and the controller's
+state survives a restart only with ``state_dir`` (journal + snapshots on the controller's node).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from trajflight._client import Client
+from trajflight._storage import StoragePool
+from trajflight._units import parse_size
+from trajflight.controller import ControllerClient, DeleteWork, RayTransport
+from trajflight.controller._client import import_ray
+from trajflight.controller._ray_host import DEFAULT_NAME, start_ray_actor
+from trajflight.errors import (
+    AlreadyExistsError,
+    ConfigError,
+    InvalidRequestError,
+    NotFoundError,
+    UnavailableError,
+)
+
+__all__ = [
+    "SCHEME",
+    "FlightDeleter",
+    "RayCluster",
+    "RayServer",
+    "StorageServerActor",
+    "connect_ray_plane",
+    "current_node_id",
+    "parse_ray_address",
+]
+
+SCHEME = "ray://"
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
+# ---------------------------------------------------------------------------------------- addresses
+
+
+def parse_ray_address(address: str) -> tuple[str, str]:
+    """Split ``ray://NAMESPACE/NAME`` into ``(namespace, name)``.
+
+    Both parts are non-empty and made of letters, digits, ``-``, ``_`` and ``.``.
+
+    Raises:
+        InvalidRequestError: anything else, saying what the address should look like.
+    """
+    expected = "expected ray://NAMESPACE/NAME (what RayCluster.address returns)"
+    if not isinstance(address, str) or not address.startswith(SCHEME):
+        raise InvalidRequestError(f"not a Ray data plane address: {address!r}; {expected}")
+    parts = address[len(SCHEME) :].split("/")
+    if len(parts) == 1 and ":" in parts[0]:
+        raise InvalidRequestError(
+            f"{address!r} looks like a Ray Client address (ray://HOST:PORT); {expected}. To use Ray Client, "
+            "call ray.init('ray://HOST:PORT') yourself, then trajflight.connect('ray://NAMESPACE/NAME')"
+        )
+    if len(parts) != 2 or not all(parts) or not all(set(p) <= _NAME_CHARS for p in parts):
+        raise InvalidRequestError(f"malformed Ray data plane address {address!r}; {expected}")
+    return parts[0], parts[1]
+
+
+def current_node_id() -> str:
+    """The Ray node id of this process (a Ray worker, or a driver with Ray initialised).
+
+    Raises:
+        UnavailableError: Ray is not initialised in this process.
+    """
+    ray = import_ray()
+    if not ray.is_initialized():
+        raise UnavailableError("Ray is not initialised in this process: ray.init(...) or connect first")
+    node_id: str = ray.get_runtime_context().get_node_id()
+    return node_id
+
+
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+
+
+@contextlib.contextmanager
+def _loopback_addresses(active: bool) -> Iterator[None]:
+    """While active, make Ray keep loopback addresses as they are.
+
+    Ray resolves ``127.0.0.1`` (a node address, a GCS address) to the machine's outward IP unless
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` was set before ``import ray`` (ray-project/ray#18730): a
+    Ray bound to loopback would then be unreachable (``ray.init`` hangs). Ray reads the flag into
+    ``ray_constants.ENABLE_RAY_CLUSTER`` at import, so it is turned off here for the ``ray.init`` call.
+    """
+    from ray._private import ray_constants
+
+    enabled = ray_constants.ENABLE_RAY_CLUSTER
+    if active:
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = enabled
+
+
+def _cluster_host() -> str | None:
+    """Host of the GCS that ``ray.init(address="auto")`` would join (``RAY_ADDRESS``, else the cluster
+    recorded or running on this machine), or ``None`` when unknown or ambiguous."""
+    address = os.environ.get("RAY_ADDRESS") or None
+    if address is None:
+        try:  # Ray's own lookup for "auto": the recorded cluster, else the one GCS process running here
+            from ray._private.services import find_bootstrap_address, find_gcs_addresses
+
+            address = find_bootstrap_address(None)
+            if address is None:
+                found = sorted(find_gcs_addresses())
+                address = found[0] if len(found) == 1 else None
+        except Exception:  # private helpers of Ray: without them, Ray's own resolution decides
+            return None
+    if not address or "://" in address:
+        return None
+    return address.rsplit(":", 1)[0]
+
+
+def _join_ray(ray: Any, namespace: str) -> None:
+    """Join the running Ray cluster from a process that is not part of it yet."""
+    try:
+        with _loopback_addresses(_cluster_host() in _LOOPBACK):
+            ray.init(
+                address="auto",  # RAY_ADDRESS when set, else the cluster last started on this machine
+                namespace=namespace,
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+            )
+    except ConnectionError as exc:
+        raise UnavailableError(
+            f"no running Ray cluster to join ({exc}); start the data plane first (RayCluster), set "
+            "RAY_ADDRESS to its GCS address (host:port), or call ray.init(...) before trajflight.connect"
+        ) from None
+
+
+def connect_ray_plane(address: str, *, timeout: float = 30.0) -> ControllerClient:
+    """A controller client of the Ray data plane at ``ray://NAMESPACE/NAME``.
+
+    In a process where Ray is not initialised, joins the running cluster first (``ray.init(address=
+    "auto")``: ``RAY_ADDRESS`` if set, else the cluster last started on this machine) and leaves it
+    joined for the life of the process.
+
+    Raises:
+        InvalidRequestError: a malformed address. UnavailableError: no Ray cluster to join, or Ray is not
+        installed. NotFoundError: no controller of that name in that namespace.
+    """
+    namespace, name = parse_ray_address(address)
+    ray = import_ray()
+    if not ray.is_initialized():
+        _join_ray(ray, namespace)
+    try:
+        actor = ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        raise NotFoundError(
+            f"no trajflight controller {name!r} in Ray namespace {namespace!r} of the Ray cluster at "
+            f"{ray.get_runtime_context().gcs_address}; is the data plane running (RayCluster), and is this "
+            "the right cluster (RAY_ADDRESS)?"
+        ) from None
+    return ControllerClient(RayTransport(actor), timeout=timeout)
+
+
+# ---------------------------------------------------------------------------------------- actors
+
+
+class FlightDeleter:
+    """The controller actor's deleter: deletes one group from its storage server over Flight.
+
+    Picklable (Ray ships it to the controller actor); the connections are made on first use in the
+    process that calls it, and are not pickled. Thread-safe.
+
+    Args:
+        timeout: Deadline of each delete, seconds.
+    """
+
+    def __init__(self, timeout: float = 10.0) -> None:
+        self.timeout = timeout
+        self._pool: StoragePool | None = None
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"timeout": self.timeout}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["timeout"])  # type: ignore[misc]
+
+    def __call__(self, work: DeleteWork) -> None:
+        """Delete ``work``'s group (a group the server no longer has counts as deleted); raise on failure,
+        and the controller keeps it on its GC list and retries."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = StoragePool(timeout=self.timeout)
+            pool = self._pool
+        pool.delete(work)
+
+
+class StorageServerActor:
+    """The body of a storage server actor: a :class:`~trajflight.flight_server.StorageServer` serving on
+    its node's IP address (``host``), port 0, from the actor's process.
+
+    Args:
+        capacity_bytes: Bytes the server may hold.
+        capacity_groups: Groups the server may hold.
+        host: Interface to bind; default the node's IP address as Ray knows it (loopback on a local Ray
+            started by :class:`RayCluster`).
+    """
+
+    def __init__(self, capacity_bytes: int, capacity_groups: int, host: str | None = None) -> None:
+        from trajflight.flight_server import StorageServer, StoreLimits
+
+        ray = import_ray()
+        self.node_id: str = ray.get_runtime_context().get_node_id()
+        self.host = host or ray.util.get_node_ip_address()
+        limits = StoreLimits(capacity_bytes=capacity_bytes, capacity_groups=capacity_groups)
+        self.server = StorageServer(self.host, 0, limits=limits)
+
+    def describe(self) -> dict[str, Any]:
+        """``{"location", "node_id", "host", "pid"}`` of this server."""
+        return {
+            "location": self.server.location,
+            "node_id": self.node_id,
+            "host": self.host,
+            "pid": os.getpid(),
+        }
+
+    def close(self, timeout: float = 5.0) -> bool:
+        """Stop serving (see :meth:`StorageServer.close`); True when it stopped within ``timeout``."""
+        return bool(self.server.close(timeout))
+
+
+@dataclass(frozen=True, slots=True)
+class RayServer:
+    """One storage server of a :class:`RayCluster`.
+
+    Attributes:
+        server_id: Its id in the controller (``<node id prefix>/server-<i>``).
+        node_id: The Ray node it runs on (the controller's ``node`` for placement).
+        location: Its Flight location.
+        actor_name: Its Ray actor's name in the plane's namespace.
+    """
+
+    server_id: str
+    node_id: str
+    location: str
+    actor_name: str
+
+
+# ---------------------------------------------------------------------------------------- the plane
+
+
+class RayCluster:
+    """A trajflight data plane on Ray, as a context manager.
+
+    Uses the Ray runtime of this process when ``ray.init`` was called; otherwise starts a local one bound
+    to loopback (and shuts it down on :meth:`close`). While it runs it exports ``RAY_ADDRESS`` (unless
+    set) so that processes it spawns join the same Ray cluster when they ``trajflight.connect``.
+
+    Args:
+        servers: Storage servers in all, spread over the alive nodes (this process's node first); ``None``
+            (default) runs one on every alive node.
+        capacity: Bytes each server may hold (``"2GiB"`` or an int).
+        max_groups: Groups each server may hold.
+        namespace: Ray namespace of the deployment; ``None`` makes a fresh unique one, so that two planes
+            on one Ray cluster never meet.
+        name: The controller actor's name.
+        state_dir: Controller journal directory on this process's node (the controller actor is pinned
+            there); ``None`` keeps the controller's state in memory only.
+        timeout: Default deadline of client calls and of starting actors, seconds.
+        num_cpus: CPUs of the local Ray runtime when this starts one (default: Ray's detection).
+
+    Raises:
+        ConfigError: a bad setting, naming it.
+    """
+
+    def __init__(
+        self,
+        servers: int | None = None,
+        *,
+        capacity: str | int = "2GiB",
+        max_groups: int = 1_000_000,
+        namespace: str | None = None,
+        name: str = DEFAULT_NAME,
+        state_dir: str | os.PathLike[str] | None = None,
+        timeout: float = 30.0,
+        num_cpus: int | None = None,
+    ) -> None:
+        if servers is not None and (isinstance(servers, bool) or not isinstance(servers, int) or servers < 1):
+            raise ConfigError(
+                f"servers: need at least one storage server (or None: one per node), got {servers!r}",
+                setting="servers",
+            )
+        self.num_servers = servers
+        self.capacity = parse_size(capacity, setting="capacity")
+        self.max_groups = max_groups
+        self.namespace = namespace or f"trajflight-{uuid.uuid4().hex[:12]}"
+        self.name = name
+        parse_ray_address(f"{SCHEME}{self.namespace}/{self.name}")  # refuse names the address cannot carry
+        self.state_dir = None if state_dir is None else os.fspath(state_dir)
+        self.timeout = timeout
+        self.num_cpus = num_cpus
+        self.servers: list[RayServer] = []
+        self._server_actors: list[Any] = []
+        self._controller_actor: Any = None
+        self._controller: ControllerClient | None = None
+        self._owns_ray = False
+        self._set_ray_address = False
+        self._started = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> RayCluster:
+        """Start the controller and the storage servers and register the servers (idempotent).
+
+        Raises:
+            UnavailableError: Ray is missing, or an actor did not start within ``timeout`` (a node lacks
+                resources or died). AlreadyExistsError: a controller of this name runs in this namespace.
+        """
+        if self._started:
+            return self
+        self._started = True
+        try:
+            ray = self._ensure_ray()
+            self._start_controller(ray)
+            self._start_servers(ray)
+            self._register_servers()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _ensure_ray(self) -> Any:
+        ray = import_ray()
+        if not ray.is_initialized():
+            self._init_local_ray(ray)
+            self._owns_ray = True
+        if "RAY_ADDRESS" not in os.environ:
+            os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+            self._set_ray_address = True
+        return ray
+
+    def _init_local_ray(self, ray: Any) -> None:
+        """Start a local Ray runtime whose every address is loopback."""
+        with _loopback_addresses(True):
+            ray.init(
+                address="local",
+                _node_ip_address="127.0.0.1",
+                include_dashboard=False,
+                num_cpus=self.num_cpus,
+                namespace=self.namespace,
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+            )
+
+    def _start_controller(self, ray: Any) -> None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        # On this node: checkpoint and state paths name files here. Strictly so with a state_dir (the
+        # journal must be where Ray restarts the actor); otherwise Ray may move it if the node dies.
+        here = ray.get_runtime_context().get_node_id()
+        strategy = NodeAffinitySchedulingStrategy(here, soft=self.state_dir is None)
+        try:
+            actor = start_ray_actor(
+                name=self.name,
+                namespace=self.namespace,
+                state_dir=self.state_dir,
+                deleter=FlightDeleter(timeout=self.timeout),
+                options={"scheduling_strategy": strategy},
+            )
+        except ValueError as exc:  # Ray: the name is already taken
+            raise AlreadyExistsError(
+                f"a Ray actor named {self.name!r} already runs in namespace {self.namespace!r} ({exc}); "
+                f"connect to it with trajflight.connect('{self.address}') or pick another namespace"
+            ) from None
+        self._controller_actor = actor
+        self._controller = ControllerClient(RayTransport(actor), timeout=self.timeout)
+        self._controller.transport.info(self.timeout)  # type: ignore[attr-defined]  # up and answering
+
+    def _placement(self, ray: Any) -> list[str]:
+        """Node ids of the servers to start, one entry per server (this node first, then by id)."""
+        here = ray.get_runtime_context().get_node_id()
+        alive = sorted((n["NodeID"] for n in ray.nodes() if n.get("Alive")), key=lambda n: (n != here, n))
+        if not alive:
+            raise UnavailableError("the Ray cluster has no alive node to place storage servers on")
+        count = len(alive) if self.num_servers is None else self.num_servers
+        return [alive[i % len(alive)] for i in range(count)]
+
+    def _start_servers(self, ray: Any) -> None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        cls = ray.remote(StorageServerActor)
+        nodes = self._placement(ray)
+        names = [f"{self.name}-server-{i}" for i in range(len(nodes))]
+        for node_id, actor_name in zip(nodes, names, strict=True):
+            self._server_actors.append(
+                cls.options(
+                    name=actor_name,
+                    namespace=self.namespace,
+                    num_cpus=0,
+                    max_restarts=0,  # its groups lived in its memory: a restarted server would be empty
+                    max_concurrency=4,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                ).remote(self.capacity, self.max_groups)
+            )
+        refs = [a.describe.remote() for a in self._server_actors]
+        try:
+            described = ray.get(refs, timeout=self.timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise UnavailableError(
+                f"storage server actors did not start within {self.timeout:g}s on nodes "
+                f"{sorted(set(nodes))}; check `ray status` (a node may be gone) or raise timeout"
+            ) from None
+        except ray.exceptions.RayActorError as exc:
+            raise UnavailableError(f"a storage server actor failed to start: {exc}") from None
+        for i, (info, actor_name) in enumerate(zip(described, names, strict=True)):
+            node_id = info["node_id"]
+            self.servers.append(
+                RayServer(f"{node_id[:12]}/server-{i}", node_id, info["location"], actor_name)
+            )
+
+    def _register_servers(self) -> None:
+        controller = self._require_controller()
+        for server in self.servers:
+            controller.register_server(
+                server.server_id,
+                node=server.node_id,
+                location=server.location,
+                capacity_bytes=self.capacity,
+                capacity_groups=self.max_groups,
+            )
+
+    def restart_controller(self) -> None:
+        """Kill the controller actor and let Ray restart it (a new incarnation, same address and actor).
+
+        Its state is lost unless a ``state_dir`` journal recovers it; the storage servers and their data
+        stay and are registered again. Restore jobs from their checkpoints afterwards. Existing clients
+        keep working once it is back (their calls meanwhile raise UnavailableError: retry).
+
+        Raises:
+            UnavailableError: the plane is not running, or the controller did not come back in ``timeout``.
+        """
+        ray = import_ray()
+        controller = self._require_controller()
+        transport: Any = controller.transport
+        before = transport.info(self.timeout)["pid"]
+        ray.kill(self._controller_actor, no_restart=False)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                if transport.info(max(0.1, deadline - time.monotonic()))["pid"] != before:
+                    break
+            except UnavailableError:
+                pass  # restarting
+            if time.monotonic() > deadline:
+                raise UnavailableError(
+                    f"the controller actor did not restart within {self.timeout:g}s; check `ray status`"
+                )
+            time.sleep(0.1)
+        self._register_servers()
+
+    def close(self) -> None:
+        """Stop the storage servers and the controller actor; shut Ray down if this started it
+        (idempotent). Stored groups and in-memory controller state are gone afterwards."""
+        ray = import_ray() if self._started else None
+        if ray is not None and ray.is_initialized():
+            stops = [a.close.remote(5.0) for a in self._server_actors]
+            if stops:
+                ray.wait(stops, num_returns=len(stops), timeout=10.0)
+            for actor in [*self._server_actors, self._controller_actor]:
+                if actor is not None:
+                    ray.kill(actor, no_restart=True)
+        self._server_actors.clear()
+        self.servers.clear()
+        self._controller_actor = None
+        self._controller = None
+        if self._set_ray_address:
+            os.environ.pop("RAY_ADDRESS", None)
+            self._set_ray_address = False
+        if ray is not None and self._owns_ray:
+            ray.shutdown()
+            self._owns_ray = False
+        self._started = False
+
+    def __enter__(self) -> RayCluster:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ access
+    def _require_controller(self) -> ControllerClient:
+        if self._controller is None:
+            raise UnavailableError(
+                "the Ray data plane is not running; use it as a context manager or start()"
+            )
+        return self._controller
+
+    @property
+    def address(self) -> str:
+        """``ray://NAMESPACE/NAME``: ``trajflight.connect(address)`` from any process of the Ray cluster."""
+        return f"{SCHEME}{self.namespace}/{self.name}"
+
+    @property
+    def server_locations(self) -> list[str]:
+        """Flight locations of the storage servers."""
+        return [s.location for s in self.servers]
+
+    def client(self) -> Client:
+        """A client in this process, calling the controller actor through Ray."""
+        controller = self._require_controller()
+        return Client(
+            ControllerClient(controller.transport, timeout=self.timeout),
+            address=self.address,
+            timeout=self.timeout,
+        )
+
+    def kill_server(self, index: int) -> None:
+        """Kill storage server ``index``'s actor (not restarted) — for fault-injection tests."""
+        ray = import_ray()
+        ray.kill(self._server_actors[index], no_restart=True)
+
+    def wait_idle(self, job_id: str, timeout: float = 10.0) -> tuple[int, int]:
+        """Wait until the job holds no bytes and no groups (every delete confirmed); returns the usage,
+        which is not ``(0, 0)`` when ``timeout`` passed first."""
+        controller = self._require_controller()
+        deadline = time.monotonic() + timeout
+        while True:
+            usage = controller.usage(job_id)
+            if tuple(usage) == (0, 0) or time.monotonic() > deadline:
+                return usage
+            time.sleep(0.02)
