@@ -5,9 +5,12 @@ Order of a run (each step shown as a progress line):
 1. Generate the seeded workload once; every system is fed the same groups.
 2. Start each system. A missing optional peer is *skipped* with its install hint; one that fails to start
    or breaks mid-run is *failed* with the error, and the others go on.
-3. Warm-up: per system, one untimed round (first use: imports, connections), then one round with memory
-   measured: one put of the workload and one get of each variant, recording the peak RSS growth of the
-   client (this process) and of the servers (their processes) per payload byte. Dropped from the timings.
+3. Warm-up, untimed. Per system: 3 small round trips (first use: imports, connections); then its first
+   full round (put the workload, one get of each variant) on its still-fresh servers, recording the peak
+   RSS growth of the client (this process) and of the servers (their processes) per payload byte; then
+   one more full round to warm allocators and caches. Before each memory round the client hands freed
+   memory back to the OS (``malloc_trim``, Arrow's pool), so one system's leftovers do not hide the
+   next one's growth.
 4. ``repeats`` timed rounds. Each round visits every system (the order rotates per round so a slow spell
    of the shared machine does not land on one system): put the workload, grant, each get variant, release,
    delete.
@@ -31,7 +34,7 @@ from typing import Any
 
 from trajflight.workload import SyntheticGroup, make_workload
 
-from ._stats import PeakMemory, Progress, Stats, cpu_count, percentile, timed
+from ._stats import PeakMemory, Progress, Stats, cpu_count, percentile, release_free_memory, timed
 from ._system import GET_VARIANTS, SUBSET_COLUMNS, System, SystemUnavailable, payload_of
 
 __all__ = ["ALL_SYSTEMS", "BenchConfig", "run_bench"]
@@ -201,8 +204,12 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> dict[str, A
             entry.fail("setup", exc, progress)
 
     try:
-        for entry in entries:
-            _guard(entry, "warm-up", progress, lambda e=entry: _warm_up(e, payload, progress))
+        for entry in entries:  # first use: imports, connections; nothing measured
+            _guard(entry, "warm-up", progress, lambda e=entry: _first_use(e, progress))
+        for entry in entries:  # the first full round of fresh servers, with peak memory measured
+            _guard(entry, "memory round", progress, lambda e=entry: _memory_round(e, payload, progress))
+        for entry in entries:  # warms allocators and caches; not timed
+            _guard(entry, "warm-up round", progress, lambda e=entry: _round(e, record=False))
         for r in range(cfg.repeats):
             active = [e for e in entries if e.active]
             if not active:
@@ -289,16 +296,22 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> dict[str, A
     }
 
 
-def _warm_up(entry: _Entry, payload: int, progress: Progress) -> None:
+def _first_use(entry: _Entry, progress: Progress) -> None:
     system = entry.system
-    assert system is not None
-    progress(f"{entry.name}: warm-up")
-    _round(entry, record=False)  # first use: imports, connections, allocators; not measured
-    progress(f"{entry.name}: warm-up round with peak memory measured")
-    with (
-        PeakMemory([os.getpid()]) as client,
-        PeakMemory(system.server_pids(), include_shmem=system.include_shmem) as servers,
-    ):
+    assert system is not None  # guarded by _Entry.active
+    progress(f"{entry.name}: warm-up (first use)")
+    for i in range(3):
+        system.small_roundtrip(i)
+        system.small_cleanup()
+
+
+def _memory_round(entry: _Entry, payload: int, progress: Progress) -> None:
+    system = entry.system
+    assert system is not None  # guarded by _Entry.active
+    progress(f"{entry.name}: first full round, peak memory measured")
+    release_free_memory()  # so memory freed by the systems before does not hide this one's growth
+    pids = system.server_pids()
+    with PeakMemory([os.getpid()]) as client, PeakMemory(pids, include_shmem=system.include_shmem) as servers:
         system.put_all()
         system.prepare_get()
         for v in GET_VARIANTS:
@@ -313,7 +326,7 @@ def _warm_up(entry: _Entry, payload: int, progress: Progress) -> None:
         "servers_peak_bytes": servers.peak if system.has_servers else None,
         "servers_growth_bytes": servers.growth if system.has_servers else None,
         "servers_per_payload_byte": servers.growth / payload if system.has_servers else None,
-        "server_processes": len(system.server_pids()),
+        "server_processes": len(pids),
         "method": client.method,
         "servers_counted": system.memory_note or "no server",
     }
