@@ -31,7 +31,7 @@ _LAZY = {
     "fetch": "trajflight._lease",
     "fetch_table": "trajflight._lease",
     "BatchHandle": "trajflight._handles",
-    "GroupMeta": "trajflight._handles",
+    "GroupInfo": "trajflight.controller",
 }
 
 __all__ = ["__version__", *sorted(_LAZY)]

@@ -1,8 +1,9 @@
 """The public client: ``connect(address)``, rollout writers and trainers.
 
 * :class:`Writer` (a rollout worker): ``put`` one finished GRPO group (any input the codec accepts) and
-  get its :class:`GroupMeta` back; when capacity is full the put waits up to its deadline, then raises
-  :class:`~trajflight.errors.CapacityExceededError` (backpressure, never an unbounded queue).
+  get its :class:`~trajflight.controller.GroupInfo` back; when capacity is full the put waits up to its
+  deadline, then raises :class:`~trajflight.errors.CapacityExceededError` (backpressure, never an
+  unbounded queue).
 * :class:`Trainer`: ``lease`` a batch (long poll), then :class:`~trajflight._lease.LeasedBatch` fetches
   it as torch tensors and drives prepare -> start_training -> finish_training -> commit.
 
@@ -21,11 +22,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from trajflight._handles import BatchHandle, GroupMeta
+from trajflight._handles import BatchHandle
 from trajflight._lease import LeasedBatch, Renewals
 from trajflight._storage import StoragePool
 from trajflight.codec import GroupKey, encode_group
-from trajflight.controller import ControllerClient, JobConfig, OldReady
+from trajflight.controller import ControllerClient, GroupInfo, JobConfig, OldReady
 from trajflight.errors import CapacityExceededError, DeadlineExceededError, InvalidRequestError
 
 __all__ = ["Client", "Trainer", "Writer", "connect"]
@@ -255,7 +256,7 @@ class Writer:
 
     def put(
         self, batch: pa.RecordBatch | None = None, *, timeout: float | None = None, **group: Any
-    ) -> GroupMeta:
+    ) -> GroupInfo:
         """Store one finished group and make it READY; returns its metadata.
 
         Args:
@@ -313,11 +314,11 @@ class Writer:
             policy_version=_policy_version(batch, self.policy_version),
             columns=batch.schema.names,
         )
-        return GroupMeta.from_info(info)
+        return info
 
     async def put_async(
         self, batch: pa.RecordBatch | None = None, *, timeout: float | None = None, **group: Any
-    ) -> GroupMeta:
+    ) -> GroupInfo:
         """The ``asyncio`` twin of :meth:`put` (same implementation, run off the event loop)."""
         return await asyncio.to_thread(self.put, batch, timeout=timeout, **group)
 
@@ -389,7 +390,7 @@ class Trainer:
         handle = BatchHandle(
             lease.job_id,
             lease.token,
-            tuple(GroupMeta.from_info(g) for g in lease.groups),
+            lease.groups,
             expires_at=lease.expires_at,
         )
         # Fence before anyone reads: a zombie holding an older lease of these groups is refused from now on.

@@ -1,6 +1,7 @@
 """Small picklable metadata handles: what an RL framework routes work with (like TransferQueue's BatchMeta).
 
-A :class:`GroupMeta` describes one stored group; a :class:`BatchHandle` describes some leased groups
+A :class:`~trajflight.controller.GroupInfo` describes one stored group (where it lives, its rows, bytes,
+tokens, columns, state and fencing generation); a :class:`BatchHandle` describes some leased groups
 (a whole lease or a shard of it) plus the column projection to read. A driver splits a handle per rank
 (balanced by token count), concatenates or projects it, and ships it to worker processes, which read
 their shard straight from the storage servers under the lease's token with :func:`trajflight.fetch`.
@@ -17,52 +18,7 @@ from dataclasses import dataclass, replace
 from trajflight.controller import GroupInfo, Partition
 from trajflight.errors import InvalidRequestError
 
-__all__ = ["BatchHandle", "GroupMeta"]
-
-
-@dataclass(frozen=True, slots=True)
-class GroupMeta:
-    """One group: where it lives and what it holds.
-
-    Attributes:
-        partition: ``(job_id, epoch, group_id)``.
-        server_id: The storage server holding it.
-        location: That server's Flight location.
-        generation: The fencing token to present when reading it under a lease.
-        rows: Samples.
-        nbytes: Bytes stored.
-        tokens: Token count (response tokens), used to balance shards.
-        policy_version: Weights version that generated it.
-        columns: Columns it carries.
-        state: Its state when this handle was made (``READY``, ``LEASED``, ...).
-    """
-
-    partition: Partition
-    server_id: str
-    location: str
-    generation: int
-    rows: int
-    nbytes: int
-    tokens: int
-    policy_version: int
-    columns: tuple[str, ...]
-    state: str
-
-    @classmethod
-    def from_info(cls, info: GroupInfo) -> GroupMeta:
-        """Build from the controller's record."""
-        return cls(
-            Partition(*info.partition),
-            info.server_id,
-            info.location,
-            info.generation,
-            info.rows,
-            info.nbytes,
-            info.tokens,
-            info.policy_version,
-            tuple(info.columns),
-            str(info.state),
-        )
+__all__ = ["BatchHandle"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +35,7 @@ class BatchHandle:
 
     job_id: str
     token: int
-    groups: tuple[GroupMeta, ...]
+    groups: tuple[GroupInfo, ...]
     columns: tuple[str, ...] | None = None
     expires_at: float = 0.0
 

@@ -277,7 +277,7 @@ def test_put_async_is_the_twin_of_put(cluster, job):
     (g,) = trajflight.workload.make_workload(1, 4, response_median=64)
     o = g.response_offsets
 
-    async def main() -> list[trajflight.GroupMeta]:
+    async def main() -> list[trajflight.GroupInfo]:
         return await asyncio.gather(
             *[
                 writer.put_async(

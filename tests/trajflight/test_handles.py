@@ -6,14 +6,26 @@ import pickle
 
 import pytest
 
-from trajflight import BatchHandle, GroupMeta
-from trajflight.controller import Partition
+from trajflight import BatchHandle, GroupInfo
+from trajflight.controller import GroupState, Partition
 from trajflight.errors import InvalidRequestError
 
 
 def _handle(tokens: list[int], columns=("response_ids", "reward")) -> BatchHandle:
     groups = tuple(
-        GroupMeta(Partition("j", 1, i), "s0", "grpc://127.0.0.1:1", 10 + i, 8, 1000, t, 0, columns, "LEASED")
+        GroupInfo(
+            Partition("j", 1, i),
+            GroupState.LEASED,
+            "s0",
+            "grpc://127.0.0.1:1",
+            10 + i,
+            8,
+            1000,
+            t,
+            0,
+            columns,
+            None,
+        )
         for i, t in enumerate(tokens)
     )
     return BatchHandle("j", 42, groups, None, 99.0)
