@@ -108,13 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"get  client {_median_spread(tf_get)}   ratio {results['get']['ratio']:.2f}x of bare")
 
         (small,) = make_workload(1, 8, seed=1)
-        o = small.response_offsets
-        columns = dict(
-            prompt_ids=small.prompt,
-            response_ids=(small.response_values, o),
-            response_logprobs=(small.logprobs, o),
-            reward=small.reward,
-        )
+        columns = small.columns()
         for name, c in (
             ("in-process controller", client),
             ("controller over Flight", trajflight.connect(cluster.address)),

@@ -101,16 +101,7 @@ def rollout_worker(
         for gid in group_ids:
             time.sleep(rollout_time)  # the engine generating the group
             (group,) = make_workload(1, samples, seed=seed * 1_000_003 + gid, response_median=median)
-            o = group.response_offsets
-            columns = dict(
-                prompt_ids=group.prompt,
-                response_ids=(group.response_values, o),
-                response_logprobs=(group.logprobs, o),
-                loss_mask=(group.loss_mask, o),
-                reward=group.reward,
-                advantage=group.advantage,
-                sample_ids=[f"g{gid}/s{i}" for i in range(samples)],
-            )
+            columns = group.columns(sample_ids=[f"g{gid}/s{i}" for i in range(samples)])
             for attempt in range(50):
                 try:
                     meta = writer.put(**columns)

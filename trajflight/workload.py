@@ -12,6 +12,7 @@ copying payload. "Payload bytes" counts values only (no offsets, no padding), as
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -59,27 +60,28 @@ class SyntheticGroup:
             + self.advantage.nbytes
         )
 
+    def columns(self, **more: Any) -> dict[str, Any]:
+        """The group's columns as keyword arguments of :func:`~trajflight.codec.encode_group` (and of
+        ``Writer.put``): ``(values, offsets)`` pairs that the encoder aliases. ``more`` adds or overrides
+        arguments (``sample_ids=...``, ``policy_version=...``)."""
+        offsets = self.response_offsets
+        out: dict[str, Any] = {
+            "prompt_ids": self.prompt,
+            "response_ids": (self.response_values, offsets),
+            "response_logprobs": (self.logprobs, offsets),
+            "loss_mask": (self.loss_mask, offsets),
+            "reward": self.reward,
+            "advantage": self.advantage,
+        }
+        if self.top_p_ids is not None and self.top_p_probs is not None and self.top_p_offsets is not None:
+            out["top_p_ids"] = DoublyRagged(self.top_p_ids, offsets, self.top_p_offsets)
+            out["top_p_probs"] = DoublyRagged(self.top_p_probs, offsets, self.top_p_offsets)
+        return {**out, **more}
+
     def encode(self, job_id: str, epoch: int, *, policy_version: int = 0) -> pa.RecordBatch:
         """Encode the group with :func:`trajflight.codec.encode_group` (aliasing these arrays)."""
-        offsets = self.response_offsets
-        top_p: dict[str, DoublyRagged[np.ndarray]] = {}
-        if self.top_p_ids is not None and self.top_p_probs is not None and self.top_p_offsets is not None:
-            top_p = {
-                "top_p_ids": DoublyRagged(self.top_p_ids, offsets, self.top_p_offsets),
-                "top_p_probs": DoublyRagged(self.top_p_probs, offsets, self.top_p_offsets),
-            }
         return encode_group(
-            job_id=job_id,
-            epoch=epoch,
-            group_id=self.group_id,
-            prompt_ids=self.prompt,
-            response_ids=(self.response_values, offsets),
-            response_logprobs=(self.logprobs, offsets),
-            loss_mask=(self.loss_mask, offsets),
-            reward=self.reward,
-            advantage=self.advantage,
-            policy_version=policy_version,
-            **top_p,
+            job_id=job_id, epoch=epoch, group_id=self.group_id, **self.columns(policy_version=policy_version)
         )
 
 

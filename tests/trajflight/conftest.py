@@ -29,10 +29,7 @@ WRITER = textwrap.dedent(
     writer = client.writer(job, epoch, writer_id=f"child-{first}")
     out = []
     for g in make_workload(count, 4, seed=first, response_median=64, first_group_id=first):
-        o = g.response_offsets
-        meta = writer.put(prompt_ids=g.prompt, response_ids=(g.response_values, o),
-                          response_logprobs=(g.logprobs, o), reward=g.reward,
-                          sample_ids=[f"p{g.group_id}/{i}" for i in range(4)])
+        meta = writer.put(**g.columns(sample_ids=[f"p{g.group_id}/{i}" for i in range(4)]))
         out.append(list(meta.partition))
     print(json.dumps(out), flush=True)
     """
@@ -56,16 +53,7 @@ def put_groups(writer: trajflight.Writer, count: int, *, seed: int = 0, first: i
     """Put ``count`` small groups (4 samples); sample ids name their prompt ``p{n}/{i}``."""
     metas = []
     for g in make_workload(count, 4, seed=seed, response_median=64, first_group_id=first):
-        o = g.response_offsets
-        metas.append(
-            writer.put(
-                prompt_ids=g.prompt,
-                response_ids=(g.response_values, o),
-                response_logprobs=(g.logprobs, o),
-                reward=g.reward,
-                sample_ids=[f"p{g.group_id}/{i}" for i in range(4)],
-            )
-        )
+        metas.append(writer.put(**g.columns(sample_ids=[f"p{g.group_id}/{i}" for i in range(4)])))
     return metas
 
 

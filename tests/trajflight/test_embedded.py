@@ -169,13 +169,9 @@ def test_two_stage_pipeline_reward_stage_then_trainer(cluster, job):
     client.open_job(job, 1)
     writer = client.writer(job, 1)
     for g in trajflight.workload.make_workload(4, 4, response_median=64):
-        o = g.response_offsets
-        writer.put(
-            prompt_ids=g.prompt,
-            response_ids=(g.response_values, o),
-            response_logprobs=(g.logprobs, o),
-            reward=g.reward,
-        )
+        columns = g.columns()
+        del columns["advantage"]  # the stage below computes it
+        writer.put(**columns)
     trainer = client.trainer(job)
     assert trainer.try_lease(4, wait=0.2, require=["advantage"]) is None  # nothing has it yet
     stage = client.trainer(job, owner="advantage-stage")
@@ -212,14 +208,7 @@ def test_full_capacity_makes_puts_wait_then_raise_and_a_commit_frees_it(cluster,
 
 def put_groups_with_timeout(writer: trajflight.Writer, *, timeout: float) -> None:
     (g,) = trajflight.workload.make_workload(1, 4, response_median=64, seed=3)
-    o = g.response_offsets
-    writer.put(
-        prompt_ids=g.prompt,
-        response_ids=(g.response_values, o),
-        response_logprobs=(g.logprobs, o),
-        reward=g.reward,
-        timeout=timeout,
-    )
+    writer.put(**g.columns(), timeout=timeout)
 
 
 def test_an_exception_inside_the_with_block_never_commits(cluster, job):
@@ -275,20 +264,9 @@ def test_put_async_is_the_twin_of_put(cluster, job):
     client.open_job(job, 1)
     writer = client.writer(job, 1)
     (g,) = trajflight.workload.make_workload(1, 4, response_median=64)
-    o = g.response_offsets
 
     async def main() -> list[trajflight.GroupInfo]:
-        return await asyncio.gather(
-            *[
-                writer.put_async(
-                    prompt_ids=g.prompt,
-                    response_ids=(g.response_values, o),
-                    response_logprobs=(g.logprobs, o),
-                    reward=g.reward,
-                )
-                for _ in range(3)
-            ]
-        )
+        return await asyncio.gather(*[writer.put_async(**g.columns()) for _ in range(3)])
 
     metas = asyncio.run(main())
     assert len({m.partition for m in metas}) == 3
