@@ -128,3 +128,18 @@ def test_schema_rejects_a_broken_document(quick_result: dict) -> None:
 def test_schema_is_printable(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--schema"]) == 0
     assert json.loads(capsys.readouterr().out) == SCHEMA
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_quick_run_of_the_ray_peer_on_the_shared_runtime(ray_runtime) -> None:
+    """The Ray reference reuses the session's runtime (never starts or stops its own here)."""
+    cfg = BenchConfig.quick_config(systems=("trajflight", "ray"), repeats=1, latency_iters=3)
+    doc = add_ratios_and_targets(run_bench(cfg, Progress(enabled=False)))
+    validate_complete(doc)
+    ray = doc["systems"]["ray"]
+    assert ray["status"] == "ok", ray["reason"]
+    assert all(ray[op]["GBps"] > 0 for op in OPS)
+    assert ray["memory"]["servers_peak_bytes"] > 0
+    assert doc["ratios"]["get_all_jagged trajflight/ray"] > 0
+    assert ray_runtime.is_initialized()
