@@ -137,10 +137,19 @@ class ControlServer(flight.FlightServerBase):
             body = _rpc.loads(action.body.to_pybytes()) if action.body.size else {}
             if not isinstance(body, dict):
                 raise InvalidRequestError(f"controller action {action.type}: the body must be an object")
-            return [_rpc.dumps(self._dispatch(action.type, body))]
+            try:
+                result = self._dispatch(action.type, body)
+            except TypeError as exc:  # arguments the operation does not take: the caller's mistake
+                raise InvalidRequestError(f"controller action {action.type}: bad arguments: {exc}") from exc
+            return [_rpc.dumps(result)]
 
     def _dispatch(self, kind: str, body: dict[str, Any]) -> Any:
         timeout = body.get("timeout")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)):
+            raise InvalidRequestError(f"controller action {kind}: timeout must be a number of seconds")
+        for name in ("kwargs",):
+            if name in body and not isinstance(body[name], dict):
+                raise InvalidRequestError(f"controller action {kind}: {name!r} must be an object")
         if kind == "call":
             method = body.get("method")
             if method not in CALLS:
@@ -153,16 +162,19 @@ class ControlServer(flight.FlightServerBase):
             return result
         if kind == "acquire":
             lease: Lease | None = self.controller.acquire(
-                body["kwargs"], wait=body.get("wait", 0.0), timeout=timeout
+                body.get("kwargs") or {}, wait=body.get("wait", 0.0), timeout=timeout
             )
             self._count("leases_granted" if lease is not None else "acquires_empty")
             if lease is not None:
                 self._count("groups_leased", len(lease.groups))
             return lease
         if kind == "checkpoint":
-            return self.controller.checkpoint(body["job_id"], body.get("path"), timeout=timeout)
+            return self.controller.checkpoint(
+                _required(body, "job_id", str), body.get("path"), timeout=timeout
+            )
         if kind == "restore":
-            return self.controller.restore(body["source"], timeout=timeout, **body.get("kwargs", {}))
+            source = _required(body, "source", (bytes, str))
+            return self.controller.restore(source, timeout=timeout, **(body.get("kwargs") or {}))
         if kind == "info":
             servers = self.controller.call("servers", {}, timeout=timeout)
             with self._lock:
@@ -175,6 +187,13 @@ class ControlServer(flight.FlightServerBase):
                 "uptime_s": time.time() - self.started_at,
             }
         raise InvalidRequestError(f"unknown controller action {kind!r}")
+
+
+def _required(body: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    value = body.get(name)
+    if not isinstance(value, kind):
+        raise InvalidRequestError(f"controller action: field {name!r} is missing or of the wrong type")
+    return value
 
 
 class FlightTransport:

@@ -1,0 +1,70 @@
+"""The controller over Flight: typed errors for bad requests, only client operations served."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow.flight as flight
+import pytest
+
+from trajflight import _rpc
+from trajflight._control import ControlServer, FlightTransport, connect_control
+from trajflight.controller import LocalController
+from trajflight.errors import InvalidRequestError, NotFoundError
+from trajflight.flight_server._errors import translate_errors
+
+
+@pytest.fixture
+def control() -> Iterator[ControlServer]:
+    with LocalController() as controller:
+        server = ControlServer(controller)
+        try:
+            yield server
+        finally:
+            server.shutdown()
+
+
+def _raw(server: ControlServer, kind: str, body: bytes) -> None:
+    client = flight.FlightClient(server.location)
+    try:
+        with translate_errors(kind):
+            list(client.do_action(flight.Action(kind, body), options=flight.FlightCallOptions(timeout=5)))
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize(
+    ("kind", "body", "error", "message"),
+    [
+        (
+            "call",
+            _rpc.dumps({"method": "tick", "kwargs": {}}),
+            InvalidRequestError,
+            "unknown controller operation",
+        ),
+        (
+            "call",
+            _rpc.dumps({"method": "counts", "kwargs": {"job_id": "j", "now": 1.0}}),
+            InvalidRequestError,
+            "bad arguments",
+        ),
+        ("call", _rpc.dumps({"method": "counts", "kwargs": [1]}), InvalidRequestError, "must be an object"),
+        ("call", _rpc.dumps({"method": "counts", "timeout": "soon"}), InvalidRequestError, "timeout"),
+        ("call", b"\x00garbage", InvalidRequestError, "not JSON"),
+        ("call", _rpc.dumps([1, 2]), InvalidRequestError, "must be an object"),
+        ("checkpoint", _rpc.dumps({"path": "/tmp/x"}), InvalidRequestError, "'job_id'"),
+        ("nope", _rpc.dumps({}), InvalidRequestError, "unknown controller action"),
+    ],
+)
+def test_bad_requests_get_typed_errors(control, kind, body, error, message):
+    with pytest.raises(error, match=message):
+        _raw(control, kind, body)
+
+
+def test_ledger_errors_cross_the_wire_with_their_class(control):
+    client = connect_control(control.location, timeout=5)
+    with pytest.raises(NotFoundError, match="no lease has token"):
+        client.renew(12345)
+    info = client.transport.info(5)
+    assert info["kind"] == "embedded"
+    assert isinstance(client.transport, FlightTransport)
