@@ -192,7 +192,7 @@ def draw_chart(doc: dict[str, Any], path: str) -> str | None:
     ax.set_title(
         f"throughput, G={cfg['groups']} K={cfg['samples']}, {cfg['payload_bytes'] / 1e6:.1f} MB", fontsize=10
     )
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, ncol=len(names), loc="upper center", bbox_to_anchor=(0.5, -0.09), frameon=False)
     ax.grid(axis="y", alpha=0.3, which="both")
     p50 = [doc["systems"][n]["latency"]["p50_ms"] for n in names]
     p99 = [doc["systems"][n]["latency"]["p99_ms"] for n in names]
