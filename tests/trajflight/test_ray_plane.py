@@ -1,0 +1,308 @@
+"""The Ray data plane end to end: on the session's local Ray runtime (``ray_runtime``), and on a simulated
+two-node cluster (``ray.cluster_utils.Cluster``) in a child process with its own Ray.
+
+Writers run as Ray tasks (and as a plain process joining by address), a trainer leases, fetches torch
+tensors from servers in parallel, commits, and capacity returns to zero once the controller actor's
+sweeper has deleted the groups over Flight.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+
+import pytest
+
+import trajflight
+from trajflight._ray_plane import RayCluster, parse_ray_address
+from trajflight.errors import AlreadyExistsError, InvalidRequestError, NotFoundError, StaleFenceError
+
+LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1"}
+
+# Puts ``count`` small groups (4 samples) as a writer of ``job``; returns what a test checks. Shipped to
+# Ray by value (a nested function), so it imports what it needs itself.
+WRITE_GROUPS = textwrap.dedent(
+    """
+    def write_groups(address, job, epoch, first, count):
+        import ray
+        import trajflight
+        from trajflight.workload import make_workload
+
+        with trajflight.connect(address, timeout=20) as client:
+            writer = client.writer(job, epoch, writer_id=f"writer-{first}")
+            metas = []
+            for g in make_workload(count, 4, seed=first, response_median=64, first_group_id=first):
+                o = g.response_offsets
+                meta = writer.put(prompt_ids=g.prompt, response_ids=(g.response_values, o),
+                                  response_logprobs=(g.logprobs, o), reward=g.reward,
+                                  sample_ids=[f"p{g.group_id}/{i}" for i in range(4)])
+                metas.append({"partition": list(meta.partition), "server_id": meta.server_id,
+                              "location": meta.location, "rows": meta.rows})
+        node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        return {"node": node, "writer_node": writer.node, "metas": metas}
+    """
+)
+
+
+def _write_groups_fn():
+    scope: dict = {}
+    exec(WRITE_GROUPS, scope)
+    return scope["write_groups"]
+
+
+def _job() -> str:
+    return f"job-{uuid.uuid4().hex[:8]}"
+
+
+# ---------------------------------------------------------------------------------------- no Ray needed
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "ray://",
+        "ray://ns",
+        "ray://ns/",
+        "ray:///name",
+        "ray://ns/name/more",
+        "ray://ns/na me",
+        "ray://n/x?y=1",
+    ],
+)
+def test_malformed_ray_addresses_are_refused_with_the_expected_form(address):
+    with pytest.raises(InvalidRequestError, match=r"ray://NAMESPACE/NAME"):
+        parse_ray_address(address)
+
+
+def test_a_ray_client_address_gets_a_hint():
+    with pytest.raises(InvalidRequestError, match="Ray Client"):
+        parse_ray_address("ray://head-node:10001")
+    assert parse_ray_address("ray://trajflight-1a2b/trajflight-controller") == (
+        "trajflight-1a2b",
+        "trajflight-controller",
+    )
+
+
+def test_import_trajflight_does_not_import_ray():
+    code = textwrap.dedent(
+        """
+        import sys
+        import trajflight
+        from trajflight.errors import InvalidRequestError
+        trajflight.RayCluster  # resolving the name imports the module, not ray
+        try:
+            trajflight.connect("ray://only-a-namespace")
+        except InvalidRequestError:
+            pass
+        print("ray" in sys.modules)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"
+
+
+# ---------------------------------------------------------------------------------------- session Ray
+
+
+@pytest.fixture(scope="module")
+def plane(ray_runtime):
+    """Two storage server actors and the controller actor, in a fresh namespace, for the whole module."""
+    with RayCluster(servers=2, capacity="256MiB", timeout=20.0) as p:
+        yield p
+
+
+@pytest.mark.ray
+def test_servers_are_node_pinned_actors_on_loopback(plane, ray_runtime):
+    import psutil
+
+    here = ray_runtime.get_runtime_context().get_node_id()
+    assert plane.address == f"ray://{plane.namespace}/trajflight-controller"
+    assert len(plane.servers) == 2
+    registered = {s.server_id: s for s in plane.client().controller.servers()}
+    for server in plane.servers:
+        assert server.node_id == here
+        assert server.location.startswith("grpc://127.0.0.1:")
+        assert registered[server.server_id].node == here
+        assert registered[server.server_id].location == server.location
+        actor = ray_runtime.get_actor(server.actor_name, namespace=plane.namespace)
+        info = ray_runtime.get(actor.describe.remote(), timeout=10)
+        listening = [
+            c.laddr
+            for c in psutil.Process(info["pid"]).net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN
+        ]
+        assert listening, "the storage server actor listens nowhere"
+        assert {addr.ip for addr in listening} <= LOOPBACK, listening
+
+
+@pytest.mark.ray
+def test_writers_as_ray_tasks_put_to_their_node_and_a_trainer_commits_to_zero(plane, ray_runtime):
+    job = _job()
+    client = plane.client()
+    client.open_job(job, 1, {"default_lease_ttl": "20s"})
+    write = ray_runtime.remote(num_cpus=0)(_write_groups_fn())
+    results = ray_runtime.get([write.remote(plane.address, job, 1, g, 4) for g in (0, 100)], timeout=60)
+
+    servers = {s.server_id: s for s in plane.servers}
+    metas = [m for r in results for m in r["metas"]]
+    assert len(metas) == 8
+    for r in results:
+        assert r["writer_node"] == r["node"]  # the default node of a writer on a Ray plane
+        assert all(servers[m["server_id"]].node_id == r["node"] for m in r["metas"])
+    assert {m["location"] for m in metas} == set(plane.server_locations)  # spread over both servers
+
+    trainer = client.trainer(job)
+    with trainer.lease(8, wait=10) as batch:
+        assert len(batch) == 8
+        tensors = batch.fetch(["response_ids", "reward", "sample_id"])  # one do_get per server, in parallel
+        assert tensors.num_rows == 32
+        assert tuple(tensors.tensors["reward"].shape) == (32,)
+        ids = tensors.tensors["response_ids"]
+        assert ids.is_nested
+        assert int(ids.offsets()[-1]) == ids.values().numel() > 0
+        assert len(set(tensors.arrow["sample_id"].to_pylist())) == 32
+        # The single-controller pattern: shards of the lease fetched by Ray tasks, under its token.
+        shards = batch.shards(2)
+        rows = ray_runtime.get(
+            [ray_runtime.remote(num_cpus=0)(_rows_of).remote(s.select(["reward"])) for s in shards],
+            timeout=30,
+        )
+        assert sum(rows) == 32
+    assert plane.wait_idle(job, timeout=15.0) == (0, 0)
+    assert client.controller.counts(job)["committed_total"] == 8
+    for stats in client.stats(job)["servers"].values():
+        assert stats["jobs"][job]["groups"] == 0
+
+
+def _rows_of(handle):
+    import trajflight
+
+    return trajflight.fetch(handle).num_rows
+
+
+@pytest.mark.ray
+def test_a_process_outside_ray_joins_by_address(plane, ray_runtime):
+    job = _job()
+    client = plane.client()
+    client.open_job(job, 1)
+    code = WRITE_GROUPS + textwrap.dedent(
+        """
+        import json, sys
+        print(json.dumps(write_groups(sys.argv[1], sys.argv[2], 1, 0, 2)))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, plane.address, job], capture_output=True, text=True, timeout=90
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["node"] == ray_runtime.get_runtime_context().get_node_id() == result["writer_node"]
+    with client.trainer(job).lease(2, wait=10) as batch:
+        assert batch.fetch(["reward"]).num_rows == 8
+    assert plane.wait_idle(job, timeout=15.0) == (0, 0)
+
+
+@pytest.mark.ray
+def test_unknown_controller_and_taken_name(plane, ray_runtime):
+    with pytest.raises(NotFoundError, match="no trajflight controller"):
+        trajflight.connect(f"ray://{plane.namespace}/no-such-controller")
+    with pytest.raises(AlreadyExistsError, match="already runs"):
+        RayCluster(servers=1, namespace=plane.namespace, timeout=20.0).start()
+    plane.client().controller.servers()  # the running plane is untouched
+
+
+@pytest.mark.ray
+def test_restart_controller_keeps_address_servers_and_clients(ray_runtime):
+    job = _job()
+    with RayCluster(servers=1, capacity="64MiB", timeout=20.0) as plane:
+        client = plane.client()
+        config = {"default_lease_ttl": "20s"}
+        client.open_job(job, 1, config)
+        writer = client.writer(job, 1)
+        write = ray_runtime.remote(num_cpus=0)(_write_groups_fn())
+        ray_runtime.get(write.remote(plane.address, job, 1, 0, 3), timeout=60)
+        checkpoint = client.checkpoint(job)
+        before = client.controller.transport.info(10.0)["pid"]
+
+        plane.restart_controller()
+
+        assert client.controller.transport.info(10.0)["pid"] != before
+        assert [s.location for s in client.controller.servers()] == plane.server_locations
+        client.restore(
+            checkpoint, job_id=job, epoch=2, config=config
+        )  # the same client works after the restart
+        with pytest.raises(StaleFenceError):
+            writer.put(
+                prompt_ids=[[1]], response_ids=[[3]], response_logprobs=[[-0.5]], reward=[0.0]
+            )  # epoch 1 is fenced
+        with client.trainer(job).lease(3, wait=10) as batch:
+            assert len(batch) == 3
+            assert batch.fetch(["reward"]).num_rows == 12
+        assert plane.wait_idle(job, timeout=15.0) == (0, 0)
+
+
+# ---------------------------------------------------------------------------------------- two nodes
+
+TWO_NODES = WRITE_GROUPS + textwrap.dedent(
+    """
+    import json, os
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    import ray
+    from ray.cluster_utils import Cluster
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    import trajflight
+
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False})
+    cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        with trajflight.RayCluster(capacity="64MiB", timeout=30) as plane:  # one server per node
+            client = plane.client()
+            client.open_job("two-nodes", 1, {"default_lease_ttl": "30s"})
+            write = ray.remote(num_cpus=0)(write_groups)
+            nodes = sorted({s.node_id for s in plane.servers})
+            refs = [write.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False))
+                    .remote(plane.address, "two-nodes", 1, 100 * i, 3) for i, n in enumerate(nodes)]
+            writers = ray.get(refs, timeout=60)
+            with client.trainer("two-nodes").lease(6, wait=10) as batch:
+                rows = batch.fetch(["response_ids", "reward"]).num_rows
+                spans = sorted({g.location for g in batch.handle.groups})
+            idle = plane.wait_idle("two-nodes", timeout=15.0)
+            servers = {s.server_id: s.node_id for s in plane.servers}
+            print(json.dumps({"nodes": [n["NodeID"] for n in ray.nodes() if n["Alive"]], "servers": servers,
+                              "writers": writers, "rows": rows, "spans": spans, "idle": list(idle)}))
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    """
+)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.timeout(170)
+def test_two_node_cluster_writers_put_to_their_own_node():
+    """A simulated two-node cluster (its own Ray, in a child process so it never meets the session's)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run(
+        [sys.executable, "-c", TWO_NODES], capture_output=True, text=True, timeout=150, env=env
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+
+    assert len(result["nodes"]) == 2
+    assert sorted(result["servers"].values()) == sorted(result["nodes"])  # one server per node
+    assert {w["node"] for w in result["writers"]} == set(result["nodes"])
+    for w in result["writers"]:
+        assert w["writer_node"] == w["node"]
+        assert len(w["metas"]) == 3
+        assert all(result["servers"][m["server_id"]] == w["node"] for m in w["metas"])  # own node's server
+    assert result["rows"] == 24
+    assert len(result["spans"]) == 2  # the trainer's batch spanned both nodes' servers
+    assert result["idle"] == [0, 0]
