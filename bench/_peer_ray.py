@@ -92,6 +92,12 @@ class Producer:
 
         return [[ray.put(group_arrays(g))] for g in self.groups]
 
+    def put_batched(self) -> list[Any]:
+        """One ``ray.put`` of the whole workload (a list of per-group dicts); its ref, wrapped."""
+        import ray
+
+        return [ray.put([group_arrays(g) for g in self.groups])]
+
     def put_one(self, index: int) -> list[Any]:
         """``ray.put`` group ``index``; its ref, wrapped."""
         import ray
@@ -107,6 +113,7 @@ class RaySystem(System):
     description = "Ray object store: ray.put per group in an actor, ray.get + join into torch in the driver"
     memory_note = "raylet RSS + shared-memory (object store) growth"
     include_shmem = True
+    supports_batched = True
 
     def __init__(
         self, groups: Sequence[SyntheticGroup], *, samples: int, seed: int, response_median: float
@@ -141,6 +148,9 @@ class RaySystem(System):
     def get(self, variant: GetVariant) -> Any:
         parts = self._ray.get(self._refs, timeout=120)
         return torch_from_arrays(parts, variant.columns or ALL_COLUMNS, variant.layout)
+
+    def put_batched_all(self) -> None:
+        self._refs = self._ray.get(self._producer.put_batched.remote(), timeout=120)
 
     def drain(self) -> None:
         self._refs = []

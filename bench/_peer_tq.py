@@ -48,6 +48,26 @@ def _tensordict(g: SyntheticGroup) -> Any:
     return TensorDict(columns, batch_size=[g.num_samples])
 
 
+def _tensordict_of_all(groups: Sequence[SyntheticGroup]) -> Any:
+    """Every group's rows in one TensorDict (the per-column values joined with one copy)."""
+    import numpy as np
+    import torch
+    from tensordict import TensorDict
+
+    parts = [group_arrays(g) for g in groups]
+    columns: dict[str, Any] = {}
+    for name in ALL_COLUMNS:
+        values = torch.from_numpy(np.concatenate([p[name] for p in parts]))
+        if name in RAGGED:
+            lengths = np.concatenate([np.diff(p[name + "@offsets"]) for p in parts])
+            offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            columns[name] = torch.nested.nested_tensor_from_jagged(values, torch.from_numpy(offsets))
+        else:
+            columns[name] = values
+    return TensorDict(columns, batch_size=[sum(g.num_samples for g in groups)])
+
+
 def _to_torch(data: Any, layout: str) -> dict[str, Any]:
     out = {}
     for name, value in data.items():
@@ -64,6 +84,7 @@ class TransferQueueSystem(System):
     role = "peer"
     description = "TransferQueue 0.1.11, SimpleStorage, 2 storage units (Ray actors, ZMQ)"
     memory_note = "RSS of the 2 SimpleStorageUnit actors + the TransferQueueController actor"
+    supports_batched = True
 
     def __init__(self, groups: Sequence[SyntheticGroup], *, storage_units: int = 2) -> None:
         super().__init__(groups)
@@ -115,6 +136,9 @@ class TransferQueueSystem(System):
         put = self._client.put
         for g in self.groups:
             put(_tensordict(g), partition_id=PARTITION)
+
+    def put_batched_all(self) -> None:
+        self._client.put(_tensordict_of_all(self.groups), partition_id=PARTITION)
 
     def _meta(self, columns: Sequence[str], n: int, partition: str) -> Any:
         self._task += 1

@@ -34,6 +34,7 @@ class MemcpySystem(System):
     role = "reference"
     description = "numpy copyto of the payload bytes (physical floor)"
     has_servers = False
+    supports_batched = True
 
     def __init__(self, groups: Sequence[SyntheticGroup]) -> None:
         super().__init__(groups)
@@ -55,6 +56,9 @@ class MemcpySystem(System):
     def put_all(self) -> None:
         self._copy(self._arrays, ALL_COLUMNS)
 
+    def put_batched_all(self) -> None:
+        self._copy(self._arrays, ALL_COLUMNS)  # the same copies: there is no call to batch
+
     def get(self, variant: GetVariant) -> Any:
         self._copy(self._arrays, variant.columns or ALL_COLUMNS)
 
@@ -69,6 +73,7 @@ class FlightSystem(System):
     role = "reference"
     description = "bare pyarrow.flight server, 1 process: do_put per group, one do_get (transport ceiling)"
     memory_note = "RSS of the server process"
+    supports_batched = True
 
     def __init__(self, groups: Sequence[SyntheticGroup]) -> None:
         super().__init__(groups)
@@ -128,6 +133,11 @@ class FlightSystem(System):
 
     def get(self, variant: GetVariant) -> Any:
         return self._get(self._paths, variant.columns, variant.layout)
+
+    def put_batched_all(self) -> None:
+        from .bench_flight_server import bare_put_batched
+
+        bare_put_batched(self._client, [g.encode(JOB, 1) for g in self.groups])
 
     def drain(self) -> None:
         list(self._client.do_action(self._flight.Action("clear", b""), options=self._options))

@@ -17,6 +17,8 @@ FIGURES: tuple[tuple[str, str], ...] = (
     ("get_subset_jagged", "get 2-col, jagged"),
     ("get_subset_padded", "get 2-col, padded"),
 )
+# Shown where a system's public API has a batched put; trajflight's Writer has none (one group per put).
+OPTIONAL_FIGURES: tuple[tuple[str, str], ...] = (("put_batched", "put, batched"),)
 CHART_HINT = "pip install 'trajflight[bench]'  (matplotlib)"
 
 
@@ -86,7 +88,7 @@ def add_ratios_and_targets(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def _cell(op: dict[str, Any]) -> str:
-    return f"{op['GBps']:.3g} ({op['GBps_min']:.3g}-{op['GBps_max']:.3g})"
+    return f"{op['GBps']:.3g} [{op['GBps_min']:.2g}-{op['GBps_max']:.2g}]"
 
 
 def format_table(doc: dict[str, Any]) -> str:
@@ -98,9 +100,10 @@ def format_table(doc: dict[str, Any]) -> str:
         f"repeats={cfg['repeats']}  {doc['machine']['cpus']} CPUs  "
         f"load {doc['machine']['loadavg_before'][0]:.2f}->{doc['machine']['loadavg_after'][0]:.2f}",
         "",
-        "Throughput, GB/s of payload: median (min-max) over the rounds",
+        "Throughput, GB/s of payload: median [min-max] over the rounds",
     ]
-    header = f"{'system':14s}" + "".join(f"{label:>22s}" for _, label in FIGURES)
+    shown = FIGURES + OPTIONAL_FIGURES
+    header = f"{'system':14s}" + "".join(f" {label:>22s}" for _, label in shown)
     lines += [header, "-" * len(header)]
     for name, system in doc["systems"].items():
         if system["status"] != "ok":
@@ -109,7 +112,8 @@ def format_table(doc: dict[str, Any]) -> str:
                 + (f"  -> {system['hint']}" if system["hint"] else "")
             )
             continue
-        lines.append(f"{name:14s}" + "".join(f"{_cell(system[key]):>22s}" for key, _ in FIGURES))
+        cells = [_cell(system[key]) if key in system else "-" for key, _ in shown]
+        lines.append(f"{name:14s}" + "".join(f" {c:>22s}" for c in cells))
     lines += [
         "",
         f"{'system':14s}{'put groups/s':>14s}{'p50 ms':>9s}{'p99 ms':>9s}{'client B/B':>12s}"
@@ -178,15 +182,17 @@ def draw_chart(doc: dict[str, Any], path: str) -> str | None:
         return "no chart: no system ran"
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3.2, 1]})
     width = 0.8 / len(names)
+    shown = FIGURES + OPTIONAL_FIGURES
     for i, name in enumerate(names):
         system = doc["systems"][name]
-        medians = [system[k]["GBps"] for k, _ in FIGURES]
-        lo = [m - system[k]["GBps_min"] for m, (k, _) in zip(medians, FIGURES, strict=True)]
-        hi = [system[k]["GBps_max"] - m for m, (k, _) in zip(medians, FIGURES, strict=True)]
-        xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(FIGURES))]
+        present = [(j, key) for j, (key, _) in enumerate(shown) if key in system]
+        medians = [system[k]["GBps"] for _, k in present]
+        lo = [m - system[k]["GBps_min"] for m, (_, k) in zip(medians, present, strict=True)]
+        hi = [system[k]["GBps_max"] - m for m, (_, k) in zip(medians, present, strict=True)]
+        xs = [j + (i - (len(names) - 1) / 2) * width for j, _ in present]
         ax.bar(xs, medians, width, yerr=[lo, hi], capsize=2, label=name)
     ax.set_yscale("log")
-    ax.set_xticks(range(len(FIGURES)), [label for _, label in FIGURES], fontsize=8)
+    ax.set_xticks(range(len(shown)), [label for _, label in shown], fontsize=8)
     ax.set_ylabel("GB/s of payload (median, min-max)")
     cfg = doc["config"]
     ax.set_title(

@@ -13,6 +13,7 @@ Order of a run (each step shown as a progress line):
    next one's growth.
 4. ``repeats`` timed rounds. Each round visits every system (the order rotates per round so a slow spell
    of the shared machine does not land on one system): put the workload, grant, each get variant, release,
+   delete; then, where the system's API has one, a batched put of the whole workload in one call, and
    delete.
 5. Small-group latency: put one group + grant + get to torch, ``latency_iters`` times per system, in
    interleaved blocks of 10 after 3 warm-up round trips; p50 and p99.
@@ -247,6 +248,8 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> dict[str, A
         }
         if entry.status == "ok":
             out["put"] = _op(entry.times["put"], payload, cfg.groups)
+            if "put_batched" in entry.times:
+                out["put_batched"] = _op(entry.times["put_batched"], payload, cfg.groups)
             for v in GET_VARIANTS:
                 out[v.name] = _op(entry.times[v.name], subset_payload if v.subset else payload, cfg.groups)
             lat = entry.latency
@@ -341,6 +344,9 @@ def _round(entry: _Entry, *, record: bool = True) -> None:
         times[v.name] = timed(lambda v=v: system.get(v))
     system.finish_get()
     system.drain()
+    if system.supports_batched:
+        times["put_batched"] = timed(system.put_batched_all)
+        system.drain()
     if record:
         for key, value in times.items():
             entry.times.setdefault(key, []).append(value)

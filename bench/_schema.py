@@ -125,6 +125,7 @@ _SYSTEM = {
         "hint": {"type": ["string", "null"]},
         "traceback": {"type": "string"},
         "put": {"$ref": "#/$defs/op"},
+        "put_batched": {"$ref": "#/$defs/op"},
         "get_all_jagged": {"$ref": "#/$defs/op"},
         "get_all_padded": {"$ref": "#/$defs/op"},
         "get_subset_jagged": {"$ref": "#/$defs/op"},

@@ -8,8 +8,9 @@ to torch tensors on the consumer. The harness calls, per repetition::
     get(columns, layout) x variants   # timed: to torch tensors in this process, jagged or padded
     finish_get(); drain()             # untimed: release, then delete everything
 
-and, for latency, ``small_roundtrip(i)`` (timed: put one group, then lease/get it to torch) followed by
-the untimed ``small_cleanup()``.
+then, where the system offers one, ``put_batched_all()`` (timed: the whole workload in one call) and
+``drain()``; and, for latency, ``small_roundtrip(i)`` (timed: put one group, then lease/get it to
+torch) followed by the untimed ``small_cleanup()``.
 
 "Payload" is the values only (no offsets, no padding), as ``BENCHMARK.md`` defines it.
 """
@@ -98,6 +99,7 @@ class System:
     memory_note = ""
     has_servers = True
     include_shmem = False
+    supports_batched = False
 
     def __init__(self, groups: Sequence[SyntheticGroup]) -> None:
         self.groups = list(groups)
@@ -116,6 +118,10 @@ class System:
     # data path -----------------------------------------------------------------------------------
     def put_all(self) -> None:
         """Put every group, one call per group, until the consumer can see them."""
+        raise NotImplementedError
+
+    def put_batched_all(self) -> None:
+        """Put every group in one call (where the system's public API has one; ``supports_batched``)."""
         raise NotImplementedError
 
     def prepare_get(self) -> None:
