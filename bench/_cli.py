@@ -49,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default="trajflight-bench.json", help="where to write the result JSON")
     parser.add_argument("--chart", default="trajflight-bench.png", help="where to draw the PNG chart")
     parser.add_argument("--no-chart", action="store_true", help="do not draw the chart")
+    parser.add_argument("--markdown", help="also write the summary as Markdown tables to this file")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--schema", action="store_true", help="print the result's JSON Schema and exit")
 
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     if args.schema:
         print(json.dumps(SCHEMA, indent=2))
         return 0
-    from ._report import add_ratios_and_targets, draw_chart, format_table
+    from ._report import add_ratios_and_targets, draw_chart, format_markdown, format_table
     from ._run import BenchConfig, run_bench
     from ._schema import validate_complete
     from ._stats import Progress
@@ -82,6 +83,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
         print(f"\nresult: {args.json}")
+    if args.markdown:
+        Path(args.markdown).write_text(format_markdown(doc) + "\n")
+        print(f"markdown: {args.markdown}")
     if not args.no_chart and args.chart:
         why_not = draw_chart(doc, args.chart)
         print(why_not if why_not else f"chart: {args.chart}", file=sys.stderr if why_not else sys.stdout)

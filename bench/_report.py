@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["add_ratios_and_targets", "draw_chart", "format_table"]
+__all__ = ["add_ratios_and_targets", "draw_chart", "format_markdown", "format_table"]
 
 FIGURES: tuple[tuple[str, str], ...] = (
     ("put", "put"),
@@ -214,3 +214,79 @@ def draw_chart(doc: dict[str, Any], path: str) -> str | None:
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return None
+
+
+def format_markdown(doc: dict[str, Any]) -> str:
+    """The same summary as :func:`format_table`, as Markdown tables (for ``BENCHMARKS.md``)."""
+    cfg, machine = doc["config"], doc["machine"]
+    shown = FIGURES + OPTIONAL_FIGURES
+    out = [
+        f"Run {doc['started']}, {doc['duration_s']:.0f} s: G={cfg['groups']} K={cfg['samples']} "
+        f"seed={cfg['seed']}, payload {cfg['payload_bytes'] / 1e6:.2f} MB (2-column subset "
+        f"{cfg['subset_payload_bytes'] / 1e6:.2f} MB), {cfg['repeats']} timed rounds, "
+        f"{cfg['latency_iters']} latency round trips per system; {machine['cpus']} CPUs, Python "
+        f"{machine['python']}, pyarrow {machine['pyarrow']}, torch {machine['torch']}; load average {machine['loadavg_before'][0]:.2f} before, {machine['loadavg_after'][0]:.2f} after.",
+        "",
+        "Throughput, GB/s of payload, median [min-max] over the rounds:",
+        "",
+        "| system | " + " | ".join(label for _, label in shown) + " |",
+        "|---|" + "---:|" * len(shown),
+    ]
+    for name, system in doc["systems"].items():
+        if system["status"] != "ok":
+            hint = f" (`{system['hint']}`)" if system["hint"] else ""
+            out.append(f"| {name} | {system['status']}: {system['reason']}{hint} |" + " |" * (len(shown) - 1))
+            continue
+        cells = [_cell(system[key]) if key in system else "-" for key, _ in shown]
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    out += [
+        "",
+        "| system | put groups/s | small-group p50 ms | p99 ms | client peak RSS growth / payload byte "
+        "| servers peak RSS growth / payload byte | servers counted |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for name, system in doc["systems"].items():
+        if system["status"] != "ok":
+            continue
+        mem, lat = system["memory"], system["latency"]
+        servers = mem["servers_per_payload_byte"]
+        out.append(
+            f"| {name} | {system['put']['groups_per_s']:,.0f} | {lat['p50_ms']:.2f} | {lat['p99_ms']:.2f} "
+            f"| {mem['client_per_payload_byte']:.2f} | {'-' if servers is None else f'{servers:.2f}'} "
+            f"| {mem['servers_counted']} |"
+        )
+    ours = _ok(doc, "trajflight")
+    if ours is not None and "controller" in ours:
+        c = ours["controller"]["group_cycles_per_s"]
+        out += [
+            "",
+            f"trajflight controller: **{c['median']:,.0f} group lease cycles/s** "
+            f"[{c['min']:,.0f}-{c['max']:,.0f}] "
+            f"({ours['controller']['transitions_per_s']:,.0f} state transitions/s, "
+            f"{ours['controller']['groups_per_lease']} groups per lease, in-process host).",
+        ]
+    if doc["ratios"]:
+        keys = [k for k, _ in FIGURES] + ["latency_p50"]
+        others = sorted({k.split("/")[1] for k in doc["ratios"]})
+        out += [
+            "",
+            "Ratios, trajflight / other (throughput; for latency, other's p50 / trajflight's); "
+            "> 1: trajflight faster:",
+            "",
+            "| vs | " + " | ".join(keys) + " |",
+            "|---|" + "---:|" * len(keys),
+        ]
+        for other in others:
+            out.append(
+                f"| {other} | "
+                + " | ".join(
+                    f"{doc['ratios'].get(f'{k} trajflight/{other}', float('nan')):.2f}" for k in keys
+                )
+                + " |"
+            )
+    out += ["", "| target (issue 6) | value | threshold | verdict |", "|---|---:|---:|---|"]
+    for t in doc["targets"]:
+        verdict = "not measured" if t["met"] is None else ("met" if t["met"] else "**missed**")
+        value = "-" if t["value"] is None else f"{t['value']:.2f}"
+        out.append(f"| {t['description']} | {value} | {t['threshold']:g} | {verdict} |")
+    return "\n".join(out)
