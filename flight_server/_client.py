@@ -5,8 +5,10 @@ answers costs at most the timeout. Reads use ``IpcReadOptions(ensure_alignment=.
 buffers can be misaligned; DLPack consumers need natural alignment). Errors come back as the trajflight
 classes the server raised (:mod:`trajflight.flight_server._errors`).
 
-Tables returned by reads own their memory (received buffers, or aligned copies of them); they alias
-nothing on the server. Inputs to puts are only read, never kept.
+Tables returned by Flight reads own their memory (received buffers, or aligned copies of them); they
+alias nothing on the server. Tables returned by same-node reads (:meth:`StorageClient.shm_get`) alias
+read-only mappings of the server's shared-memory segments instead (no copy; valid after the group is
+deleted, until the last reference is dropped). Inputs to puts are only read, never kept.
 
 This module does not retry: capacity refusals carry ``retry_after`` for the caller's own policy, and a
 failed put leaves nothing stored, so putting the same group again is safe.
@@ -14,6 +16,7 @@ failed put leaves nothing stored, so putting the same group again is safe.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Sequence
@@ -26,8 +29,9 @@ import pyarrow.flight as flight
 import pyarrow.ipc as ipc
 
 from trajflight.codec import GroupKey
-from trajflight.errors import DeadlineExceededError, InvalidRequestError, TrajflightError
+from trajflight.errors import DeadlineExceededError, InvalidRequestError, SchemaError, TrajflightError
 from trajflight.flight_server._errors import translate_errors
+from trajflight.flight_server._shm import SegmentWriterCache, map_segment
 from trajflight.flight_server._wire import (
     AppendDescriptor,
     DeleteRequest,
@@ -39,6 +43,9 @@ from trajflight.flight_server._wire import (
     ListCriteria,
     PutDescriptor,
     PutManyDescriptor,
+    ShmAbortRequest,
+    ShmPublishRequest,
+    ShmReserveRequest,
     encode,
     encode_json,
 )
@@ -102,11 +109,13 @@ class StorageClient:
         self.timeout = float(timeout)
         self.write_size_limit_bytes = write_size_limit_bytes
         self._read_options = ipc.IpcReadOptions(ensure_alignment=alignment)
+        self._segments = SegmentWriterCache()
         with translate_errors(f"connect to {location}"):
             self._client = flight.FlightClient(location, write_size_limit_bytes=write_size_limit_bytes or 0)
 
     def close(self) -> None:
-        """Close the connection (idempotent)."""
+        """Close the connection and drop cached segment mappings (idempotent)."""
+        self._segments.clear()
         self._client.close()
 
     def __enter__(self) -> StorageClient:
@@ -252,6 +261,122 @@ class StorageClient:
         batches, nbytes, _ = self._batches(data)
         descriptor = AppendDescriptor(key, token, nbytes=nbytes)
         self._put(encode(descriptor), batches, data.schema, timeout, f"column append to group {key.group_id}")
+
+    # ------------------------------------------------------------------------------- same-node puts
+
+    def shm_put_groups(
+        self,
+        groups: Sequence[tuple[GroupKey, pa.RecordBatch | pa.Table]],
+        *,
+        writer: str = "",
+        sigs: Sequence[str | None] | None = None,
+        ttl: float | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """Put groups through the server's shared-memory arena (same host only): no socket copy.
+
+        One ``shm_reserve`` call gets a segment per group (every check of a put runs there), each group is
+        written as one Arrow IPC stream straight into the writer's mapping of its segment (one copy, from
+        ``data`` into shared memory), and one ``shm_publish`` call validates and publishes them all at
+        once, or none. On any failure the reservations are given up. ``data`` is read, not kept.
+
+        Args:
+            groups: ``(key, data)`` per group; every group needs the same schema.
+            writer: Writer id for logs and stats.
+            sigs: Put credentials, one per group, where the server requires signatures.
+            ttl: Seconds the server waits for the publish before dropping the reservation (its default).
+            timeout: Deadline of each of the two calls.
+
+        Raises:
+            Like :meth:`put_group`; InvalidRequestError where the server has no arena; NotFoundError when
+            a segment is not visible from this process (not the same host).
+        """
+        if not groups:
+            return
+        if sigs is not None and len(sigs) != len(groups):
+            raise InvalidRequestError(f"shm_put_groups: {len(sigs)} signatures for {len(groups)} groups")
+        batches: list[list[pa.RecordBatch]] = []
+        puts: list[PutDescriptor] = []
+        schema = groups[0][1].schema
+        for i, (key, data) in enumerate(groups):
+            group_batches, _, rows = self._batches(data)
+            if not data.schema.equals(schema):
+                raise InvalidRequestError(
+                    f"shm_put_groups: group {key.group_id} has another schema than the first group"
+                )
+            sizer = pa.MockOutputStream()
+            with ipc.new_stream(sizer, schema) as w:
+                for b in group_batches:
+                    w.write_batch(b)
+            batches.append(group_batches)
+            puts.append(PutDescriptor(key, writer, sizer.size(), rows, None if sigs is None else sigs[i]))
+        reply = self._action("shm_reserve", encode(ShmReserveRequest(tuple(puts), writer, ttl)), timeout)
+        segments = reply["segments"]
+        try:
+            items = []
+            for seg, put, group_batches in zip(segments, puts, batches, strict=True):
+                mm = self._segments.get(seg["path"], int(seg["capacity"]))
+                with pa.FixedSizeBufferWriter(pa.py_buffer(mm)) as out:
+                    with ipc.new_stream(out, schema) as w:
+                        for b in group_batches:
+                            w.write_batch(b)
+                    size = out.tell()
+                if size != put.nbytes:  # pragma: no cover - the sizer and the writer agree
+                    raise InvalidRequestError(f"shm put: wrote {size} bytes, announced {put.nbytes}")
+                items.append((seg["reservation"], size))
+            self._action("shm_publish", encode(ShmPublishRequest(tuple(items))), timeout)
+        except BaseException:
+            ids = tuple(s["reservation"] for s in segments)
+            # the server sweeps the reservations at their deadline anyway
+            with contextlib.suppress(TrajflightError):
+                self._action("shm_abort", encode(ShmAbortRequest(ids)), timeout)
+            raise
+
+    def shm_get(
+        self,
+        groups: Sequence[GroupKey | GroupRead],
+        *,
+        columns: Sequence[str] | None = None,
+        timeout: float | None = None,
+    ) -> pa.Table:
+        """Read groups through shared memory (same host only): map their segments read-only, no copy.
+
+        The lease tokens are checked by the server as for :meth:`get` (``shm_open``). The result aliases
+        read-only mappings of the segments (its buffers are neither received nor copied); the mappings
+        stay valid after the group is deleted and are unmapped when the last buffer over them is dropped.
+        Never write through tensors decoded from it (``torch.from_dlpack`` ignores the read-only flag; a
+        write faults the process).
+
+        Raises:
+            NotFoundError (also when a segment is gone or not visible from this host), StaleFenceError,
+            SchemaError, InvalidRequestError (no arena on the server), DeadlineExceededError.
+        """
+        ticket = GetTicket(tuple(_as_read(g) for g in groups), None if columns is None else tuple(columns))
+        reply = self._action("shm_open", encode(ticket), timeout)
+        tables = []
+        for group in reply["groups"]:
+            table: pa.Table | None = None
+            for part in group["parts"]:
+                mm = map_segment(part["path"], int(part["capacity"]))
+                try:
+                    piece = ipc.open_stream(pa.py_buffer(mm)).read_all()
+                except pa.ArrowInvalid as exc:
+                    path = part["path"]
+                    raise SchemaError(f"shm read: segment {path} is not an IPC stream: {exc}") from None
+                if table is None:
+                    table = piece
+                else:
+                    for name, column in zip(piece.column_names, piece.columns, strict=True):
+                        table = table.append_column(piece.schema.field(name), column)
+            if table is None:  # pragma: no cover - a stored group has at least one part
+                raise TrajflightError("shm_open: a group without parts")
+            tables.append(table if columns is None else table.select(list(columns)))
+        if len(tables) == 1:
+            return tables[0]
+        try:
+            return pa.concat_tables(tables)
+        except pa.ArrowInvalid:  # groups with different appended columns: missing ones read as nulls
+            return pa.concat_tables(tables, promote_options="default")
 
     # ------------------------------------------------------------------------------------------- reads
 

@@ -6,7 +6,10 @@
 * ``do_get`` streams one or more stored groups, projected, from C++ (``RecordBatchStream`` over a table
   that aliases the stored buffers: no Python loop per batch, no re-serialisation in Python).
 * ``list_flights`` / ``get_flight_info`` / ``get_schema`` let any Flight client list and read groups.
-* ``do_action``: ``delete``, ``fence``, ``advance_generation``, ``stats``, ``health``.
+* ``do_action``: ``delete``, ``fence``, ``advance_generation``, ``stats``, ``health``; with a shared-memory
+  arena (:class:`~._shm.ShmArena`) also ``shm_reserve`` / ``shm_publish`` / ``shm_abort`` (same-node
+  writers write a group straight into a segment, validated at publish) and ``shm_open`` (same-node
+  readers get the segments of leased groups and map them read-only). ``do_get`` serves the same memory.
 
 Errors leave a handler only as Flight errors from :mod:`trajflight.flight_server._errors`.
 
@@ -32,6 +35,7 @@ from trajflight.codec import STANDARD_SCHEMA, GroupKey, TrajectorySchema, valida
 from trajflight.errors import InvalidRequestError, SchemaError
 from trajflight.flight_server._errors import server_errors
 from trajflight.flight_server._segments import Placement
+from trajflight.flight_server._shm import ShmArena, host_id
 from trajflight.flight_server._store import GroupStore, Reservation, StoredGroup, StoreLimits
 from trajflight.flight_server._wire import (
     WIRE_VERSION,
@@ -43,6 +47,9 @@ from trajflight.flight_server._wire import (
     GroupRead,
     PutDescriptor,
     PutManyDescriptor,
+    ShmAbortRequest,
+    ShmPublishRequest,
+    ShmReserveRequest,
     TokenSigner,
     decode_action_body,
     decode_criteria,
@@ -73,7 +80,25 @@ ACTIONS: dict[str, str] = {
         '"groups":[{"job_id","epoch","group_id","generation","sig"?}]}. Result {"raised"}.'
     ),
     "stats": 'Groups, bytes, reservations, capacity, per job and epoch. Empty body or {"v":1}. Result: JSON.',
-    "health": 'Liveness. Empty body or {"v":1}. Result {"status":"ok","location","wire_version",...}.',
+    "health": (
+        'Liveness. Empty body or {"v":1}. Result {"status":"ok","location","wire_version","host_id",'
+        '"shm_dir",...}; host_id and shm_dir let a client on the same host choose shared memory.'
+    ),
+    "shm_reserve": (
+        'Same-node put, step 1 (servers with an arena). Body {"v":1,"writer"?,"ttl"?,"groups":[{"job_id",'
+        '"epoch","group_id","nbytes","num_rows"?,"sig"?}]}: the checks of a put, then one segment per '
+        'group. Result {"segments":[{"reservation","path","capacity"}]}.'
+    ),
+    "shm_publish": (
+        'Same-node put, step 2. Body {"v":1,"groups":[{"reservation","size"}]}: validates each segment\'s '
+        'IPC stream as do_put does and publishes all or none. Result {"published","bytes"}.'
+    ),
+    "shm_abort": 'Give same-node reservations up. Body {"v":1,"reservations":[...]}. Result {"aborted"}.',
+    "shm_open": (
+        'Same-node read. Body like a do_get ticket {"v":1,"groups":[...],"columns"?}; tokens checked as '
+        'for do_get. Result {"groups":[{"job_id","epoch","group_id","num_rows","parts":[{"path",'
+        '"capacity"}]}]}: map each part read-only, one IPC stream at offset 0.'
+    ),
 }
 """Action name -> description, as ``list_actions`` returns them (``docs/wire-format.md`` has more)."""
 
@@ -89,8 +114,12 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         secret: Deployment secret shared with the controller; when given, puts, lease tokens, fences and
             generation raises must carry valid HMAC signatures (:class:`TokenSigner`), and bare path-
             descriptor puts are refused. Tokenless reads stay open.
-        place: None (default) keeps the buffers Flight received; a :data:`Placement` (a shared-memory
-            arena, later) gets each group part copied once into one IPC-stream segment it hands out.
+        place: None (default) keeps the buffers Flight received; a :data:`Placement` gets each group part
+            copied once into one IPC-stream segment it hands out.
+        arena: A shared-memory arena for same-node transport (exclusive with ``place``); the server owns
+            it from now on and closes it (unlinking every segment) in :meth:`close`.
+        shm_ttl: Default seconds a same-node writer has between ``shm_reserve`` and ``shm_publish``
+            before its reservation is swept (a background thread sweeps twice a second).
     """
 
     def __init__(
@@ -102,16 +131,36 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         schema: TrajectorySchema = STANDARD_SCHEMA,
         secret: bytes | None = None,
         place: Placement | None = None,
+        arena: ShmArena | None = None,
+        shm_ttl: float = 30.0,
     ) -> None:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
             raise InvalidRequestError(f"port must be an int in 0..65535, got {port!r}")
         self._signer = TokenSigner(secret) if secret is not None else None
-        self.store: GroupStore = GroupStore(limits, schema=schema, place=place)
+        self.store: GroupStore = GroupStore(limits, schema=schema, place=place, arena=arena)
+        self.arena = arena
+        self.shm_ttl = shm_ttl
+        self.host_id = host_id()
         self._started = time.monotonic()
         self._close_lock = threading.Lock()
         self._closed = False
-        super().__init__(f"grpc://{host}:{port}")
+        self._stop_sweeper = threading.Event()
+        try:
+            super().__init__(f"grpc://{host}:{port}")
+        except BaseException:
+            if arena is not None:
+                arena.close()
+            raise
         self._location = f"grpc://{host}:{self.port}"
+        if arena is not None:
+            threading.Thread(target=self._sweep_loop, name="trajflight-shm-sweeper", daemon=True).start()
+
+    def _sweep_loop(self) -> None:
+        while not self._stop_sweeper.wait(0.5):
+            try:
+                self.store.sweep_shm()
+            except Exception:  # never let the sweeper die on one bad segment
+                log.exception("server %s: shared-memory sweep failed", self._location)
 
     @property
     def location(self) -> str:
@@ -143,7 +192,11 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
                 done.set()
 
         threading.Thread(target=_shutdown, name="trajflight-server-shutdown", daemon=True).start()
-        if done.wait(timeout):
+        stopped = done.wait(timeout)
+        self._stop_sweeper.set()
+        if self.arena is not None:
+            self.arena.close()  # unlinks every segment; mappings in other processes stay valid
+        if stopped:
             return True
         log.warning(
             "server %s: shutdown still waiting for in-flight calls after %.1fs", self.location, timeout
@@ -351,6 +404,8 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
                     "fence signature does not verify; only the controller may fence a job"
                 )
             return self.store.fence(body.job_id, body.min_epoch, purge=body.purge)
+        if isinstance(body, ShmReserveRequest | ShmPublishRequest | ShmAbortRequest) or name == "shm_open":
+            return self._shm_action(body)
         if name == "stats":
             return self.store.stats()
         stats = self.store.stats()
@@ -363,6 +418,51 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
             "bytes": stats["bytes"],
             "free_bytes": stats["free_bytes"],
             "signed": self._signer is not None,
+            "host_id": self.host_id,
+            "shm_dir": None if self.arena is None else self.arena.directory,
+        }
+
+    def _shm_action(self, body: Any) -> dict[str, Any]:
+        store = self.store
+        if isinstance(body, ShmReserveRequest):
+            ttl = self.shm_ttl if body.ttl is None else body.ttl
+            puts = []
+            try:
+                for put in body.puts:
+                    self._verify_put(put)
+                    puts.append(
+                        store.begin_shm_put(
+                            put.key, int(put.nbytes or 0), writer=body.writer, num_rows=put.num_rows, ttl=ttl
+                        )
+                    )
+            except BaseException:
+                store.abort_shm([p.id for p in puts])
+                raise
+            return {
+                "segments": [
+                    {"reservation": p.id, "path": p.segment.path, "capacity": p.segment.capacity}
+                    for p in puts
+                ]
+            }
+        if isinstance(body, ShmPublishRequest):
+            groups = store.publish_shm(body.items)
+            return {"published": len(groups), "bytes": sum(g.nbytes for g in groups)}
+        if isinstance(body, ShmAbortRequest):
+            return {"aborted": store.abort_shm(body.reservations)}
+        ticket: GetTicket = body
+        self._verify_tokens(ticket.groups)
+        opened = store.shm_open(ticket.groups, ticket.columns)
+        return {
+            "groups": [
+                {
+                    "job_id": g.key.job_id,
+                    "epoch": g.key.epoch,
+                    "group_id": g.key.group_id,
+                    "num_rows": g.num_rows,
+                    "parts": [{"path": s.path, "capacity": s.capacity} for s in segs],
+                }
+                for g, segs in opened
+            ]
         }
 
 

@@ -25,14 +25,16 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.ipc as ipc
 
 from trajflight._units import format_size
-from trajflight.codec import STANDARD_SCHEMA, GroupKey, TrajectorySchema
+from trajflight.codec import STANDARD_SCHEMA, GroupKey, TrajectorySchema, validate_group
 from trajflight.errors import (
     AlreadyExistsError,
     CapacityExceededError,
@@ -42,9 +44,10 @@ from trajflight.errors import (
     StaleFenceError,
 )
 from trajflight.flight_server._segments import Placement, open_segment, serialize_segment
+from trajflight.flight_server._shm import Segment, ShmArena, size_class
 from trajflight.flight_server._wire import GroupRead, LeaseToken, ListCriteria
 
-__all__ = ["GroupStore", "Reservation", "StoreLimits", "StoredGroup"]
+__all__ = ["GroupStore", "Reservation", "ShmPut", "StoreLimits", "StoredGroup"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +62,7 @@ class StoredGroup:
             write through it (``torch.from_dlpack`` ignores Arrow's read-only flag).
         writer: The writer id given at put.
         created: Monotonic publish time.
+        segments: The arena segment of each part (empty without an arena).
     """
 
     key: GroupKey
@@ -67,6 +71,7 @@ class StoredGroup:
     table: pa.Table
     writer: str = ""
     created: float = 0.0
+    segments: tuple[Segment, ...] = ()
 
     @property
     def nbytes(self) -> int:
@@ -151,6 +156,27 @@ class Reservation:
 
 
 @dataclass(slots=True)
+class ShmPut:
+    """A same-node put in flight: a reserved arena segment the writer is filling.
+
+    Attributes:
+        id: Opaque reservation id the writer publishes (or aborts) with.
+        res: The capacity reservation (the segment's size class, one group slot).
+        segment: The segment the writer writes one IPC stream into, from offset 0.
+        deadline: Monotonic time after which :meth:`GroupStore.sweep_shm` drops it (its writer died).
+        writer: Writer id.
+        num_rows: Rows announced, checked at publish when given.
+    """
+
+    id: str
+    res: Reservation
+    segment: Segment
+    deadline: float
+    writer: str
+    num_rows: int | None
+
+
+@dataclass(slots=True)
 class _JobState:
     min_epoch: int = 0
     column_types: dict[str, pa.DataType] = field(default_factory=dict)
@@ -164,7 +190,11 @@ class GroupStore:
         schema: The trajectory schema groups are checked against (types of user columns are fixed per job
             by the first group that carries them).
         place: None keeps received buffers as they are; a :data:`Placement` copies each part once into
-            one IPC-stream segment it hands out (see :mod:`._segments`; e.g. a shared-memory arena).
+            one IPC-stream segment it hands out (see :mod:`._segments`).
+        arena: A shared-memory arena (:class:`~._shm.ShmArena`): every part is placed in one of its
+            segments (Flight puts and appends copy once into it; same-node writers write into it directly,
+            :meth:`begin_shm_put`), deletes give the segments back, capacity counts segment sizes.
+            Exclusive with ``place``.
         clock: Monotonic clock, injectable for tests.
     """
 
@@ -174,11 +204,16 @@ class GroupStore:
         *,
         schema: TrajectorySchema = STANDARD_SCHEMA,
         place: Placement | None = None,
+        arena: ShmArena | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if place is not None and arena is not None:
+            raise InvalidRequestError("give the store a placement or an arena, not both")
         self.limits = limits or StoreLimits()
         self.schema = schema
         self._place = place
+        self.arena = arena
+        self._shm_puts: dict[str, ShmPut] = {}  # same-node puts reserved, not yet published, by id
         self._clock = clock
         self._lock = threading.Lock()
         self._groups: dict[GroupKey, StoredGroup] = {}
@@ -282,20 +317,26 @@ class GroupStore:
 
     # -------------------------------------------------------------------------------------------- put
 
-    def begin_put(self, key: GroupKey, schema: pa.Schema, announced_bytes: int | None = None) -> Reservation:
+    def begin_put(
+        self, key: GroupKey, schema: pa.Schema | None, announced_bytes: int | None = None
+    ) -> Reservation:
         """Admit a put of ``key`` before its payload arrives; returns its reservation.
 
         Checks, in order: the epoch is not fenced, the schema fits the job, the key is neither stored nor
         being put, a group slot is free, and the announced bytes fit.
 
+        A ``schema`` of None (a same-node put: the schema is in the segment) is checked at publish.
+
         Raises:
             StaleFenceError, SchemaError, AlreadyExistsError, CapacityExceededError, InvalidRequestError.
         """
-        self.schema.check(schema)
+        if schema is not None:
+            self.schema.check(schema)
         res = Reservation(self, key, counts_group=True)
         with self._lock:
             self._check_epoch(key, "put")
-            self._check_schema(key, schema)
+            if schema is not None:
+                self._check_schema(key, schema)
             if key in self._groups or key in self._pending:
                 state = "stored" if key in self._groups else "being written by another put"
                 raise AlreadyExistsError(
@@ -346,37 +387,276 @@ class GroupStore:
         Raises:
             Like :meth:`publish`; on any error no group of ``items`` becomes visible.
         """
-        groups = []
-        for res, batches in items:
-            table, nbytes = self._part(batches, schema)
-            groups.append(StoredGroup(res.key, (table,), (nbytes,), table, writer, self._clock()))
-            if nbytes > res.reserved:
-                self._reserve(res, nbytes - res.reserved)
-        with self._lock:
-            try:
-                for res, _ in items:
-                    self._check_epoch(res.key, "put")
-                    self._check_schema(res.key, schema)
-            except BaseException:
-                for res, _ in items:
+        groups: list[StoredGroup] = []
+        try:
+            for res, batches in items:
+                table, nbytes, seg = self._part(batches, schema)
+                segs = () if seg is None else (seg,)
+                groups.append(StoredGroup(res.key, (table,), (nbytes,), table, writer, self._clock(), segs))
+                if nbytes > res.reserved:
+                    self._reserve(res, nbytes - res.reserved)
+        except BaseException:
+            self._release_segments(groups)
+            raise
+        return self._commit_puts([res for res, _ in items], groups, schema)
+
+    def _commit_puts(
+        self, reservations: Sequence[Reservation], groups: list[StoredGroup], schema: pa.Schema
+    ) -> list[StoredGroup]:
+        """Re-check fences and schema under the lock, then make ``groups`` visible all at once.
+
+        On a refusal no group becomes visible, reservations are given back and segments released.
+        """
+        try:
+            with self._lock:
+                try:
+                    for res in reservations:
+                        self._check_epoch(res.key, "put")
+                        self._check_schema(res.key, schema)
+                except BaseException:
+                    for res in reservations:
+                        self._release_locked(res)
+                        res.done = True
+                    raise
+                for res, group in zip(reservations, groups, strict=True):
+                    self._groups[res.key] = group
+                    self._held_bytes += group.nbytes
+                    types = self._job(res.key.job_id).column_types
+                    for f in schema:
+                        types.setdefault(f.name, f.type)
                     self._release_locked(res)
                     res.done = True
-                raise
-            for (res, _), group in zip(items, groups, strict=True):
-                self._groups[res.key] = group
-                self._held_bytes += group.nbytes
-                types = self._job(res.key.job_id).column_types
-                for f in schema:
-                    types.setdefault(f.name, f.type)
-                self._release_locked(res)
-                res.done = True
+        except BaseException:
+            self._release_segments(groups)
+            raise
         return groups
 
-    def _part(self, batches: Sequence[pa.RecordBatch], schema: pa.Schema) -> tuple[pa.Table, int]:
+    def _part(
+        self, batches: Sequence[pa.RecordBatch], schema: pa.Schema
+    ) -> tuple[pa.Table, int, Segment | None]:
+        if self.arena is not None:
+            arena = self.arena
+            placed: list[Segment] = []
+
+            def _allocate(size: int) -> pa.Buffer:
+                seg, buf = arena.place(size)
+                placed.append(seg)
+                return buf
+
+            try:
+                buffer = serialize_segment(batches, schema, _allocate)
+            except BaseException:
+                for seg in placed:
+                    arena.release(seg)
+                raise
+            return open_segment(buffer), placed[0].capacity, placed[0]
         if self._place is None:
-            return pa.Table.from_batches(batches, schema), sum(b.get_total_buffer_size() for b in batches)
+            table = pa.Table.from_batches(batches, schema)
+            return table, sum(b.get_total_buffer_size() for b in batches), None
         segment = serialize_segment(batches, schema, self._place)
-        return open_segment(segment), segment.size
+        return open_segment(segment), segment.size, None
+
+    def _release_segments(self, groups: Iterable[StoredGroup]) -> None:
+        """Give dropped groups' segments back to the arena (outside the lock)."""
+        if self.arena is None:
+            return
+        for group in groups:
+            for seg in group.segments:
+                self.arena.release(seg)
+
+    # ------------------------------------------------------------------------------- same-node puts
+
+    def _need_arena(self) -> ShmArena:
+        if self.arena is None:
+            raise InvalidRequestError(
+                "this server has no shared-memory arena (start it with --shm-dir); put and read over "
+                "Flight (transport='flight')"
+            )
+        return self.arena
+
+    def begin_shm_put(
+        self, key: GroupKey, nbytes: int, *, writer: str = "", num_rows: int | None = None, ttl: float = 30.0
+    ) -> ShmPut:
+        """Reserve an arena segment for a same-node writer to fill with the group's IPC stream.
+
+        The same checks as a Flight put, before any byte is written: epoch fence, the key neither stored
+        nor being put, a group slot, and capacity for the segment's size class. The segment is not visible
+        to readers until :meth:`publish_shm`; a put not published within ``ttl`` seconds is dropped by
+        :meth:`sweep_shm` and its segment unlinked (never reused: its writer may still be writing).
+
+        Raises:
+            StaleFenceError, AlreadyExistsError, CapacityExceededError (also when tmpfs is full),
+            InvalidRequestError (no arena, a size that is not positive or over ``max_group_bytes``).
+        """
+        arena = self._need_arena()
+        if nbytes <= 0:
+            raise InvalidRequestError(f"shm put of group {_fmt(key)}: nbytes must be > 0, got {nbytes}")
+        if ttl <= 0:
+            raise InvalidRequestError(f"shm put of group {_fmt(key)}: ttl must be > 0, got {ttl}")
+        self.sweep_shm()
+        res = self.begin_put(key, None, size_class(nbytes))
+        try:
+            seg = arena.acquire(nbytes)
+        except OSError as exc:
+            res.release()
+            raise CapacityExceededError(
+                f"shared memory of this node is full ({exc.strerror}); retry after "
+                f"{self.limits.retry_after:g}s or give /dev/shm more room",
+                retry_after=self.limits.retry_after,
+            ) from exc
+        except BaseException:
+            res.release()
+            raise
+        seg.exposed = True  # a process outside the server maps it for writing until it publishes
+        put = ShmPut(uuid.uuid4().hex, res, seg, self._clock() + ttl, writer, num_rows)
+        with self._lock:
+            self._shm_puts[put.id] = put
+        return put
+
+    def _take_shm(self, ids: Sequence[str]) -> list[ShmPut]:
+        with self._lock:
+            missing = [i for i in ids if i not in self._shm_puts]
+            if missing or len(set(ids)) != len(ids):
+                raise NotFoundError(
+                    f"shm reservation {missing[0] if missing else ids[0]!r} is unknown, named twice, "
+                    "expired or already published; put the group again",
+                    reservation=missing[0] if missing else ids[0],
+                )
+            return [self._shm_puts.pop(i) for i in ids]
+
+    def _drop_shm(self, puts: Iterable[ShmPut]) -> None:
+        for put in puts:
+            put.res.release()
+            if self.arena is not None:
+                self.arena.release(put.segment)
+
+    def publish_shm(self, items: Sequence[tuple[str, int]]) -> list[StoredGroup]:
+        """Validate same-node writes and publish them, all at once or not at all.
+
+        Each item is ``(reservation id, stream size)``. The segment's first ``size`` bytes must be one
+        Arrow IPC stream holding the group; the server reads it in place (no copy) and runs the checks of
+        a Flight put: the job's schema, ``validate_group(full=True)`` against the key, the announced rows,
+        and the epoch fence again at commit. The stored table aliases the segment. Any failure releases
+        every segment of the call and publishes nothing.
+
+        Raises:
+            NotFoundError (unknown or expired reservation), SchemaError, InvalidRequestError,
+            StaleFenceError.
+        """
+        if not items:
+            raise InvalidRequestError("shm_publish: name at least one reservation")
+        puts = self._take_shm([i for i, _ in items])
+        for put in puts:
+            put.segment.exposed = False  # its writer is done writing: the segment may be reused later
+        try:
+            groups: list[StoredGroup] = []
+            schema: pa.Schema | None = None
+            for put, (_, size) in zip(puts, items, strict=True):
+                table = self._open_written(put, size)
+                if schema is None:
+                    schema = table.schema
+                    self.schema.check(schema)
+                elif not table.schema.equals(schema):
+                    raise InvalidRequestError(
+                        f"shm_publish: group {_fmt(put.res.key)} has another schema than the first "
+                        "group of the call; publish groups of different schemas separately"
+                    )
+                groups.append(
+                    StoredGroup(
+                        put.res.key, (table,), (put.segment.capacity,), table, put.writer, self._clock(),
+                        (put.segment,),
+                    )
+                )  # fmt: skip
+            if schema is None:  # pragma: no cover - items is not empty
+                raise InvalidRequestError("shm_publish: nothing to publish")
+            return self._commit_puts([p.res for p in puts], groups, schema)
+        except BaseException:
+            self._drop_shm(puts)
+            raise
+
+    def _open_written(self, put: ShmPut, size: int) -> pa.Table:
+        key, seg = put.res.key, put.segment
+        if not 0 < size <= seg.capacity:
+            raise InvalidRequestError(
+                f"shm put of group {_fmt(key)}: size {size} is outside the segment (1..{seg.capacity})"
+            )
+        try:
+            reader = ipc.open_stream(pa.BufferReader(seg.buffer(size)))
+            batches = [b for b in reader if b.num_rows]
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise SchemaError(
+                f"shm put of group {_fmt(key)}: the segment does not hold one Arrow IPC stream ({exc}); "
+                "write it with pyarrow.ipc.new_stream and publish the size written"
+            ) from None
+        rows = sum(b.num_rows for b in batches)
+        if rows == 0:
+            raise InvalidRequestError(f"shm put of group {_fmt(key)}: the stream carried no samples")
+        if put.num_rows is not None and rows != put.num_rows:
+            raise InvalidRequestError(
+                f"shm put of group {_fmt(key)}: {rows} rows written, {put.num_rows} announced; put it again"
+            )
+        for batch in batches:
+            validate_group(batch, self.schema, expect=key, full=True)
+        return pa.Table.from_batches(batches, reader.schema)
+
+    def abort_shm(self, ids: Sequence[str]) -> int:
+        """Drop same-node puts the writer gave up on (unknown ids are ignored); returns how many."""
+        with self._lock:
+            puts = [self._shm_puts.pop(i) for i in ids if i in self._shm_puts]
+        self._drop_shm(puts)
+        return len(puts)
+
+    def sweep_shm(self, now: float | None = None) -> int:
+        """Drop same-node puts past their deadline (a writer killed mid-write); returns how many.
+
+        Their reservations are given back and their segments unlinked (never reused).
+        """
+        now = self._clock() if now is None else now
+        with self._lock:
+            expired = [p for p in self._shm_puts.values() if p.deadline <= now]
+            for put in expired:
+                del self._shm_puts[put.id]
+        self._drop_shm(expired)
+        return len(expired)
+
+    def shm_open(
+        self, reads: Sequence[GroupRead], columns: Sequence[str] | None = None
+    ) -> list[tuple[StoredGroup, tuple[Segment, ...]]]:
+        """Hand the segments of groups to a same-node reader, under the same checks as :meth:`read`.
+
+        A read carrying a token is fenced and raises the group's highest generation. The segments are
+        marked exposed: from now on they are unlinked, never reused, when the group is deleted, so the
+        reader's read-only mappings stay valid for as long as it keeps them.
+
+        Returns:
+            ``(group, segments)`` per read, in order; each segment holds one part (an IPC stream).
+
+        Raises:
+            NotFoundError, StaleFenceError, SchemaError (a projected column is not stored),
+            InvalidRequestError (no arena here).
+        """
+        self._need_arena()
+        with self._lock:
+            found = []
+            for r in reads:
+                group = self._groups.get(r.key)
+                if group is None:
+                    raise NotFoundError(
+                        f"group {_fmt(r.key)} is not stored here (never put, deleted, or on another server)",
+                        **_kd(r.key),
+                    )
+                if r.token is not None:
+                    self._check_token(r.key, r.token, "read", required=False)
+                if columns is not None:
+                    _project(group, columns)  # raises SchemaError for a missing column
+                found.append(group)
+            for r in reads:
+                if r.token is not None:
+                    self._generation[r.key] = max(r.token.generation, self._generation.get(r.key, -1))
+            for group in found:
+                for seg in group.segments:
+                    seg.exposed = True
+        return [(g, g.segments) for g in found]
 
     # ----------------------------------------------------------------------------------------- append
 
@@ -433,40 +713,61 @@ class GroupStore:
             SchemaError: the row count differs from the group's. Plus those of :meth:`begin_append`.
         """
         rows = sum(b.num_rows for b in batches)
-        added, nbytes = self._part(batches, schema)
-        if nbytes > res.reserved:
-            self._reserve(res, nbytes - res.reserved)
-        with self._lock:
-            try:
-                group = self._check_append_locked(res.key, token, schema)
-                if rows != group.num_rows:
-                    raise SchemaError(
-                        f"appended columns have {rows} rows, group {_fmt(res.key)} has {group.num_rows}; "
-                        "send one value per sample, in the stored order",
-                    )
-            except BaseException:
-                self._release_locked(res)
-                res.done = True
-                raise
-            table = group.table
-            for name, column in zip(added.column_names, added.columns, strict=True):
-                table = table.append_column(added.schema.field(name), column)
-            new = StoredGroup(
-                res.key,
-                (*group.parts, added),
-                (*group.part_bytes, nbytes),
-                table,
-                group.writer,
-                group.created,
-            )
-            self._groups[res.key] = new
-            self._held_bytes += nbytes
-            self._generation[res.key] = max(token.generation, self._generation.get(res.key, -1))
-            types = self._job(res.key.job_id).column_types
-            for f in schema:
-                types.setdefault(f.name, f.type)
-            self._release_locked(res)
-            res.done = True
+        added, nbytes, seg = self._part(batches, schema)
+        segs = () if seg is None else (seg,)
+        try:
+            if nbytes > res.reserved:
+                self._reserve(res, nbytes - res.reserved)
+            with self._lock:
+                try:
+                    group = self._check_append_locked(res.key, token, schema)
+                    if rows != group.num_rows:
+                        raise SchemaError(
+                            f"appended columns have {rows} rows, group {_fmt(res.key)} has "
+                            f"{group.num_rows}; send one value per sample, in the stored order",
+                        )
+                except BaseException:
+                    self._release_locked(res)
+                    res.done = True
+                    raise
+                new = self._append_locked(res, token, group, added, nbytes, segs, schema)
+        except BaseException:
+            if seg is not None and self.arena is not None:
+                self.arena.release(seg)
+            raise
+        return new
+
+    def _append_locked(
+        self,
+        res: Reservation,
+        token: LeaseToken,
+        group: StoredGroup,
+        added: pa.Table,
+        nbytes: int,
+        segs: tuple[Segment, ...],
+        schema: pa.Schema,
+    ) -> StoredGroup:
+        """Install the appended part (caller holds the lock and checked the append)."""
+        table = group.table
+        for name, column in zip(added.column_names, added.columns, strict=True):
+            table = table.append_column(added.schema.field(name), column)
+        new = StoredGroup(
+            res.key,
+            (*group.parts, added),
+            (*group.part_bytes, nbytes),
+            table,
+            group.writer,
+            group.created,
+            (*group.segments, *segs),
+        )
+        self._groups[res.key] = new
+        self._held_bytes += nbytes
+        self._generation[res.key] = max(token.generation, self._generation.get(res.key, -1))
+        types = self._job(res.key.job_id).column_types
+        for f in schema:
+            types.setdefault(f.name, f.type)
+        self._release_locked(res)
+        res.done = True
         return new
 
     # ------------------------------------------------------------------------------------ read/delete
@@ -524,6 +825,7 @@ class GroupStore:
             for r in reads:
                 self._check_token(r.key, r.token, "delete", required=True)
             deleted, missing, freed = 0, [], 0
+            dropped = []
             for r in reads:
                 generation = -1 if r.token is None else r.token.generation  # never None: checked above
                 self._generation[r.key] = max(generation, self._generation.get(r.key, -1))
@@ -531,9 +833,11 @@ class GroupStore:
                 if group is None:
                     missing.append(_kd(r.key))
                     continue
+                dropped.append(group)
                 deleted += 1
                 freed += group.nbytes
             self._held_bytes -= freed
+        self._release_segments(dropped)
         return {"deleted": deleted, "bytes_freed": freed, "missing": missing}
 
     def fence(self, job_id: str, min_epoch: int, *, purge: bool = False) -> dict[str, Any]:
@@ -549,18 +853,22 @@ class GroupStore:
                 if k not in self._groups:
                     del self._generation[k]
             purged, freed = 0, 0
+            dropped = []
             if purge:
                 for key in [k for k in self._groups if k.job_id == job_id and k.epoch < state.min_epoch]:
-                    freed += self._groups.pop(key).nbytes
+                    dropped.append(self._groups.pop(key))
+                    freed += dropped[-1].nbytes
                     self._generation.pop(key, None)
                     purged += 1
                 self._held_bytes -= freed
-            return {
+            result = {
                 "job_id": job_id,
                 "min_epoch": state.min_epoch,
                 "purged_groups": purged,
                 "bytes_freed": freed,
             }
+        self._release_segments(dropped)
+        return result
 
     def advance_generation(self, reads: Iterable[GroupRead]) -> int:
         """Raise the highest generation of groups (the controller re-granted them); returns how many rose."""
@@ -611,7 +919,9 @@ class GroupStore:
                 "capacity_bytes": self.limits.capacity_bytes,
                 "capacity_groups": self.limits.capacity_groups,
                 "free_bytes": self.limits.capacity_bytes - self._held_bytes - self._reserved_bytes,
+                "pending_shm_puts": len(self._shm_puts),
                 "jobs": jobs,
+                **({"shm": self.arena.stats()} if self.arena is not None else {}),
             }
 
 

@@ -41,6 +41,9 @@ __all__ = [
     "ListCriteria",
     "PutDescriptor",
     "PutManyDescriptor",
+    "ShmAbortRequest",
+    "ShmPublishRequest",
+    "ShmReserveRequest",
     "TokenSigner",
     "decode_action_body",
     "decode_criteria",
@@ -54,7 +57,19 @@ __all__ = [
 WIRE_VERSION = 1
 """The only wire version this build speaks; a message with another ``"v"`` is refused."""
 
-_ACTION_NAMES = frozenset({"delete", "fence", "advance_generation", "stats", "health"})
+_ACTION_NAMES = frozenset(
+    {
+        "delete",
+        "fence",
+        "advance_generation",
+        "stats",
+        "health",
+        "shm_reserve",
+        "shm_publish",
+        "shm_abort",
+        "shm_open",
+    }
+)
 _MAX_MESSAGE_BYTES = 16 * 2**20  # a ticket naming ~100k groups; anything larger is not a real request
 
 
@@ -188,6 +203,35 @@ class GenerationRequest:
     groups: tuple[GroupRead, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class ShmReserveRequest:
+    """Body of the ``shm_reserve`` action: a same-node writer asks for segments to write groups into.
+
+    Attributes:
+        puts: One :class:`PutDescriptor` per group; ``nbytes`` (the IPC stream's size) is required.
+        writer: Free-form writer id.
+        ttl: Seconds the writer has to publish before the reservation is dropped (None: the server's).
+    """
+
+    puts: tuple[PutDescriptor, ...]
+    writer: str = ""
+    ttl: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ShmPublishRequest:
+    """Body of the ``shm_publish`` action: ``(reservation, stream size)`` per written group."""
+
+    items: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ShmAbortRequest:
+    """Body of the ``shm_abort`` action: reservations the writer gives up."""
+
+    reservations: tuple[str, ...]
+
+
 # ------------------------------------------------------------------------------------------ signatures
 
 
@@ -306,6 +350,20 @@ def _encode(record: object) -> bytes:
     if isinstance(record, FenceRequest):
         fence = {"job_id": record.job_id, "min_epoch": record.min_epoch, "purge": record.purge}
         return encode_json(fence if record.sig is None else {**fence, "sig": record.sig})
+    if isinstance(record, ShmReserveRequest):
+        groups = []
+        for put in record.puts:
+            body = _put_body(put)
+            del body["kind"], body["writer"]
+            groups.append(body)
+        reserve: dict[str, Any] = {"writer": record.writer, "groups": groups}
+        if record.ttl is not None:
+            reserve["ttl"] = record.ttl
+        return encode_json(reserve)
+    if isinstance(record, ShmPublishRequest):
+        return encode_json({"groups": [{"reservation": r, "size": n} for r, n in record.items]})
+    if isinstance(record, ShmAbortRequest):
+        return encode_json({"reservations": list(record.reservations)})
     raise TypeError(f"not a wire record: {type(record).__name__}")
 
 
@@ -494,15 +552,18 @@ def decode_descriptor(
 
 def decode_ticket(data: bytes) -> GetTicket:
     """Decode a ``do_get`` ticket; raises :class:`InvalidRequestError` when malformed."""
-    body = _load(data, "ticket")
-    columns = _field(body, "columns", list, "ticket", required=False)
+    return _ticket_from(_load(data, "ticket"), "ticket")
+
+
+def _ticket_from(body: Mapping[str, Any], what: str) -> GetTicket:
+    columns = _field(body, "columns", list, what, required=False)
     if columns is not None:
         if not all(isinstance(c, str) for c in columns):
-            raise InvalidRequestError("ticket: 'columns' must be a list of column names", field="columns")
+            raise InvalidRequestError(f"{what}: 'columns' must be a list of column names", field="columns")
         if len(set(columns)) != len(columns):
-            raise InvalidRequestError("ticket: 'columns' names a column twice", field="columns")
+            raise InvalidRequestError(f"{what}: 'columns' names a column twice", field="columns")
         columns = tuple(columns)
-    return GetTicket(_reads(body, "ticket"), columns)
+    return GetTicket(_reads(body, what), columns)
 
 
 def decode_criteria(data: bytes) -> ListCriteria:
@@ -516,7 +577,61 @@ def decode_criteria(data: bytes) -> ListCriteria:
     )
 
 
-def decode_action_body(action: str, data: bytes) -> DeleteRequest | FenceRequest | GenerationRequest | None:
+def _objects(body: Mapping[str, Any], name: str, what: str) -> list[dict[str, Any]]:
+    entries = _field(body, name, list, what)
+    if not entries:
+        raise InvalidRequestError(f"{what}: {name!r} must name at least one entry", field=name)
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise InvalidRequestError(f"{what}: {name}[{i}] must be an object, got {type(entry).__name__}")
+    return entries
+
+
+def _decode_shm(
+    action: str, body: Mapping[str, Any], what: str
+) -> ShmReserveRequest | ShmPublishRequest | ShmAbortRequest | GetTicket:
+    if action == "shm_reserve":
+        writer = _field(body, "writer", str, what, required=False) or ""
+        ttl = _field(body, "ttl", (int, float), what, required=False)
+        if ttl is not None and not 0 < ttl <= 3600:
+            raise InvalidRequestError(f"{what}: 'ttl' must be in (0, 3600] seconds, got {ttl}", field="ttl")
+        puts = []
+        for i, entry in enumerate(_objects(body, "groups", what)):
+            put = _decode_put(entry, f"{what} groups[{i}]")
+            if not put.nbytes:
+                raise InvalidRequestError(f"{what} groups[{i}]: 'nbytes' (> 0) is required", field="nbytes")
+            puts.append(PutDescriptor(put.key, writer, put.nbytes, put.num_rows, put.sig))
+        if len({p.key for p in puts}) != len(puts):
+            raise InvalidRequestError(f"{what}: a group is named twice", field="groups")
+        return ShmReserveRequest(tuple(puts), writer, None if ttl is None else float(ttl))
+    if action == "shm_publish":
+        items = []
+        for i, entry in enumerate(_objects(body, "groups", what)):
+            reservation = _field(entry, "reservation", str, f"{what} groups[{i}]")
+            items.append((reservation, int(_nonneg(entry, "size", f"{what} groups[{i}]"))))  # type: ignore[arg-type]
+        return ShmPublishRequest(tuple(items))
+    if action == "shm_abort":
+        ids = _field(body, "reservations", list, what)
+        if not all(isinstance(i, str) for i in ids):
+            raise InvalidRequestError(
+                f"{what}: 'reservations' must be a list of strings", field="reservations"
+            )
+        return ShmAbortRequest(tuple(ids))
+    return _ticket_from(body, what)
+
+
+def decode_action_body(
+    action: str, data: bytes
+) -> (
+    DeleteRequest
+    | FenceRequest
+    | GenerationRequest
+    | ShmReserveRequest
+    | ShmPublishRequest
+    | ShmAbortRequest
+    | GetTicket
+    | None
+):
     """Decode the body of action ``action``; actions without a body (stats, health) return None.
 
     Raises:
@@ -532,6 +647,8 @@ def decode_action_body(action: str, data: bytes) -> DeleteRequest | FenceRequest
             _load(data, what)  # an empty body or {"v": 1}; garbage is still refused
         return None
     body = _load(data, what)
+    if action.startswith("shm_"):
+        return _decode_shm(action, body, what)
     if action == "delete":
         return DeleteRequest(_reads(body, what))
     if action == "advance_generation":
