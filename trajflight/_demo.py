@@ -338,7 +338,7 @@ def run(args: argparse.Namespace) -> int:
     if args.ray:
         from trajflight._ray_plane import RayCluster
 
-        plane: Any = RayCluster(servers=args.servers)
+        plane: Any = RayCluster(servers=args.servers, capacity="1GiB")  # as the embedded plane
     else:
         plane = trajflight.LocalCluster(servers=args.servers, capacity="1GiB")
     state = Path(args.state_dir) if args.state_dir else Path(tempfile.mkdtemp(prefix="trajflight-demo-"))

@@ -114,11 +114,15 @@ def _loopback_addresses(active: bool) -> Iterator[None]:
     Ray bound to loopback would then be unreachable (``ray.init`` hangs). Ray reads the flag into
     ``ray_constants.ENABLE_RAY_CLUSTER`` at import, so it is turned off here for the ``ray.init`` call.
     """
-    from ray._private import ray_constants
-
+    try:
+        from ray._private import ray_constants
+    except ImportError:  # a private module of Ray: without it, Ray's own resolution decides
+        active = False
+    if not active or not hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):
+        yield
+        return
     enabled = ray_constants.ENABLE_RAY_CLUSTER
-    if active:
-        ray_constants.ENABLE_RAY_CLUSTER = False
+    ray_constants.ENABLE_RAY_CLUSTER = False
     try:
         yield
     finally:
@@ -135,7 +139,7 @@ def _cluster_host() -> str | None:
 
             address = find_bootstrap_address(None)
             if address is None:
-                found = sorted(find_gcs_addresses())
+                found = sorted(find_gcs_addresses())  # type: ignore[no-untyped-call]
                 address = found[0] if len(found) == 1 else None
         except Exception:  # private helpers of Ray: without them, Ray's own resolution decides
             return None
@@ -165,8 +169,9 @@ def connect_ray_plane(address: str, *, timeout: float = 30.0) -> ControllerClien
     """A controller client of the Ray data plane at ``ray://NAMESPACE/NAME``.
 
     In a process where Ray is not initialised, joins the running cluster first (``ray.init(address=
-    "auto")``: ``RAY_ADDRESS`` if set, else the cluster last started on this machine) and leaves it
-    joined for the life of the process.
+    "auto")``: ``RAY_ADDRESS`` if set, else the cluster recorded or running on this machine) and leaves
+    it joined for the life of the process. That join has no deadline of its own (``ray.init`` has
+    none): set ``RAY_ADDRESS`` where several Ray clusters run on one machine.
 
     Raises:
         InvalidRequestError: a malformed address. UnavailableError: no Ray cluster to join, or Ray is not
@@ -359,8 +364,9 @@ class RayCluster:
         if not ray.is_initialized():
             self._init_local_ray(ray)
             self._owns_ray = True
-        if "RAY_ADDRESS" not in os.environ:
-            os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+        gcs_address = getattr(ray.get_runtime_context(), "gcs_address", None)  # None under Ray Client
+        if "RAY_ADDRESS" not in os.environ and gcs_address:
+            os.environ["RAY_ADDRESS"] = gcs_address
             self._set_ray_address = True
         return ray
 
@@ -398,8 +404,9 @@ class RayCluster:
                 f"connect to it with trajflight.connect('{self.address}') or pick another namespace"
             ) from None
         self._controller_actor = actor
-        self._controller = ControllerClient(RayTransport(actor), timeout=self.timeout)
-        self._controller.transport.info(self.timeout)  # type: ignore[attr-defined]  # up and answering
+        transport = RayTransport(actor)
+        self._controller = ControllerClient(transport, timeout=self.timeout)
+        transport.info(self.timeout)  # up and answering
 
     def _placement(self, ray: Any) -> list[str]:
         """Node ids of the servers to start, one entry per server (this node first, then by id)."""
@@ -552,7 +559,7 @@ class RayCluster:
         controller = self._require_controller()
         deadline = time.monotonic() + timeout
         while True:
-            usage = controller.usage(job_id)
-            if tuple(usage) == (0, 0) or time.monotonic() > deadline:
-                return usage
+            nbytes, groups = controller.usage(job_id)
+            if (nbytes, groups) == (0, 0) or time.monotonic() > deadline:
+                return int(nbytes), int(groups)
             time.sleep(0.02)
