@@ -225,7 +225,8 @@ def format_markdown(doc: dict[str, Any]) -> str:
         f"seed={cfg['seed']}, payload {cfg['payload_bytes'] / 1e6:.2f} MB (2-column subset "
         f"{cfg['subset_payload_bytes'] / 1e6:.2f} MB), {cfg['repeats']} timed rounds, "
         f"{cfg['latency_iters']} latency round trips per system; {machine['cpus']} CPUs, Python "
-        f"{machine['python']}, pyarrow {machine['pyarrow']}, torch {machine['torch']}; load average {machine['loadavg_before'][0]:.2f} before, {machine['loadavg_after'][0]:.2f} after.",
+        f"{machine['python']}, pyarrow {machine['pyarrow']}, torch {machine['torch']}; load average "
+        f"{machine['loadavg_before'][0]:.2f} before, {machine['loadavg_after'][0]:.2f} after.",
         "",
         "Throughput, GB/s of payload, median [min-max] over the rounds:",
         "",
