@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 import uuid
@@ -326,7 +327,14 @@ class RayCluster:
         self.max_groups = max_groups
         self.namespace = namespace or f"trajflight-{uuid.uuid4().hex[:12]}"
         self.name = name
-        parse_ray_address(f"{SCHEME}{self.namespace}/{self.name}")  # refuse names the address cannot carry
+        try:  # refuse names the address cannot carry
+            parse_ray_address(f"{SCHEME}{self.namespace}/{self.name}")
+        except InvalidRequestError:
+            raise ConfigError(
+                f"namespace {self.namespace!r} and name {self.name!r} must be non-empty and made of letters, "
+                "digits, '-', '_' and '.'",
+                setting="namespace",
+            ) from None
         self.state_dir = None if state_dir is None else os.fspath(state_dir)
         self.timeout = timeout
         self.num_cpus = num_cpus
@@ -493,7 +501,7 @@ class RayCluster:
     def close(self) -> None:
         """Stop the storage servers and the controller actor; shut Ray down if this started it
         (idempotent). Stored groups and in-memory controller state are gone afterwards."""
-        ray = import_ray() if self._started else None
+        ray = sys.modules.get("ray") if self._started else None  # never import it just to close
         if ray is not None and ray.is_initialized():
             stops = [a.close.remote(5.0) for a in self._server_actors]
             if stops:

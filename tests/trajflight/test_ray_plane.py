@@ -19,12 +19,18 @@ import pytest
 
 import trajflight
 from trajflight._ray_plane import RayCluster, parse_ray_address
-from trajflight.errors import AlreadyExistsError, InvalidRequestError, NotFoundError, StaleFenceError
+from trajflight.errors import (
+    AlreadyExistsError,
+    ConfigError,
+    InvalidRequestError,
+    NotFoundError,
+    StaleFenceError,
+)
 
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1"}
 
-# Puts ``count`` small groups (4 samples) as a writer of ``job``; returns what a test checks. Shipped to
-# Ray by value (a nested function), so it imports what it needs itself.
+# Puts ``count`` small groups (4 samples) as a writer of ``job``; returns what a test checks. Made by exec
+# (no importable module), so Ray ships it by value; it imports what it needs itself. Child scripts reuse it.
 WRITE_GROUPS = textwrap.dedent(
     """
     def write_groups(address, job, epoch, first, count):
@@ -85,6 +91,16 @@ def test_a_ray_client_address_gets_a_hint():
         "trajflight-1a2b",
         "trajflight-controller",
     )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "setting"),
+    [({"servers": 0}, "servers"), ({"namespace": "a/b"}, "namespace"), ({"capacity": "lots"}, "capacity")],
+)
+def test_bad_settings_are_config_errors_naming_the_setting(kwargs, setting):
+    with pytest.raises(ConfigError) as info:
+        RayCluster(**kwargs)
+    assert info.value.setting == setting
 
 
 def test_import_trajflight_does_not_import_ray():
