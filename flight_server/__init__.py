@@ -5,6 +5,9 @@
   bounds capacity in bytes and groups.
 * :class:`StorageClient` puts, appends, reads, deletes and fences, every call with a deadline;
   :func:`get_parallel` reads from several servers at once.
+* :class:`ShmArena` is a server's shared-memory arena: same-node writers write groups straight into its
+  segments (:meth:`StorageClient.shm_put_groups`) and same-node readers map them with no copy
+  (:meth:`StorageClient.shm_get`); :func:`host_id` is what decides "same node".
 * The wire records (:class:`PutDescriptor`, :class:`GetTicket`, ...) are documented in
   ``docs/wire-format.md``; any plain ``pyarrow.flight`` client can list and read stored groups.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 from trajflight.flight_server._client import GroupInfo, StorageClient, get_parallel
 from trajflight.flight_server._errors import WIRE_ERRORS
 from trajflight.flight_server._server import ACTIONS, StorageServer
+from trajflight.flight_server._shm import ShmArena, host_id
 from trajflight.flight_server._store import StoreLimits
 from trajflight.flight_server._wire import (
     WIRE_VERSION,
@@ -35,9 +39,11 @@ __all__ = [
     "LeaseToken",
     "ListCriteria",
     "PutDescriptor",
+    "ShmArena",
     "StorageClient",
     "StorageServer",
     "StoreLimits",
     "TokenSigner",
     "get_parallel",
+    "host_id",
 ]

@@ -36,6 +36,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--secret-file", default=None, help="file holding the deployment secret (optional)")
     parser.add_argument("--shutdown-grace", default="3s", help="wait this long for in-flight calls on exit")
     parser.add_argument("--log-level", default="WARNING", help="Python logging level for stderr")
+    parser.add_argument(
+        "--shm-dir",
+        default=None,
+        help="shared-memory arena for same-node writers and readers: a private directory on tmpfs "
+        "(created 0700; orphaned segments of a previous run are swept), or 'auto' for a fresh "
+        "/dev/shm/trajflight-<uuid>. Default: none (Flight only)",
+    )
+    parser.add_argument("--shm-pool", default="512MiB", help="free pre-faulted segments kept for reuse")
+    parser.add_argument("--shm-ttl", default="30s", help="how long a same-node put may take to publish")
 
 
 def _secret(args: argparse.Namespace) -> bytes | None:
@@ -67,7 +76,22 @@ def run(args: argparse.Namespace) -> int:
             retry_after=parse_duration(args.retry_after, setting="retry-after"),
         )
         grace = parse_duration(args.shutdown_grace, setting="shutdown-grace")
-        server = StorageServer(args.host, args.port, limits=limits, secret=_secret(args))
+        arena = None
+        if args.shm_dir:
+            from trajflight.flight_server._shm import ShmArena
+
+            arena = ShmArena(
+                None if args.shm_dir == "auto" else args.shm_dir,
+                pool_bytes=parse_size(args.shm_pool, setting="shm-pool"),
+            )
+        server = StorageServer(
+            args.host,
+            args.port,
+            limits=limits,
+            secret=_secret(args),
+            arena=arena,
+            shm_ttl=parse_duration(args.shm_ttl, setting="shm-ttl"),
+        )
     except TrajflightError as exc:
         print(f"trajflight server: {exc}", file=sys.stderr)
         return 2

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from trajflight._handles import BatchHandle
 from trajflight._lease import LeasedBatch, Renewals
-from trajflight._storage import StoragePool
+from trajflight._storage import StoragePool, Transport
 from trajflight.codec import GroupKey, encode_group
 from trajflight.controller import ControllerClient, GroupInfo, JobConfig, OldReady
 from trajflight.errors import CapacityExceededError, DeadlineExceededError, InvalidRequestError
@@ -32,7 +32,7 @@ from trajflight.errors import CapacityExceededError, DeadlineExceededError, Inva
 __all__ = ["Client", "Trainer", "Writer", "connect"]
 
 
-def connect(address: str, *, timeout: float = 30.0) -> Client:
+def connect(address: str, *, timeout: float = 30.0, transport: Transport = "auto") -> Client:
     """Connect to a running data plane.
 
     Args:
@@ -40,6 +40,8 @@ def connect(address: str, *, timeout: float = 30.0) -> Client:
             ``LocalCluster.address`` and ``trajflight up`` print), or ``ray://NAMESPACE/NAME`` of a Ray data
             plane's controller actor (Ray must be initialised in this process, or reachable).
         timeout: Default deadline of every call, seconds.
+        transport: How group data moves to and from storage servers: ``"auto"`` (shared memory with
+            servers on this host that have an arena, Flight otherwise), ``"shm"`` or ``"flight"`` (forced).
 
     Raises:
         InvalidRequestError: an address of another scheme. UnavailableError / NotFoundError: nothing
@@ -48,11 +50,15 @@ def connect(address: str, *, timeout: float = 30.0) -> Client:
     if address.startswith("grpc://") or address.startswith("grpc+tcp://"):
         from trajflight._control import connect_control
 
-        return Client(connect_control(address, timeout=timeout), address=address, timeout=timeout)
+        return Client(
+            connect_control(address, timeout=timeout), address=address, timeout=timeout, transport=transport
+        )
     if address.startswith("ray://"):
         from trajflight._ray_plane import connect_ray_plane
 
-        return Client(connect_ray_plane(address, timeout=timeout), address=address, timeout=timeout)
+        return Client(
+            connect_ray_plane(address, timeout=timeout), address=address, timeout=timeout, transport=transport
+        )
     raise InvalidRequestError(
         f"unknown data plane address {address!r}: use grpc://HOST:PORT (embedded) or ray://NAMESPACE/NAME"
     )
@@ -78,13 +84,22 @@ class Client:
         controller: The controller client (any host).
         address: The address it was reached at (for messages and ``stats``).
         timeout: Default deadline of every call.
+        transport: ``"auto"`` (default: shared memory with storage servers on this host, decided by host
+            identity; Flight otherwise), ``"shm"`` or ``"flight"`` to force one path.
     """
 
-    def __init__(self, controller: ControllerClient, *, address: str = "", timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        controller: ControllerClient,
+        *,
+        address: str = "",
+        timeout: float = 30.0,
+        transport: Transport = "auto",
+    ) -> None:
         self.controller = controller
         self.address = address
         self.timeout = timeout
-        self.storage = StoragePool(timeout=timeout)
+        self.storage = StoragePool(timeout=timeout, transport=transport)
         self.renewals = Renewals()
 
     def close(self) -> None:
@@ -302,8 +317,8 @@ class Writer:
                 time.sleep(wait)
         key = GroupKey(*grant.partition)
         batch = _with_key(batch, key)
-        self.client.storage.client(grant.location).put_group(
-            key, batch, writer=self.writer_id, timeout=max(0.001, deadline - time.monotonic())
+        self.client.storage.put_group(
+            grant.location, key, batch, writer=self.writer_id, timeout=max(0.001, deadline - time.monotonic())
         )
         info = controller.publish(
             grant.partition,

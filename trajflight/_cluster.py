@@ -5,25 +5,33 @@
 in-process with its sweeper, serves it to other processes over Flight, registers the servers, and tears
 everything down on exit. Other processes reach it with ``trajflight.connect(cluster.address)``.
 
+Each storage server gets a shared-memory arena by default (``shm=True``): one private deployment
+directory ``/dev/shm/trajflight-<uuid>/`` (0700) with a subdirectory per server, so writers and trainers on
+this host move group data through shared memory; remote ones use Flight, served from the same memory.
+
 It does not survive the death of this process: the controller's state lives here unless ``state_dir``
-is given (journal + snapshots), and the storage servers hold groups in memory.
+is given (journal + snapshots), and the storage servers hold groups in memory. A server killed with
+SIGKILL leaves its segment files behind until it is restarted on the same directory (which sweeps them)
+or the cluster closes (which removes the deployment directory).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
 from trajflight._client import Client
 from trajflight._control import ControlServer, host_identity
-from trajflight._storage import StoragePool
+from trajflight._storage import StoragePool, Transport
 from trajflight._units import parse_size
 from trajflight.controller import ControllerClient, LocalController, LocalTransport
 from trajflight.errors import ConfigError, UnavailableError
@@ -58,6 +66,8 @@ class LocalCluster:
         host: Interface everything binds to; loopback by default.
         state_dir: Controller journal directory (crash recovery); ``None`` keeps it in memory.
         timeout: Default deadline of client calls.
+        shm: Give every storage server a shared-memory arena (same-host zero-copy transport).
+        shm_root: Where deployment directories go (default ``/dev/shm``).
     """
 
     def __init__(
@@ -70,6 +80,8 @@ class LocalCluster:
         host: str = "127.0.0.1",
         state_dir: str | os.PathLike[str] | None = None,
         timeout: float = 30.0,
+        shm: bool = True,
+        shm_root: str | os.PathLike[str] | None = None,
     ) -> None:
         if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
             raise ConfigError(
@@ -82,6 +94,11 @@ class LocalCluster:
         self.host = host
         self.state_dir = state_dir
         self.timeout = timeout
+        self.shm = shm
+        root = os.fspath(shm_root) if shm_root is not None else "/dev/shm"
+        if not os.path.isdir(root):
+            root = tempfile.gettempdir()
+        self.shm_dir: str | None = os.path.join(root, f"trajflight-{uuid.uuid4().hex}") if shm else None
         self.node = host_identity()
         self.server_locations: list[str] = []
         self._procs: list[subprocess.Popen[str]] = []
@@ -134,10 +151,12 @@ class LocalCluster:
     def _start_servers(self) -> None:
         if not self.processes:
             from trajflight.flight_server import StorageServer, StoreLimits
+            from trajflight.flight_server._shm import ShmArena
 
             limits = StoreLimits(capacity_bytes=self.capacity, capacity_groups=self.max_groups)
-            for _ in range(self.num_servers):
-                server = StorageServer(self.host, 0, limits=limits)
+            for i in range(self.num_servers):
+                arena = ShmArena(self.server_shm_dir(i)) if self.shm else None
+                server = StorageServer(self.host, 0, limits=limits, arena=arena)
                 self._threads.append(server)
                 self.server_locations.append(server.location)
             return
@@ -160,6 +179,9 @@ class LocalCluster:
                 "--max-groups",
                 str(self.max_groups),
             ]
+            shm_dir = self.server_shm_dir(i)
+            if shm_dir is not None:
+                cmd += ["--shm-dir", shm_dir]
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
             self._procs.append(proc)
             self.server_locations.append(_read_location(proc, log_path, timeout=60.0))
@@ -194,6 +216,8 @@ class LocalCluster:
         if self._logdir is not None:
             self._logdir.cleanup()
             self._logdir = None
+        if self.shm_dir is not None:  # segments of killed servers too; live mappings stay valid
+            shutil.rmtree(self.shm_dir, ignore_errors=True)
 
     def __enter__(self) -> LocalCluster:
         return self.start()
@@ -204,6 +228,13 @@ class LocalCluster:
         self.close()
 
     # ------------------------------------------------------------------ access
+    def server_shm_dir(self, index: int) -> str | None:
+        """The arena directory of storage server ``index`` (None without ``shm``)."""
+        if self.shm_dir is None:
+            return None
+        os.makedirs(self.shm_dir, mode=0o700, exist_ok=True)
+        return os.path.join(self.shm_dir, f"server-{index}")
+
     @property
     def address(self) -> str:
         """The control server's location: ``trajflight.connect(address)`` from any local process."""
@@ -211,12 +242,15 @@ class LocalCluster:
             raise UnavailableError("the cluster is not running; use it as a context manager or call start()")
         return self._control.location
 
-    def client(self) -> Client:
-        """A client in this process that calls the controller directly (no RPC for control calls)."""
+    def client(self, *, transport: Transport = "auto") -> Client:
+        """A client in this process that calls the controller directly (no RPC for control calls).
+
+        ``transport``: ``"auto"`` (shared memory with these servers when they have arenas), ``"shm"`` or
+        ``"flight"`` (forced)."""
         if self.controller is None:
             raise UnavailableError("the cluster is not running; use it as a context manager or call start()")
         controller = ControllerClient(LocalTransport(self.controller), timeout=self.timeout)
-        return Client(controller, address=self.address, timeout=self.timeout)
+        return Client(controller, address=self.address, timeout=self.timeout, transport=transport)
 
     def kill_server(self, index: int) -> None:
         """Kill storage server ``index`` (SIGKILL) — for fault-injection tests."""

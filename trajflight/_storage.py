@@ -1,27 +1,41 @@
 """Data movement of the public client: a pool of storage connections, reads of handles, fences.
 
 Reads of a :class:`~trajflight._handles.BatchHandle` go to every storage server involved at once (one
-Flight stream per server on its own thread, :func:`trajflight.flight_server.get_parallel`), each group
-under the lease's token, and come back as one table in the handle's group order.
+call per server on its own thread), each group under the lease's token, and come back as one table in the
+handle's group order.
+
+Transport, per server: ``"auto"`` (the default) uses the server's shared-memory arena when the server runs
+on this host, decided by host identity (the server's ``health`` reports ``host_id`` =
+``hostname/boot_id`` and its arena directory; this process must see the same identity and the directory),
+never by comparing IP addresses; otherwise Flight. ``"shm"`` forces shared memory (an error where it is
+not possible), ``"flight"`` forces Flight. Shared-memory reads alias read-only mappings of the server's
+segments (no copy); Flight reads own received buffers.
 
 It does not retry: a failed read raises the server's typed error, and nothing was changed.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 
 from trajflight._handles import BatchHandle
 from trajflight.codec import GroupKey
 from trajflight.controller import DeleteWork
-from trajflight.flight_server import GroupRead, LeaseToken, StorageClient, get_parallel
+from trajflight.errors import ConfigError, DeadlineExceededError
+from trajflight.flight_server import GroupRead, LeaseToken, StorageClient
+from trajflight.flight_server._shm import host_id
 
-__all__ = ["StoragePool", "read_handle"]
+__all__ = ["TRANSPORTS", "StoragePool", "Transport", "read_handle"]
+
+Transport = Literal["auto", "shm", "flight"]
+TRANSPORTS: tuple[str, ...] = ("auto", "shm", "flight")
 
 
 class StoragePool:
@@ -29,11 +43,22 @@ class StoragePool:
 
     Args:
         timeout: Default deadline of each storage call.
+        transport: ``"auto"`` (shared memory with servers on this host, Flight otherwise), ``"shm"`` or
+            ``"flight"`` (forced); see the module docstring.
+
+    Raises:
+        ConfigError: an unknown transport.
     """
 
-    def __init__(self, *, timeout: float = 30.0) -> None:
+    def __init__(self, *, timeout: float = 30.0, transport: Transport = "auto") -> None:
+        if transport not in TRANSPORTS:
+            raise ConfigError(
+                f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}", setting="transport"
+            )
         self.timeout = timeout
+        self.transport: Transport = transport
         self._clients: dict[str, StorageClient] = {}
+        self._routes: dict[str, bool] = {}  # location -> uses shared memory
         self._lock = threading.Lock()
 
     def client(self, location: str) -> StorageClient:
@@ -43,6 +68,60 @@ class StoragePool:
             if found is None:
                 found = self._clients[location] = StorageClient(location, timeout=self.timeout)
             return found
+
+    def uses_shm(self, location: str) -> bool:
+        """Whether calls to the server at ``location`` go through shared memory (decided once, cached).
+
+        Raises:
+            ConfigError: ``transport="shm"`` and the server has no arena or is on another host.
+        """
+        with self._lock:
+            found = self._routes.get(location)
+        if found is not None:
+            return found
+        if self.transport == "flight":
+            use = False
+        else:
+            health = self.client(location).health()
+            shm_dir = health.get("shm_dir")
+            same_host = health.get("host_id") == host_id()
+            use = bool(shm_dir) and same_host and os.access(str(shm_dir), os.R_OK | os.X_OK)
+            if self.transport == "shm" and not use:
+                why = (
+                    "it has no shared-memory arena (start it with --shm-dir)"
+                    if not shm_dir
+                    else "it runs on another host"
+                    if not same_host
+                    else f"its arena {shm_dir} is not visible from this process"
+                )
+                raise ConfigError(
+                    f"transport='shm' but the storage server at {location} cannot be reached through "
+                    f"shared memory: {why}; use transport='auto' or 'flight'",
+                    setting="transport",
+                )
+        with self._lock:
+            self._routes[location] = use
+        return use
+
+    def put_group(
+        self, location: str, key: GroupKey, batch: pa.RecordBatch, *, writer: str, timeout: float
+    ) -> None:
+        """Put one group on the server at ``location`` through shared memory or Flight (see the module
+        docstring). Raises like :meth:`StorageClient.put_group`."""
+        client = self.client(location)
+        if self.uses_shm(location):
+            client.shm_put_groups([(key, batch)], writer=writer, ttl=max(1.0, timeout), timeout=timeout)
+        else:
+            client.put_group(key, batch, writer=writer, timeout=timeout)
+
+    def get(
+        self, location: str, reads: Sequence[GroupRead], *, columns: Sequence[str] | None, timeout: float
+    ) -> pa.Table:
+        """Read groups from one server through shared memory (aliasing the segments) or Flight."""
+        client = self.client(location)
+        if self.uses_shm(location):
+            return client.shm_get(reads, columns=columns, timeout=timeout)
+        return client.get(reads, columns=columns, timeout=timeout)
 
     def close(self) -> None:
         """Close every connection."""
@@ -96,18 +175,32 @@ def read_handle(pool: StoragePool, handle: BatchHandle, *, timeout: float) -> pa
     """Read the handle's groups (projected to ``handle.columns``) from all their servers in parallel.
 
     Returns:
-        One table, rows in the handle's group order; it owns its memory (received buffers).
+        One table, rows in the handle's group order. Over Flight it owns its memory (received buffers);
+        over shared memory it aliases read-only mappings of the servers' segments.
 
     Raises:
         StaleFenceError: the lease was superseded (a newer lease holds a group). NotFoundError: a group is
         gone. DeadlineExceededError, UnavailableError: the servers did not answer in time.
     """
     by_location = _by_location(handle)
-    requests: list[tuple[StorageClient, Sequence[GroupRead]]] = [
-        (pool.client(loc), [GroupRead(GroupKey(*g.partition), LeaseToken(g.generation)) for g in groups])
+    requests: list[tuple[str, Sequence[GroupRead]]] = [
+        (loc, [GroupRead(GroupKey(*g.partition), LeaseToken(g.generation)) for g in groups])
         for loc, groups in by_location.items()
     ]
-    tables = get_parallel(requests, columns=handle.columns, timeout=timeout)
+    deadline = time.monotonic() + timeout
+
+    def _one(request: tuple[str, Sequence[GroupRead]]) -> pa.Table:
+        location, reads = request
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise DeadlineExceededError(f"read: deadline of {timeout:g}s passed before {location}")
+        return pool.get(location, reads, columns=handle.columns, timeout=remaining)
+
+    if len(requests) == 1:
+        tables = [_one(requests[0])]
+    else:
+        with ThreadPoolExecutor(len(requests), thread_name_prefix="trajflight-get") as executor:
+            tables = [f.result() for f in [executor.submit(_one, r) for r in requests]]
     if len(tables) == 1:
         return tables[0]
     # Put the groups back in the handle's order: slice each server's table by group.
