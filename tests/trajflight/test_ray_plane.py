@@ -262,6 +262,23 @@ def test_restart_controller_keeps_address_servers_and_clients(ray_runtime):
         assert plane.wait_idle(job, timeout=15.0) == (0, 0)
 
 
+@pytest.mark.ray
+def test_with_a_state_dir_a_restarted_controller_keeps_its_groups(ray_runtime, tmp_path):
+    job = _job()
+    with RayCluster(servers=1, capacity="64MiB", state_dir=tmp_path, timeout=20.0) as plane:
+        client = plane.client()
+        client.open_job(job, 1, {"default_lease_ttl": "20s"})
+        write = ray_runtime.remote(num_cpus=0)(_write_groups_fn())
+        ray_runtime.get(write.remote(plane.address, job, 1, 0, 2), timeout=60)
+
+        plane.restart_controller()  # Ray restarts the actor; it replays its journal
+
+        assert client.controller.counts(job)["READY"] == 2
+        with client.trainer(job).lease(2, wait=10) as batch:
+            assert batch.fetch(["reward"]).num_rows == 8
+        assert plane.wait_idle(job, timeout=15.0) == (0, 0)
+
+
 # ---------------------------------------------------------------------------------------- two nodes
 
 TWO_NODES = WRITE_GROUPS + textwrap.dedent(
