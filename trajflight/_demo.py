@@ -119,32 +119,6 @@ def rollout_worker(
         client.close()
 
 
-def _start_workers(
-    address: str, epoch: int, plan: list[list[int]], args: argparse.Namespace, events: Any
-) -> list[Any]:
-    ctx = mp.get_context("spawn")  # gRPC is not fork-safe (PITFALLS.md)
-    procs = []
-    for worker, gids in enumerate(plan):
-        p = ctx.Process(
-            target=rollout_worker,
-            args=(
-                address,
-                epoch,
-                worker,
-                gids,
-                args.samples,
-                args.response_median,
-                args.seed,
-                args.rollout_time,
-                events,
-            ),
-            daemon=True,
-        )
-        p.start()
-        procs.append(p)
-    return procs
-
-
 # ---------------------------------------------------------------------------------------- trainer side
 
 
@@ -195,108 +169,12 @@ class Tally:
     refused_writers: int = 0
 
 
-def _drain(events: Any, tally: Tally, done: set[tuple[int, int]]) -> None:
-    while True:
-        try:
-            event = events.get_nowait()
-        except queue.Empty:
-            return
-        if event[0] == "put":
-            tally.puts += 1
-            tally.put_bytes += event[3]
-        elif event[0] == "fenced":
-            tally.refused_writers += 1
-        elif event[0] == "done":
-            done.add((event[1], event[2]))
-
-
-def _train(
-    client: Any,
-    policy: Any,
-    optimizer: Any,
-    tally: Tally,
-    args: argparse.Namespace,
-    *,
-    until: int,
-    ckpt: Path,
-    events: Any,
-    workers_done: set[tuple[int, int]],
-    expected_workers: set[tuple[int, int]],
-    crash_after: int | None,
-    progress: Any,
-    wait: float = 2.0,
-) -> bool:
-    """Train until ``until`` groups are in the lineage; returns False when the simulated crash happened."""
-    trainer = client.trainer(JOB, owner="demo-trainer")
-    held: list[Any] = []
-    columns = ["response_ids", "response_logprobs", "loss_mask", "advantage", "sample_id"]
-    while len(tally.lineage) + len(tally.pending) < until:
-        _drain(events, tally, workers_done)
-        batch = trainer.try_lease(args.batch_groups, wait=wait)
-        if batch is None:
-            if expected_workers <= workers_done and not client.controller.counts(JOB).get("READY"):
-                break  # every writer finished and nothing is left to lease
-            continue
-        tally.outcomes["leased"] += len(batch)
-        fetch_started = time.perf_counter()
-        tensors = batch.fetch(columns)
-        tally.fetch_seconds += time.perf_counter() - fetch_started
-        batch.prepare(f"step-{tally.steps}")
-        batch.start_training()
-        loss = grpo_loss(policy, tensors)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        batch.finish_training()
-        held.append(batch)
-        tally.steps += 1
-        tally.losses.append(loss.item())
-        tally.payload_bytes += batch.handle.nbytes
-        tally.pending.extend(_prompt_ids(tensors.arrow["sample_id"]))
-        progress(len(batch))
-        if crash_after is not None and tally.steps >= crash_after:
-            for b in held:  # the trainer dies: no commit, no release, no more heartbeats
-                b.close()
-            tally.outcomes["abandoned_by_crash"] += sum(len(b) for b in held)
-            return False
-        if tally.steps % args.checkpoint_every == 0:
-            _commit_and_checkpoint(client, policy, optimizer, held, tally, ckpt)
-    _commit_and_checkpoint(client, policy, optimizer, held, tally, ckpt)
-    return True
-
-
 def _prompt_ids(sample_ids: Any) -> list[int]:
     """The demo's prompt (group) numbers of a batch, from sample ids ``g{gid}/s{i}``, in order."""
     seen: dict[int, None] = {}
     for sid in sample_ids.to_pylist():
         seen[int(sid.split("/", 1)[0][1:])] = None
     return list(seen)
-
-
-def _commit_and_checkpoint(
-    client: Any, policy: Any, optimizer: Any, held: list[Any], tally: Tally, ckpt: Path
-) -> None:
-    import torch
-
-    for b in held:
-        b.commit()
-        tally.outcomes["committed"] += len(b)
-    held.clear()
-    tally.lineage.extend(tally.pending)
-    tally.pending.clear()
-    client.checkpoint(JOB, ckpt / "controller.ckpt")
-    torch.save(
-        {
-            "model": policy.state_dict(),
-            "optim": optimizer.state_dict(),
-            "lineage": tally.lineage,
-            "steps": tally.steps,
-        },
-        ckpt / "model.pt",
-    )
-
-
-# ---------------------------------------------------------------------------------------- the run
 
 
 class _Progress:
@@ -325,8 +203,165 @@ class _Progress:
             self.bar.close()
 
 
-def _plan(group_ids: list[int], workers: int) -> list[list[int]]:
-    return [group_ids[w::workers] for w in range(workers)]
+class _Run:
+    """One demo run: the data plane, the writers' event queue, the trainer's model and the tally."""
+
+    COLUMNS = ("response_ids", "response_logprobs", "loss_mask", "advantage", "sample_id")
+
+    def __init__(self, args: argparse.Namespace, plane: Any, state: Path) -> None:
+        import torch
+
+        self.args = args
+        self.plane = plane
+        self.state = state
+        self.client = plane.client()
+        self.tally = Tally()
+        self.events = mp.get_context("spawn").Queue()
+        self.done: set[tuple[int, int]] = set()  # (worker, epoch) of finished writers
+        self.procs: list[Any] = []
+        self.progress = _Progress(args.groups, not args.no_progress)
+        self.policy = _policy(args.seed)
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=3e-3)
+
+    def start_workers(self, epoch: int, prompts: list[int]) -> set[tuple[int, int]]:
+        """Start one rollout process per worker writing ``prompts`` under ``epoch``; returns their ids."""
+        ctx = mp.get_context("spawn")  # gRPC is not fork-safe (PITFALLS.md)
+        a = self.args
+        for worker in range(a.workers):
+            share = prompts[worker :: a.workers]
+            p = ctx.Process(
+                target=rollout_worker,
+                args=(
+                    self.plane.address,
+                    epoch,
+                    worker,
+                    share,
+                    a.samples,
+                    a.response_median,
+                    a.seed,
+                    a.rollout_time,
+                    self.events,
+                ),
+                daemon=True,
+            )
+            p.start()
+            self.procs.append(p)
+        return {(w, epoch) for w in range(a.workers)}
+
+    def drain(self) -> None:
+        """Take the writers' events off the queue into the tally."""
+        while True:
+            try:
+                event = self.events.get_nowait()
+            except queue.Empty:
+                return
+            if event[0] == "put":
+                self.tally.puts += 1
+                self.tally.put_bytes += event[3]
+            elif event[0] == "fenced":
+                self.tally.refused_writers += 1
+            elif event[0] == "done":
+                self.done.add((event[1], event[2]))
+
+    def train(
+        self, writers: set[tuple[int, int]], *, crash_after: int | None = None, wait: float = 2.0
+    ) -> bool:
+        """Train until every prompt is in the lineage or ``writers`` finished and nothing is READY.
+
+        Returns False when the simulated crash happened (after ``crash_after`` steps).
+        """
+        tally, args = self.tally, self.args
+        trainer = self.client.trainer(JOB, owner="demo-trainer")
+        held: list[Any] = []
+        while len(tally.lineage) + len(tally.pending) < args.groups:
+            self.drain()
+            batch = trainer.try_lease(args.batch_groups, wait=wait)
+            if batch is None:
+                if writers <= self.done and not self.client.controller.counts(JOB).get("READY"):
+                    break  # every writer finished and nothing is left to lease
+                continue
+            tally.outcomes["leased"] += len(batch)
+            fetch_started = time.perf_counter()
+            tensors = batch.fetch(self.COLUMNS)
+            tally.fetch_seconds += time.perf_counter() - fetch_started
+            batch.prepare(f"step-{tally.steps}")
+            batch.start_training()
+            loss = grpo_loss(self.policy, tensors)
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+            batch.finish_training()
+            held.append(batch)
+            tally.steps += 1
+            tally.losses.append(loss.item())
+            tally.payload_bytes += batch.handle.nbytes
+            tally.pending.extend(_prompt_ids(tensors.arrow["sample_id"]))
+            self.progress(len(batch))
+            if crash_after is not None and tally.steps >= crash_after:
+                for b in held:  # the trainer dies: no commit, no release, no more heartbeats
+                    b.close()
+                tally.outcomes["abandoned_by_crash"] += sum(len(b) for b in held)
+                return False
+            if tally.steps % args.checkpoint_every == 0:
+                self.commit_and_checkpoint(held)
+        self.commit_and_checkpoint(held)
+        return True
+
+    def commit_and_checkpoint(self, held: list[Any]) -> None:
+        """Commit the trained batches, then checkpoint the controller and the model together."""
+        import torch
+
+        for b in held:
+            b.commit()
+            self.tally.outcomes["committed"] += len(b)
+        held.clear()
+        self.tally.lineage.extend(self.tally.pending)
+        self.tally.pending.clear()
+        self.client.checkpoint(JOB, self.state / "controller.ckpt")
+        saved = {
+            "model": self.policy.state_dict(),
+            "optim": self.optimizer.state_dict(),
+            "lineage": self.tally.lineage,
+            "steps": self.tally.steps,
+        }
+        torch.save(saved, self.state / "model.pt")
+
+    def resume(self) -> None:
+        """Restart from the last checkpoint under epoch 2, then finish the job with new writers.
+
+        Groups READY at the checkpoint are re-offered and trained first; prompts with no group in the
+        restored ledger (written after the checkpoint by now-fenced workers, or never written) are
+        generated again by epoch-2 workers.
+        """
+        import torch
+
+        tally = self.tally
+        saved = torch.load(self.state / "model.pt", weights_only=False)
+        self.policy.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optim"])
+        tally.outcomes["steps_rolled_back"] = tally.steps - saved["steps"]
+        tally.steps = saved["steps"]
+        tally.lineage = list(saved["lineage"])
+        tally.pending.clear()
+        # The controller restarts too (a new incarnation at the same address) and restores the checkpoint.
+        self.plane.restart_controller()
+        self.client = self.plane.client()
+        self.client.restore(
+            self.state / "controller.ckpt", job_id=JOB, epoch=2, config=CONFIG, old_ready="reoffer"
+        )
+        self.progress.reset_to(len(tally.lineage), "resumed (epoch 2)")
+        # Epoch-1 workers still running are refused from here on, by the controller and the servers.
+        before = len(tally.lineage)
+        self.train(set(), wait=0.0)  # the re-offered groups
+        tally.outcomes["reoffered_and_trained"] = len(tally.lineage) - before
+        for p in self.procs:
+            p.join(timeout=60)
+        missing = sorted(set(range(self.args.groups)) - set(tally.lineage))
+        self.train(self.start_workers(2, missing))
+        # Groups the crashed epoch put after the checkpoint are unknown to the restored ledger: purge them.
+        for server in self.client.controller.servers():
+            purged = self.client.storage.client(server.location).fence(JOB, 2, purge=True)
+            tally.outcomes["orphans_purged"] += int(purged["purged_groups"])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -345,124 +380,23 @@ def run(args: argparse.Namespace) -> int:
     state.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     started = time.perf_counter()
-    tally = Tally()
-    events = mp.get_context("spawn").Queue()
     with plane:
-        client = plane.client()
-        client.open_job(JOB, 1, CONFIG)
-        policy = _policy(args.seed)
-        optimizer = torch.optim.Adam(policy.parameters(), lr=3e-3)
-        progress = _Progress(args.groups, not args.no_progress)
-        gids = list(range(args.groups))
-        procs = _start_workers(plane.address, 1, _plan(gids, args.workers), args, events)
-        done: set[tuple[int, int]] = set()
-        expected = {(w, 1) for w in range(args.workers)}
-        finished = _train(
-            client,
-            policy,
-            optimizer,
-            tally,
-            args,
-            until=args.groups,
-            ckpt=state,
-            events=events,
-            workers_done=done,
-            expected_workers=expected,
-            crash_after=args.crash_after if args.resume else None,
-            progress=progress,
-        )
-        resumed = None
-        if not finished:
-            resumed = _resume(client, plane, args, state, tally, events, procs, done, progress)
-            policy, optimizer, procs, client = (
-                resumed[k] for k in ("policy", "optimizer", "procs", "client")
-            )
-        for p in procs:
+        demo = _Run(args, plane, state)
+        demo.client.open_job(JOB, 1, CONFIG)
+        writers = demo.start_workers(1, list(range(args.groups)))
+        crash_after = args.crash_after if args.resume else None
+        resumed = not demo.train(writers, crash_after=crash_after)
+        if resumed:
+            demo.resume()
+        for p in demo.procs:
             p.join(timeout=30)
-        progress.close()
-        _drain(events, tally, done)
+        demo.progress.close()
+        demo.drain()
         elapsed = time.perf_counter() - started
         usage = plane.wait_idle(JOB, timeout=10.0)
-        counts = client.controller.counts(JOB)
-    ok = _summary(tally, counts, usage, elapsed, args, resumed)
+        counts = demo.client.controller.counts(JOB)
+    ok = _summary(demo.tally, counts, usage, elapsed, args, resumed)
     return 0 if ok else 1
-
-
-def _resume(
-    client: Any,
-    plane: Any,
-    args: argparse.Namespace,
-    state: Path,
-    tally: Tally,
-    events: Any,
-    old_procs: list[Any],
-    done: set[tuple[int, int]],
-    progress: Any,
-) -> dict[str, Any]:
-    """Restart from the last checkpoint under epoch 2, then finish the job with new writers.
-
-    Groups READY at the checkpoint are re-offered and trained first; prompts with no group in the
-    restored ledger (written after the checkpoint by now-fenced workers, or never written) are
-    generated again by epoch-2 workers.
-    """
-    import torch
-
-    saved = torch.load(state / "model.pt", weights_only=False)
-    policy = _policy(args.seed)
-    policy.load_state_dict(saved["model"])
-    optimizer = torch.optim.Adam(policy.parameters(), lr=3e-3)
-    optimizer.load_state_dict(saved["optim"])
-    tally.outcomes["steps_rolled_back"] = tally.steps - saved["steps"]
-    tally.steps = saved["steps"]
-    tally.lineage = list(saved["lineage"])
-    tally.pending.clear()
-    # The controller restarts too (a new incarnation at the same address) and restores the checkpoint.
-    plane.restart_controller()
-    client = plane.client()
-    client.restore(state / "controller.ckpt", job_id=JOB, epoch=2, config=CONFIG, old_ready="reoffer")
-    progress.reset_to(len(tally.lineage), "resumed (epoch 2)")
-    # Epoch-1 workers still running are refused from here on, by the controller and the servers.
-    before = len(tally.lineage)
-    _train(
-        client,
-        policy,
-        optimizer,
-        tally,
-        args,
-        until=args.groups,
-        ckpt=state,
-        events=events,
-        workers_done=done,
-        expected_workers=set(),
-        crash_after=None,
-        progress=progress,
-        wait=0.0,
-    )
-    tally.outcomes["reoffered_and_trained"] = len(tally.lineage) - before
-    for p in old_procs:
-        p.join(timeout=60)
-    missing = sorted(set(range(args.groups)) - set(tally.lineage))
-    procs = _start_workers(plane.address, 2, _plan(missing, args.workers), args, events)
-    expected = {(w, 2) for w in range(args.workers)}
-    _train(
-        client,
-        policy,
-        optimizer,
-        tally,
-        args,
-        until=args.groups,
-        ckpt=state,
-        events=events,
-        workers_done=done,
-        expected_workers=expected,
-        crash_after=None,
-        progress=progress,
-    )
-    # Groups the crashed epoch put after the checkpoint are unknown to the restored ledger: purge them.
-    for server in client.controller.servers():
-        purged = client.storage.client(server.location).fence(JOB, 2, purge=True)
-        tally.outcomes["orphans_purged"] += int(purged["purged_groups"])
-    return {"policy": policy, "optimizer": optimizer, "procs": procs, "client": client}
 
 
 def _summary(
@@ -471,7 +405,7 @@ def _summary(
     usage: tuple[int, int],
     elapsed: float,
     args: argparse.Namespace,
-    resumed: dict[str, Any] | None,
+    resumed: bool,
 ) -> bool:
     trained = Counter(tally.lineage)
     twice = sorted(k for k, n in trained.items() if n > 1)
