@@ -1,0 +1,443 @@
+"""The same-node path: groups written straight into the server's shared-memory arena and mapped by readers.
+
+Every lease and fencing rule of the Flight path is repeated here through a ``transport`` fixture that puts
+and reads either over Flight or through shared memory, against the same server (with an arena).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+from flight_testkit import make_group
+from shm_testkit import killed_writer
+
+from trajflight.codec import GroupKey, decode
+from trajflight.errors import (
+    AlreadyExistsError,
+    CapacityExceededError,
+    ConfigError,
+    InvalidRequestError,
+    NotFoundError,
+    SchemaError,
+    StaleFenceError,
+)
+from trajflight.flight_server import (
+    GroupRead,
+    LeaseToken,
+    ShmArena,
+    StorageClient,
+    StorageServer,
+    StoreLimits,
+    TokenSigner,
+)
+from trajflight.flight_server._shm import size_class
+from trajflight.flight_server._wire import PutDescriptor, ShmPublishRequest, ShmReserveRequest, encode
+
+KEY = GroupKey("job-a", 1, 5)
+SECRET = b"0123456789abcdef0123456789abcdef"
+
+
+@contextlib.contextmanager
+def shm_serving(
+    limits: StoreLimits | None = None, *, directory: str | None = None, **kwargs: object
+) -> Iterator[tuple[StorageServer, StorageClient]]:
+    """A storage server with a fresh arena (or one on ``directory``) and a client; both always closed."""
+    arena = ShmArena(directory)
+    with (
+        StorageServer(limits=limits, arena=arena, **kwargs) as server,
+        StorageClient(server.location, timeout=20) as client,
+    ):
+        yield server, client
+
+
+def mapped_ranges(directory: str) -> list[tuple[int, int]]:
+    """Address ranges of this process's mappings of files in ``directory`` (from /proc/self/maps)."""
+    out = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if directory in line:
+                lo, hi = line.split()[0].split("-")
+                out.append((int(lo, 16), int(hi, 16)))
+    return out
+
+
+def inside(address: int, ranges: list[tuple[int, int]]) -> bool:
+    return any(lo <= address < hi for lo, hi in ranges)
+
+
+@dataclass(frozen=True)
+class Transport:
+    """How a test puts and reads: over Flight or through shared memory."""
+
+    name: str
+    put: Callable[..., None]
+    get: Callable[..., pa.Table]
+
+
+def _shm_put(client: StorageClient, key: GroupKey, data: pa.RecordBatch, **kw: object) -> None:
+    client.shm_put_groups([(key, data)], **kw)  # type: ignore[arg-type]
+
+
+TRANSPORTS = {
+    "flight": Transport(
+        "flight", lambda c, k, d, **kw: c.put_group(k, d, **kw), lambda c, r, **kw: c.get(r, **kw)
+    ),
+    "shm": Transport("shm", _shm_put, lambda c, r, **kw: c.shm_get(r, **kw)),
+}
+
+
+@pytest.fixture(params=sorted(TRANSPORTS))
+def transport(request: pytest.FixtureRequest) -> Transport:
+    return TRANSPORTS[request.param]
+
+
+# ------------------------------------------------------------------------------------- data path
+
+
+def test_same_host_put_and_get_are_bit_exact_and_tensors_alias_the_mapping():
+    group = make_group(KEY, k=8, response_len=512)
+    with shm_serving() as (server, client):
+        client.shm_put_groups([(KEY, group)], writer="rollout-1")
+        table = client.shm_get([GroupRead(KEY, LeaseToken(1))])
+        assert table.equals(pa.Table.from_batches([group]))
+        batch = decode(table, columns=["response_ids", "response_logprobs", "reward"])
+        ranges = mapped_ranges(server.arena.directory)
+        assert ranges, "the reader maps the segment"
+        for name in ("response_ids", "response_logprobs"):
+            values = batch.tensors[name].values()
+            assert inside(values.data_ptr(), ranges), f"{name} was copied"
+            expected = group.column(name).values.to_numpy()
+            assert np.array_equal(values.numpy(), expected)
+        assert inside(batch.tensors["reward"].data_ptr(), ranges)
+        # Remote readers and any plain Flight client read the same group from the same memory.
+        assert client.get([KEY]).equals(table)
+        raw = flight.FlightClient(server.location)
+        assert raw.do_get(flight.Ticket(client.list_groups()[0].ticket)).read_all().equals(table)
+        raw.close()
+        stats = client.stats()
+        assert stats["shm"]["live_segments"] == 1
+        assert stats["bytes"] == size_class(stats["bytes"])  # capacity counts the segment's size class
+
+
+def test_many_groups_in_one_reservation_projection_and_flight_puts_land_in_the_arena_too():
+    keys = [GroupKey("job-a", 1, g) for g in range(4)]
+    groups = [make_group(k) for k in keys]
+    with shm_serving() as (_, client):
+        client.shm_put_groups(list(zip(keys[:3], groups[:3], strict=True)))
+        client.put_group(keys[3], groups[3])  # over Flight: copied once into a segment
+        assert client.stats()["shm"]["live_segments"] == 4
+        table = client.shm_get(keys, columns=["group_id", "reward"])
+        assert table.column_names == ["group_id", "reward"]
+        assert table.column("group_id").to_pylist() == [g for g in range(4) for _ in range(8)]
+        assert client.shm_get(keys).equals(pa.Table.from_batches(groups))
+        with pytest.raises(SchemaError, match="no column 'nope'"):
+            client.shm_get(keys, columns=["nope"])
+
+
+def test_readers_mappings_survive_delete_and_segments_they_saw_are_never_reused():
+    group = make_group(KEY, response_len=256)
+    with shm_serving() as (_, client):
+        client.shm_put_groups([(KEY, group)])
+        table = client.shm_get([GroupRead(KEY, LeaseToken(1))])
+        path = client._action("shm_open", encode_ticket(KEY), None)["groups"][0]["parts"][0]["path"]
+        client.delete([GroupRead(KEY, LeaseToken(1))])
+        assert not os.path.exists(path), "a segment handed to a reader is unlinked on delete"
+        for g in range(20):  # new puts never land in the reader's segment
+            other = GroupKey("job-a", 1, 100 + g)
+            client.shm_put_groups([(other, make_group(other, response_len=256))])
+        assert table.equals(pa.Table.from_batches([group]))
+
+
+def encode_ticket(key: GroupKey) -> bytes:
+    from trajflight.flight_server import GetTicket
+
+    return encode(GetTicket((GroupRead(key),)))
+
+
+def test_segments_nobody_mapped_are_reused_pre_faulted():
+    with shm_serving() as (_, client):
+        for g in range(10):  # put and delete, never read through shared memory: one segment recycled
+            key = GroupKey("job-a", 1, g)
+            client.shm_put_groups([(key, make_group(key, response_len=64, fixed=True))])
+            client.delete([GroupRead(key, LeaseToken(1))])
+        shm = client.stats()["shm"]
+        assert shm["reused"] >= 8
+        assert shm["created"] <= 2
+        assert shm["live_segments"] == 0
+
+
+def test_arena_directory_is_private_and_owned_by_one_server(tmp_path):
+    directory = str(tmp_path / "arena")
+    with shm_serving(directory=directory) as (server, client):
+        client.shm_put_groups([(KEY, make_group(KEY))])
+        assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+        (name,) = server.arena.files()
+        assert stat.S_IMODE(os.stat(os.path.join(directory, name)).st_mode) == 0o600
+        with pytest.raises(ConfigError, match="in use by another live server"):
+            ShmArena(directory)
+    assert not os.path.exists(directory)  # close unlinks every segment and the directory
+
+
+# ---------------------------------------------------------------------------- validation, lifecycle
+
+
+def test_a_segment_that_does_not_hold_a_valid_group_is_refused_and_released():
+    group = make_group(KEY)
+    with shm_serving() as (_, client):
+        put = PutDescriptor(KEY, nbytes=4096, num_rows=8)
+        seg = client._action("shm_reserve", encode(ShmReserveRequest((put,))), None)["segments"][0]
+        with open(seg["path"], "r+b") as f:
+            f.write(b"not an arrow stream" * 10)
+        with pytest.raises(SchemaError, match="does not hold one Arrow IPC stream"):
+            client._action("shm_publish", encode(ShmPublishRequest(((seg["reservation"], 190),))), None)
+        stats = client.stats()
+        assert (stats["groups"], stats["reserved_bytes"], stats["pending_puts"]) == (0, 0, 0)
+        assert stats["shm"]["live_segments"] == 0  # released (its writer is done: reusable)
+        # A valid stream for another partition is refused by validate_group, as on do_put.
+        wrong = GroupKey("job-a", 1, 6)
+        with pytest.raises(SchemaError):
+            _shm_put_as(client, KEY, make_group(wrong))
+        client.shm_put_groups([(KEY, group)])  # the partition is free again
+        assert client.get([KEY]).num_rows == 8
+        with pytest.raises(NotFoundError, match="unknown"):  # a reservation publishes once
+            client._action("shm_publish", encode(ShmPublishRequest(((seg["reservation"], 190),))), None)
+
+
+def _shm_put_as(client: StorageClient, key: GroupKey, data: pa.RecordBatch) -> None:
+    """Reserve for ``key`` but write ``data`` (which names another partition)."""
+    import pyarrow.ipc as ipc
+
+    sizer = pa.MockOutputStream()
+    with ipc.new_stream(sizer, data.schema) as w:
+        w.write_batch(data)
+    put = PutDescriptor(key, nbytes=sizer.size(), num_rows=data.num_rows)
+    seg = client._action("shm_reserve", encode(ShmReserveRequest((put,))), None)["segments"][0]
+    with open(seg["path"], "r+b") as f, ipc.new_stream(f, data.schema) as w:
+        w.write_batch(data)
+    client._action("shm_publish", encode(ShmPublishRequest(((seg["reservation"], sizer.size()),))), None)
+
+
+def test_a_writer_killed_mid_write_leaves_nothing_visible_and_nothing_leaked():
+    ctx = multiprocessing.get_context("spawn")  # gRPC is not fork-safe
+    with shm_serving() as (server, client):
+        ready = ctx.Event()
+        child = ctx.Process(target=killed_writer, args=(server.location, KEY, ready), daemon=True)
+        child.start()
+        try:
+            assert ready.wait(30), "the writer never reserved its segment"
+            assert client.stats()["pending_shm_puts"] == 1
+            (doomed,) = server.arena.files()
+            with pytest.raises(NotFoundError):
+                client.get([KEY])
+            with pytest.raises(AlreadyExistsError, match="being written"):
+                client.shm_put_groups([(KEY, make_group(KEY))])
+        finally:
+            os.kill(child.pid, signal.SIGKILL)
+            child.join(10)
+        deadline = time.monotonic() + 10
+        while client.stats()["pending_shm_puts"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stats = client.stats()
+        held = (stats["groups"], stats["bytes"], stats["reserved_bytes"], stats["pending_puts"])
+        assert held == (0, 0, 0, 0)
+        assert stats["shm"]["live_segments"] == 0
+        files = server.arena.files()
+        assert doomed not in files, "the half-written segment is unlinked, never reused"
+        assert len(files) == client.stats()["shm"]["free_segments"]  # only fresh, pre-faulted spares
+        client.shm_put_groups([(KEY, make_group(KEY))])
+        assert client.get([KEY]).num_rows == 8
+
+
+def _start_server(directory: str) -> tuple[subprocess.Popen[str], str]:
+    cmd = [sys.executable, "-m", "trajflight", "server", "--shm-dir", directory, "--shutdown-grace", "1s"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline().strip()
+
+
+def test_a_restarted_server_sweeps_the_segments_of_its_dead_incarnation(tmp_path):
+    directory = str(tmp_path / "arena")
+    proc, location = _start_server(directory)
+    try:
+        with StorageClient(location, timeout=20) as client:
+            keys = [GroupKey("job-a", 1, g) for g in range(3)]
+            client.shm_put_groups([(k, make_group(k)) for k in keys])
+            table = client.shm_get(keys)  # a reader that outlives the server
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        orphans = [n for n in os.listdir(directory) if n.startswith("seg-")]
+        assert len(orphans) == 3
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        if proc.stdout:
+            proc.stdout.close()
+    proc, location = _start_server(directory)
+    try:
+        with StorageClient(location, timeout=20) as client:
+            assert client.stats()["shm"]["swept_at_start"] == 3
+            assert [n for n in os.listdir(directory) if n.startswith("seg-")] == []
+            assert client.stats()["groups"] == 0
+        assert table.equals(pa.Table.from_batches([make_group(k) for k in keys]))  # still mapped
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if proc.stdout:
+            proc.stdout.close()
+    assert not os.path.exists(directory)
+
+
+def test_a_server_without_an_arena_refuses_shm_calls_with_a_hint():
+    with StorageServer() as server, StorageClient(server.location) as client:
+        assert client.health()["shm_dir"] is None
+        with pytest.raises(InvalidRequestError, match="no shared-memory arena"):
+            client.shm_put_groups([(KEY, make_group(KEY))])
+        client.put_group(KEY, make_group(KEY))
+        with pytest.raises(InvalidRequestError, match="no shared-memory arena"):
+            client.shm_get([KEY])
+
+
+# ---------------------------------------------------------- every fencing rule, on both transports
+
+
+def test_put_under_a_fenced_epoch_is_refused(transport):
+    old = GroupKey("job-a", 0, 1)
+    with shm_serving() as (_, client):
+        client.fence("job-a", 1)
+        with pytest.raises(StaleFenceError, match="epoch 0 of job 'job-a' is fenced"):
+            transport.put(client, old, make_group(old))
+        transport.put(client, KEY, make_group(KEY))
+        other = GroupKey("job-b", 0, 1)
+        transport.put(client, other, make_group(other))
+        assert client.stats()["reserved_bytes"] == 0
+
+
+def test_a_fence_raised_between_reserve_and_publish_refuses_the_publish():
+    with shm_serving() as (_, client):
+        group = make_group(KEY)
+        import pyarrow.ipc as ipc
+
+        sizer = pa.MockOutputStream()
+        with ipc.new_stream(sizer, group.schema) as w:
+            w.write_batch(group)
+        put = PutDescriptor(KEY, nbytes=sizer.size(), num_rows=8)
+        seg = client._action("shm_reserve", encode(ShmReserveRequest((put,))), None)["segments"][0]
+        with open(seg["path"], "r+b") as f, ipc.new_stream(f, group.schema) as w:
+            w.write_batch(group)
+        client.fence("job-a", 2)
+        with pytest.raises(StaleFenceError):
+            client._action(
+                "shm_publish", encode(ShmPublishRequest(((seg["reservation"], sizer.size()),))), None
+            )
+        stats = client.stats()
+        assert (stats["groups"], stats["reserved_bytes"], stats["shm"]["live_segments"]) == (0, 0, 0)
+
+
+def test_a_group_is_never_overwritten(transport):
+    with shm_serving() as (_, client):
+        TRANSPORTS["shm"].put(client, KEY, make_group(KEY))
+        with pytest.raises(AlreadyExistsError, match="already stored"):
+            transport.put(client, KEY, make_group(KEY, seed=1))
+
+
+def test_reads_with_a_stale_token_are_refused_and_newer_reads_raise_the_fence(transport):
+    with shm_serving() as (_, client):
+        transport.put(client, KEY, make_group(KEY))
+        transport.get(client, [GroupRead(KEY, LeaseToken(1))])
+        transport.get(client, [GroupRead(KEY, LeaseToken(2))])
+        with pytest.raises(StaleFenceError, match="generation 1 is older than generation 2"):
+            transport.get(client, [GroupRead(KEY, LeaseToken(1))])
+        # The fence is shared: a read on one path raises it for the other.
+        other = TRANSPORTS["flight" if transport.name == "shm" else "shm"]
+        with pytest.raises(StaleFenceError):
+            other.get(client, [GroupRead(KEY, LeaseToken(1))])
+        assert transport.get(client, [KEY]).num_rows == 8  # tokenless reads (analysts) stay open
+
+
+def test_advanced_generations_and_deletes_fence_readers(transport):
+    with shm_serving() as (_, client):
+        transport.put(client, KEY, make_group(KEY))
+        client.advance_generation([GroupRead(KEY, LeaseToken(4))])
+        with pytest.raises(StaleFenceError):
+            transport.get(client, [GroupRead(KEY, LeaseToken(3))])
+        assert client.delete([GroupRead(KEY, LeaseToken(4))])["deleted"] == 1
+        with pytest.raises(NotFoundError):
+            transport.get(client, [GroupRead(KEY, LeaseToken(5))])
+        assert client.stats()["bytes"] == 0
+
+
+def test_capacity_refusal_carries_a_retry_hint_and_recovers_after_delete(transport):
+    keys = [GroupKey("job-a", 0, g) for g in range(3)]
+    groups = [make_group(k, response_len=256, fixed=True) for k in keys]
+    with shm_serving() as (_, probe):
+        TRANSPORTS["shm"].put(probe, keys[0], groups[0])
+        segment = probe.stats()["bytes"]
+    with shm_serving(StoreLimits(capacity_bytes=int(segment * 2.5), retry_after=0.25)) as (_, client):
+        transport.put(client, keys[0], groups[0])
+        transport.put(client, keys[1], groups[1])
+        with pytest.raises(CapacityExceededError, match="server full") as info:
+            transport.put(client, keys[2], groups[2])
+        assert info.value.retry_after == 0.25
+        stats = client.stats()
+        assert (stats["groups"], stats["reserved_bytes"], stats["pending_shm_puts"]) == (2, 0, 0)
+        assert client.delete([GroupRead(keys[0], LeaseToken(1))])["bytes_freed"] == segment
+        transport.put(client, keys[2], groups[2])
+
+
+def test_column_appends_reach_shm_readers_and_are_fenced(transport):
+    group = make_group(KEY)
+    ref = pa.table({"ref_logprob": pa.array([0.5] * 8, pa.float32())})
+    with shm_serving() as (_, client):
+        transport.put(client, KEY, group)
+        client.append_columns(KEY, ref, LeaseToken(3))
+        table = transport.get(client, [GroupRead(KEY, LeaseToken(3))])
+        assert table.column_names[-1] == "ref_logprob"
+        assert table.drop_columns(["ref_logprob"]).equals(pa.Table.from_batches([group]))
+        only = transport.get(client, [KEY], columns=["ref_logprob"])
+        assert only.column(0).to_pylist() == [0.5] * 8
+        with pytest.raises(StaleFenceError):
+            transport.get(client, [GroupRead(KEY, LeaseToken(2))])
+
+
+def test_a_restored_job_reaches_old_epoch_groups_under_new_generations(transport):
+    with shm_serving() as (_, client):
+        transport.put(client, KEY, make_group(KEY))
+        transport.get(client, [GroupRead(KEY, LeaseToken(3))])
+        client.fence("job-a", KEY.epoch + 1)
+        late = GroupKey("job-a", KEY.epoch, 99)
+        with pytest.raises(StaleFenceError, match="fenced"):
+            transport.put(client, late, make_group(late))
+        client.advance_generation([GroupRead(KEY, LeaseToken(10))])
+        assert transport.get(client, [GroupRead(KEY, LeaseToken(10))]).num_rows == 8
+        with pytest.raises(StaleFenceError):
+            transport.get(client, [GroupRead(KEY, LeaseToken(3))])
+
+
+def test_with_a_deployment_secret_only_signed_credentials_pass(transport):
+    signer = TokenSigner(SECRET)
+    with shm_serving(secret=SECRET) as (_, client):
+        with pytest.raises(InvalidRequestError, match="put credential does not verify"):
+            transport.put(client, KEY, make_group(KEY))
+        assert client.stats()["pending_shm_puts"] == 0
+        if transport.name == "shm":
+            client.shm_put_groups([(KEY, make_group(KEY))], sigs=[signer.sign_put(KEY)])
+        else:
+            client.put_group(KEY, make_group(KEY), sig=signer.sign_put(KEY))
+        forged = LeaseToken(7, TokenSigner(b"x" * 32).sign_lease(KEY, 7))
+        with pytest.raises(InvalidRequestError, match="does not verify"):
+            transport.get(client, [GroupRead(KEY, forged)])
+        assert transport.get(client, [GroupRead(KEY, signer.lease_token(KEY, 7))]).num_rows == 8
