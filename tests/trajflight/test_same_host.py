@@ -1,0 +1,141 @@
+"""The public client on one host: shared memory chosen by host identity, Flight forced by a setting."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import trajflight
+from trajflight._lease import fetch_table
+from trajflight._storage import StoragePool
+from trajflight.errors import ConfigError, StaleFenceError
+from trajflight.workload import make_workload
+
+from .conftest import WRITER, run_child
+
+
+@pytest.fixture(scope="module")
+def shm_cluster() -> Iterator[trajflight.LocalCluster]:
+    """Two storage server processes with arenas (the default) and an in-process controller."""
+    with trajflight.LocalCluster(servers=2, capacity="256MiB", timeout=20.0) as c:
+        yield c
+
+
+def mapped_ranges(directory: str) -> list[tuple[int, int]]:
+    """Address ranges of this process's mappings of files under ``directory``."""
+    out = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if directory in line:
+                lo, hi = line.split()[0].split("-")
+                out.append((int(lo, 16), int(hi, 16)))
+    return out
+
+
+def _inside(address: int, ranges: list[tuple[int, int]]) -> bool:
+    return any(lo <= address < hi for lo, hi in ranges)
+
+
+def test_same_host_put_and_fetch_go_through_shared_memory_bit_exact_and_zero_copy(shm_cluster, job):
+    client = shm_cluster.client()
+    client.open_job(job, 1)
+    (g,) = make_workload(1, 8, seed=3, response_median=256)
+    meta = client.writer(job, 1).put(g.encode(job, 1))
+    assert client.storage.uses_shm(meta.location)
+    with client.trainer(job).lease(1, wait=5) as batch:
+        tensors = batch.fetch(["response_ids", "response_logprobs", "advantage"])
+        ranges = mapped_ranges(shm_cluster.shm_dir)
+        for name, expected in (("response_ids", g.response_values), ("response_logprobs", g.logprobs)):
+            values = tensors.tensors[name].values()
+            assert _inside(values.data_ptr(), ranges), f"{name} was copied"
+            assert np.array_equal(values.numpy(), expected)
+        assert _inside(tensors.tensors["advantage"].data_ptr(), ranges)
+        assert np.array_equal(tensors.tensors["advantage"].numpy(), g.advantage)
+    assert shm_cluster.wait_idle(job) == (0, 0)
+    stats = client.storage.client(meta.location).stats()
+    assert stats["shm"]["live_segments"] == 0  # commit released the segment
+    assert tensors.tensors["response_ids"].values().numpy()[:4].tolist() == g.response_values[:4].tolist()
+
+
+def test_writers_in_other_processes_and_batches_over_two_servers_match_the_flight_path(shm_cluster, job):
+    client = shm_cluster.client()
+    client.open_job(job, 1)
+    written = run_child(WRITER, shm_cluster.address, job, 1, 0, 6)  # connect() picks shm by itself
+    assert len(written) == 6
+    for location in shm_cluster.server_locations:
+        assert client.storage.client(location).stats()["shm"]["live_segments"] >= 1
+    with client.trainer(job).lease(6, wait=5) as batch:
+        over_shm = batch.fetch_table()
+        flight_pool = StoragePool(timeout=20, transport="flight")
+        try:
+            over_flight = fetch_table(batch.handle, pool=flight_pool)
+        finally:
+            flight_pool.close()
+        assert over_shm.equals(over_flight)
+        assert over_shm.num_rows == 24
+
+
+def test_flight_forced_by_the_setting(shm_cluster, job):
+    client = shm_cluster.client(transport="flight")
+    client.open_job(job, 1)
+    (g,) = make_workload(1, 4, seed=5, response_median=64)
+    meta = client.writer(job, 1).put(g.encode(job, 1))
+    assert not client.storage.uses_shm(meta.location)
+    before = len(mapped_ranges(shm_cluster.shm_dir))
+    with client.trainer(job).lease(1, wait=5) as batch:
+        tensors = batch.fetch(["response_ids"])
+        values = tensors.tensors["response_ids"].values()
+        assert np.array_equal(values.numpy(), g.response_values)
+        assert len(mapped_ranges(shm_cluster.shm_dir)) == before  # nothing mapped: it came over Flight
+        # ... served from the same memory: the server keeps the group in a segment of its arena.
+        assert client.storage.client(meta.location).stats()["shm"]["live_segments"] >= 1
+    assert shm_cluster.wait_idle(job) == (0, 0)
+
+
+def test_a_superseded_lease_is_refused_on_the_shared_memory_path(shm_cluster, job):
+    client = shm_cluster.client()
+    client.open_job(job, 1, {"default_lease_ttl": "1s"})
+    (g,) = make_workload(1, 4, seed=6, response_median=64)
+    client.writer(job, 1).put(g.encode(job, 1))
+    stale = client.trainer(job, owner="zombie").lease(1, wait=5, renew=False)
+    stale.fetch_table(["reward"])
+    time.sleep(1.3)  # the zombie's lease expires; a new holder gets the group under a newer generation
+    fresh = client.trainer(job, owner="survivor").lease(1, wait=5)
+    assert fresh.handle.groups[0].generation > stale.handle.groups[0].generation
+    with pytest.raises(StaleFenceError):
+        stale.fetch_table(["reward"])
+    with fresh:
+        assert fresh.fetch_table(["reward"]).num_rows == 4
+    assert shm_cluster.wait_idle(job) == (0, 0)
+
+
+def test_shm_forced_where_impossible_and_unknown_transports_are_config_errors():
+    with trajflight.LocalCluster(servers=1, processes=False, shm=False) as cluster:
+        client = cluster.client(transport="shm")
+        client.open_job("j", 1)
+        (g,) = make_workload(1, 2, response_median=64)
+        with pytest.raises(ConfigError, match="no shared-memory arena"):
+            client.writer("j", 1).put(g.encode("j", 1))
+        auto = cluster.client()
+        meta = auto.writer("j", 1).put(g.encode("j", 1))
+        assert not auto.storage.uses_shm(meta.location)  # auto falls back to Flight
+    with pytest.raises(ConfigError, match="transport must be one of"):
+        StoragePool(transport="carrier-pigeon")  # type: ignore[arg-type]
+
+
+def test_in_thread_servers_get_arenas_too():
+    with trajflight.LocalCluster(servers=1, processes=False) as cluster:
+        client = cluster.client()
+        client.open_job("j", 1)
+        groups = make_workload(2, 4, response_median=64)
+        for g in groups:
+            client.writer("j", 1, writer_id="w").put(g.encode("j", 1))
+        with client.trainer("j").lease(2, wait=5) as batch:
+            table = batch.fetch_table(["response_ids"])
+            assert client.storage.uses_shm(batch.handle.groups[0].location)
+        expected = pa.concat_arrays([pa.array(g.response_values) for g in groups])
+        assert table.column("response_ids").combine_chunks().flatten().equals(expected)
