@@ -31,6 +31,7 @@ import pyarrow.ipc as ipc
 from trajflight.codec import GroupKey
 from trajflight.errors import DeadlineExceededError, InvalidRequestError, SchemaError, TrajflightError
 from trajflight.flight_server._errors import translate_errors
+from trajflight.flight_server._local import LocalChannel
 from trajflight.flight_server._shm import SegmentWriterCache, map_segment
 from trajflight.flight_server._wire import (
     AppendDescriptor,
@@ -110,13 +111,23 @@ class StorageClient:
         self.write_size_limit_bytes = write_size_limit_bytes
         self._read_options = ipc.IpcReadOptions(ensure_alignment=alignment)
         self._segments = SegmentWriterCache()
+        self._local: LocalChannel | None = None
         with translate_errors(f"connect to {location}"):
             self._client = flight.FlightClient(location, write_size_limit_bytes=write_size_limit_bytes or 0)
 
     def close(self) -> None:
         """Close the connection and drop cached segment mappings (idempotent)."""
         self._segments.clear()
+        if self._local is not None:
+            self._local.close()
         self._client.close()
+
+    def use_local_channel(self, path: str | None) -> None:
+        """Send actions over the server's same-host Unix socket (``health()["shm_socket"]``) from now on;
+        None goes back to Flight. Only for a server on this host (the caller checked its host id)."""
+        old, self._local = self._local, (LocalChannel(path) if path else None)
+        if old is not None:
+            old.close()
 
     def __enter__(self) -> StorageClient:
         return self
@@ -426,6 +437,9 @@ class StorageClient:
     # ----------------------------------------------------------------------------------------- actions
 
     def _action(self, name: str, body: bytes, timeout: float | None) -> dict[str, Any]:
+        local = self._local
+        if local is not None:
+            return local.call(name, body, self.timeout if timeout is None else timeout)
         with translate_errors(f"action {name}"):
             results = list(self._client.do_action(flight.Action(name, body), options=self._options(timeout)))
         if len(results) != 1:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -34,6 +35,7 @@ import pyarrow.flight as flight
 from trajflight.codec import STANDARD_SCHEMA, GroupKey, TrajectorySchema, validate_group
 from trajflight.errors import InvalidRequestError, SchemaError
 from trajflight.flight_server._errors import server_errors
+from trajflight.flight_server._local import LocalChannelServer, run_handler
 from trajflight.flight_server._segments import Placement
 from trajflight.flight_server._shm import ShmArena, host_id
 from trajflight.flight_server._store import GroupStore, Reservation, StoredGroup, StoreLimits
@@ -152,7 +154,14 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
                 arena.close()
             raise
         self._location = f"grpc://{host}:{self.port}"
+        self._local: LocalChannelServer | None = None
         if arena is not None:
+            # Same-host clients send their (small) actions over a Unix socket in the private arena
+            # directory: ~0.4 ms per gRPC action here, tens of microseconds on the socket (see _local).
+            self._local = LocalChannelServer(
+                os.path.join(arena.directory, "ctl.sock"),
+                run_handler(lambda name, body: self._run_action(name, decode_action_body(name, body))),
+            )
             threading.Thread(target=self._sweep_loop, name="trajflight-shm-sweeper", daemon=True).start()
 
     def _sweep_loop(self) -> None:
@@ -194,6 +203,8 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         threading.Thread(target=_shutdown, name="trajflight-server-shutdown", daemon=True).start()
         stopped = done.wait(timeout)
         self._stop_sweeper.set()
+        if self._local is not None:
+            self._local.close()
         if self.arena is not None:
             self.arena.close()  # unlinks every segment; mappings in other processes stay valid
         if stopped:
@@ -420,6 +431,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
             "signed": self._signer is not None,
             "host_id": self.host_id,
             "shm_dir": None if self.arena is None else self.arena.directory,
+            "shm_socket": None if self._local is None else self._local.path,
         }
 
     def _shm_action(self, body: Any) -> dict[str, Any]:

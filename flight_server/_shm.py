@@ -232,7 +232,7 @@ class ShmArena:
 
     # ----------------------------------------------------------------------------------- segments
 
-    def _create(self, capacity: int) -> Segment:
+    def _create(self, capacity: int, *, populate: bool = True) -> Segment:
         name = f"{_PREFIX}{self._token}-{next(self._names)}"
         path = os.path.join(self.directory, name)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -244,7 +244,9 @@ class ShmArena:
                 if exc.errno in (errno.ENOSPC, errno.ENOMEM):
                     os.unlink(path)
                     raise
-            mm = mmap.mmap(fd, capacity, flags=mmap.MAP_SHARED | _POPULATE)
+            # Background creations also fill this process's page tables; on a put's critical path that
+            # is skipped (a same-node writer fills the pages through its own mapping).
+            mm = mmap.mmap(fd, capacity, flags=mmap.MAP_SHARED | (_POPULATE if populate else 0))
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(path)
@@ -272,7 +274,7 @@ class ShmArena:
                 self._live[seg.name] = seg
                 self.reused += 1
                 return seg
-        seg = self._create(capacity)
+        seg = self._create(capacity, populate=False)
         with self._lock:
             self._live[seg.name] = seg
         return seg

@@ -99,6 +99,8 @@ class StoragePool:
                     f"shared memory: {why}; use transport='auto' or 'flight'",
                     setting="transport",
                 )
+        if use:
+            self.client(location).use_local_channel(health.get("shm_socket"))
         with self._lock:
             self._routes[location] = use
         return use
