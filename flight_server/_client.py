@@ -283,6 +283,7 @@ class StorageClient:
         sigs: Sequence[str | None] | None = None,
         ttl: float | None = None,
         timeout: float | None = None,
+        contiguous: bool = False,
     ) -> None:
         """Put groups through the server's shared-memory arena (same host only): no socket copy.
 
@@ -297,6 +298,9 @@ class StorageClient:
             sigs: Put credentials, one per group, where the server requires signatures.
             ttl: Seconds the server waits for the publish before dropping the reservation (its default).
             timeout: Deadline of each of the two calls.
+            contiguous: Write all the groups as one Arrow batch into one shared segment (one more copy
+                here to join them), so that a reader of these groups in this order gets them as one slice
+                with no copy; the segment is freed when the last of them is deleted.
 
         Raises:
             Like :meth:`put_group`; InvalidRequestError where the server has no arena; NotFoundError when
@@ -306,36 +310,55 @@ class StorageClient:
             return
         if sigs is not None and len(sigs) != len(groups):
             raise InvalidRequestError(f"shm_put_groups: {len(sigs)} signatures for {len(groups)} groups")
-        batches: list[list[pa.RecordBatch]] = []
-        puts: list[PutDescriptor] = []
         schema = groups[0][1].schema
-        for i, (key, data) in enumerate(groups):
-            group_batches, _, rows = self._batches(data)
+        per_group: list[list[pa.RecordBatch]] = []
+        rows_of: list[int] = []
+        for key, data in groups:
             if not data.schema.equals(schema):
                 raise InvalidRequestError(
                     f"shm_put_groups: group {key.group_id} has another schema than the first group"
                 )
-            sizer = pa.MockOutputStream()
-            with ipc.new_stream(sizer, schema) as w:
-                for b in group_batches:
-                    w.write_batch(b)
-            batches.append(group_batches)
-            puts.append(PutDescriptor(key, writer, sizer.size(), rows, None if sigs is None else sigs[i]))
-        reply = self._action("shm_reserve", encode(ShmReserveRequest(tuple(puts), writer, ttl)), timeout)
-        segments = reply["segments"]
+            group_batches, _, rows = self._batches(data)
+            per_group.append(group_batches)
+            rows_of.append(rows)
+        streams: list[list[pa.RecordBatch]]
+        if contiguous and len(groups) > 1:
+            # One stream of one batch for all groups (one copy here to join them, one into the
+            # segment); readers of these groups in this order then get one slice with no copy.
+            joined = pa.Table.from_batches([b for bs in per_group for b in bs], schema).combine_chunks()
+            streams = [joined.to_batches()]
+        else:
+            streams = per_group
+        sizes = [_stream_size(schema, bs) for bs in streams]
+        puts = [
+            PutDescriptor(
+                key,
+                writer,
+                None if len(streams) == 1 and len(groups) > 1 else sizes[i],
+                rows_of[i],
+                None if sigs is None else sigs[i],
+            )
+            for i, (key, _) in enumerate(groups)
+        ]
+        batch_bytes = sizes[0] if len(streams) == 1 and len(groups) > 1 else None
+        request = ShmReserveRequest(tuple(puts), writer, ttl, batch_bytes)
+        segments = self._action("shm_reserve", encode(request), timeout)["segments"]
         try:
-            items = []
-            for seg, put, group_batches in zip(segments, puts, batches, strict=True):
+            written = []
+            for seg, stream, expected in zip(segments, streams, sizes, strict=False):
                 mm = self._segments.get(seg["path"], int(seg["capacity"]))
                 with pa.FixedSizeBufferWriter(pa.py_buffer(mm)) as out:
                     with ipc.new_stream(out, schema) as w:
-                        for b in group_batches:
+                        for b in stream:
                             w.write_batch(b)
                     size = out.tell()
-                if size != put.nbytes:  # pragma: no cover - the sizer and the writer agree
-                    raise InvalidRequestError(f"shm put: wrote {size} bytes, announced {put.nbytes}")
-                items.append((seg["reservation"], size))
-            self._action("shm_publish", encode(ShmPublishRequest(tuple(items))), timeout)
+                if size != expected:  # pragma: no cover - the sizer and the writer agree
+                    raise InvalidRequestError(f"shm put: wrote {size} bytes, announced {expected}")
+                written.append(size)
+            if batch_bytes is not None:
+                written = [written[0]] * len(segments)
+            items = tuple((seg["reservation"], n) for seg, n in zip(segments, written, strict=True))
+            self._action("shm_publish", encode(ShmPublishRequest(items)), timeout)
         except BaseException:
             ids = tuple(s["reservation"] for s in segments)
             # the server sweeps the reservations at their deadline anyway
@@ -364,16 +387,44 @@ class StorageClient:
         """
         ticket = GetTicket(tuple(_as_read(g) for g in groups), None if columns is None else tuple(columns))
         reply = self._action("shm_open", encode(ticket), timeout)
-        tables = []
-        for group in reply["groups"]:
-            table: pa.Table | None = None
-            for part in group["parts"]:
-                mm = map_segment(part["path"], int(part["capacity"]))
+        opened: dict[str, pa.Table] = {}
+
+        def stream(part: dict[str, Any]) -> pa.Table:
+            path = part["path"]
+            found = opened.get(path)
+            if found is None:
+                mm = map_segment(path, int(part["capacity"]))
                 try:
-                    piece = ipc.open_stream(pa.py_buffer(mm)).read_all()
+                    found = opened[path] = ipc.open_stream(pa.py_buffer(mm)).read_all()
                 except pa.ArrowInvalid as exc:
-                    path = part["path"]
                     raise SchemaError(f"shm read: segment {path} is not an IPC stream: {exc}") from None
+            return found
+
+        # Consecutive single-part groups that are consecutive rows of one shared stream are read as one
+        # slice: a batch put together and leased in order reaches the caller as one chunk (no copy).
+        runs: list[tuple[str, int, int]] = []  # (path, offset, rows)
+        tables: list[pa.Table] = []
+
+        def flush() -> None:
+            for path, offset, rows in runs:
+                tables.append(opened[path].slice(offset, rows))
+            runs.clear()
+
+        for group in reply["groups"]:
+            parts = group["parts"]
+            if len(parts) == 1:
+                part = parts[0]
+                stream(part)
+                path, offset, rows = part["path"], int(part.get("offset", 0)), int(part["rows"])
+                if runs and runs[-1][0] == path and runs[-1][1] + runs[-1][2] == offset:
+                    runs[-1] = (path, runs[-1][1], runs[-1][2] + rows)
+                else:
+                    runs.append((path, offset, rows))
+                continue
+            flush()
+            table: pa.Table | None = None
+            for part in parts:
+                piece = stream(part).slice(int(part.get("offset", 0)), int(part["rows"]))
                 if table is None:
                     table = piece
                 else:
@@ -381,7 +432,10 @@ class StorageClient:
                         table = table.append_column(piece.schema.field(name), column)
             if table is None:  # pragma: no cover - a stored group has at least one part
                 raise TrajflightError("shm_open: a group without parts")
-            tables.append(table if columns is None else table.select(list(columns)))
+            tables.append(table)
+        flush()
+        if columns is not None:
+            tables = [t.select(list(columns)) for t in tables]
         if len(tables) == 1:
             return tables[0]
         try:
@@ -494,6 +548,15 @@ class StorageClient:
             return [
                 (a.type, a.description) for a in self._client.list_actions(options=self._options(timeout))
             ]
+
+
+def _stream_size(schema: pa.Schema, batches: Sequence[pa.RecordBatch]) -> int:
+    """Bytes of ``batches`` as one IPC stream (schema, batches, end-of-stream), computed without copying."""
+    sizer = pa.MockOutputStream()
+    with ipc.new_stream(sizer, schema) as w:
+        for b in batches:
+            w.write_batch(b)
+    return int(sizer.size())
 
 
 def get_parallel(

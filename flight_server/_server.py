@@ -439,9 +439,17 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         if isinstance(body, ShmReserveRequest):
             ttl = self.shm_ttl if body.ttl is None else body.ttl
             puts = []
+            for put in body.puts:
+                self._verify_put(put)
+            if body.batch_bytes is not None:
+                puts = store.begin_shm_batch(
+                    [(p.key, int(p.num_rows or 0)) for p in body.puts],
+                    body.batch_bytes,
+                    writer=body.writer,
+                    ttl=ttl,
+                )
             try:
-                for put in body.puts:
-                    self._verify_put(put)
+                for put in body.puts if body.batch_bytes is None else ():
                     puts.append(
                         store.begin_shm_put(
                             put.key, int(put.nbytes or 0), writer=body.writer, num_rows=put.num_rows, ttl=ttl
@@ -471,7 +479,15 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
                     "epoch": g.key.epoch,
                     "group_id": g.key.group_id,
                     "num_rows": g.num_rows,
-                    "parts": [{"path": s.path, "capacity": s.capacity} for s in segs],
+                    "parts": [
+                        {
+                            "path": seg.path,
+                            "capacity": seg.capacity,
+                            "offset": g.row_offset(i),
+                            "rows": g.num_rows,
+                        }
+                        for i, seg in enumerate(segs)
+                    ],
                 }
                 for g, segs in opened
             ]

@@ -101,6 +101,8 @@ class Segment:
         path: Absolute path.
         capacity: File size (its size class); what capacity counts.
         exposed: Handed to a reader or a writer outside this process: never reused (see module docstring).
+        refs: Groups holding it (a batch of groups written as one stream shares one segment); the arena
+            takes it back when the last one releases it.
     """
 
     name: str
@@ -108,6 +110,7 @@ class Segment:
     capacity: int
     mm: mmap.mmap | None
     exposed: bool = False
+    refs: int = 1
     _views: list[weakref.ref[memoryview]] = field(default_factory=list)
 
     def buffer(self, size: int | None = None) -> pa.Buffer:
@@ -270,6 +273,7 @@ class ShmArena:
             free = self._free.get(capacity)
             if free:
                 seg = free.pop()
+                seg.refs = 1
                 self._free_bytes -= capacity
                 self._live[seg.name] = seg
                 self.reused += 1
@@ -287,8 +291,12 @@ class ShmArena:
     def release(self, seg: Segment) -> None:
         """Give a segment back: kept for reuse when safe (see the module docstring), else unlinked."""
         with self._lock:
-            if self._live.pop(seg.name, None) is None:
+            if seg.name not in self._live:
                 return  # released already, or the arena closed
+            seg.refs -= 1
+            if seg.refs > 0:
+                return  # other groups of its batch still hold it
+            del self._live[seg.name]
             if seg.exposed or self._closed:
                 unlink = True
                 if not self._closed and self._free_bytes + seg.capacity <= self.pool_bytes:

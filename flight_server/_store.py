@@ -72,6 +72,11 @@ class StoredGroup:
     writer: str = ""
     created: float = 0.0
     segments: tuple[Segment, ...] = ()
+    offsets: tuple[int, ...] = ()
+
+    def row_offset(self, part: int) -> int:
+        """First row of part ``part`` in its segment's stream (non-zero when a batch shares a segment)."""
+        return self.offsets[part] if part < len(self.offsets) else 0
 
     @property
     def nbytes(self) -> int:
@@ -165,7 +170,10 @@ class ShmPut:
         segment: The segment the writer writes one IPC stream into, from offset 0.
         deadline: Monotonic time after which :meth:`GroupStore.sweep_shm` drops it (its writer died).
         writer: Writer id.
-        num_rows: Rows announced, checked at publish when given.
+        num_rows: Rows announced, checked at publish when given (required in a shared segment).
+        offset: First row of the group in the segment's stream (a batch of groups shares one segment,
+            one group after another; 0 for a segment of its own).
+        share: Bytes of the segment this group counts against capacity (the whole segment when alone).
     """
 
     id: str
@@ -174,6 +182,8 @@ class ShmPut:
     deadline: float
     writer: str
     num_rows: int | None
+    offset: int = 0
+    share: int = 0
 
 
 @dataclass(slots=True)
@@ -508,10 +518,62 @@ class GroupStore:
             res.release()
             raise
         seg.exposed = True  # a process outside the server maps it for writing until it publishes
-        put = ShmPut(uuid.uuid4().hex, res, seg, self._clock() + ttl, writer, num_rows)
+        put = ShmPut(uuid.uuid4().hex, res, seg, self._clock() + ttl, writer, num_rows, 0, seg.capacity)
         with self._lock:
             self._shm_puts[put.id] = put
         return put
+
+    def begin_shm_batch(
+        self, puts: Sequence[tuple[GroupKey, int]], nbytes: int, *, writer: str = "", ttl: float = 30.0
+    ) -> list[ShmPut]:
+        """Reserve one segment for several groups written as one IPC stream, one group after another.
+
+        ``puts`` is ``(key, num_rows)`` per group, in stream order. Each group passes the checks of
+        :meth:`begin_shm_put` and counts its share of the segment (by rows) against capacity; the segment
+        goes back to the arena when the last of them is deleted. A reader of several such groups in order
+        gets one contiguous slice: no copy to join them.
+
+        Raises:
+            Like :meth:`begin_shm_put`; on any error nothing stays reserved.
+        """
+        arena = self._need_arena()
+        if nbytes <= 0 or not puts or any(rows <= 0 for _, rows in puts):
+            raise InvalidRequestError("shm batch: nbytes and every group's num_rows must be > 0")
+        if ttl <= 0:
+            raise InvalidRequestError(f"shm batch: ttl must be > 0, got {ttl}")
+        self.sweep_shm()
+        capacity = size_class(nbytes)
+        total = sum(rows for _, rows in puts)
+        shares = [capacity * rows // total for _, rows in puts]
+        shares[-1] += capacity - sum(shares)
+        reservations: list[Reservation] = []
+        try:
+            for (key, _), share in zip(puts, shares, strict=True):
+                reservations.append(self.begin_put(key, None, share))
+            seg = arena.acquire(nbytes)
+        except OSError as exc:
+            for res in reservations:
+                res.release()
+            raise CapacityExceededError(
+                f"shared memory of this node is full ({exc.strerror}); retry after "
+                f"{self.limits.retry_after:g}s or give /dev/shm more room",
+                retry_after=self.limits.retry_after,
+            ) from exc
+        except BaseException:
+            for res in reservations:
+                res.release()
+            raise
+        seg.exposed = True
+        seg.refs = len(puts)
+        deadline = self._clock() + ttl
+        out, offset = [], 0
+        for res, (_, rows), share in zip(reservations, puts, shares, strict=True):
+            out.append(ShmPut(uuid.uuid4().hex, res, seg, deadline, writer, rows, offset, share))
+            offset += rows
+        with self._lock:
+            for put in out:
+                self._shm_puts[put.id] = put
+        return out
 
     def _take_shm(self, ids: Sequence[str]) -> list[ShmPut]:
         with self._lock:
@@ -534,10 +596,11 @@ class GroupStore:
         """Validate same-node writes and publish them, all at once or not at all.
 
         Each item is ``(reservation id, stream size)``. The segment's first ``size`` bytes must be one
-        Arrow IPC stream holding the group; the server reads it in place (no copy) and runs the checks of
-        a Flight put: the job's schema, ``validate_group(full=True)`` against the key, the announced rows,
-        and the epoch fence again at commit. The stored table aliases the segment. Any failure releases
-        every segment of the call and publishes nothing.
+        Arrow IPC stream holding the group (or, in a shared segment, every group of its batch in order);
+        the server reads it in place (no copy) and runs the checks of a Flight put: the job's schema,
+        ``validate_group(full=True)`` against the key, the announced rows, and the epoch fence again at
+        commit. The stored table aliases the segment. Any failure releases every segment of the call and
+        publishes nothing. The groups of a shared segment must be published in the same call.
 
         Raises:
             NotFoundError (unknown or expired reservation), SchemaError, InvalidRequestError,
@@ -549,10 +612,29 @@ class GroupStore:
         for put in puts:
             put.segment.exposed = False  # its writer is done writing: the segment may be reused later
         try:
-            groups: list[StoredGroup] = []
-            schema: pa.Schema | None = None
-            for put, (_, size) in zip(puts, items, strict=True):
-                table = self._open_written(put, size)
+            groups = self._read_published(puts, [size for _, size in items])
+        except BaseException:
+            self._drop_shm(puts)
+            raise
+        return self._commit_puts([p.res for p in puts], groups, groups[0].table.schema)
+
+    def _read_published(self, puts: Sequence[ShmPut], sizes: Sequence[int]) -> list[StoredGroup]:
+        opened: dict[int, pa.Table] = {}
+        users: dict[int, int] = {}
+        for put in puts:
+            users[id(put.segment)] = users.get(id(put.segment), 0) + 1
+        groups: list[StoredGroup] = []
+        schema: pa.Schema | None = None
+        for put, size in zip(puts, sizes, strict=True):
+            seg = put.segment
+            if users[id(seg)] != seg.refs:
+                raise InvalidRequestError(
+                    f"shm_publish: group {_fmt(put.res.key)} shares its segment with groups not published "
+                    "in this call; publish every group of a batch together"
+                )
+            table = opened.get(id(seg))
+            if table is None:
+                table = opened[id(seg)] = self._open_written(put, size)
                 if schema is None:
                     schema = table.schema
                     self.schema.check(schema)
@@ -561,18 +643,24 @@ class GroupStore:
                         f"shm_publish: group {_fmt(put.res.key)} has another schema than the first "
                         "group of the call; publish groups of different schemas separately"
                     )
-                groups.append(
-                    StoredGroup(
-                        put.res.key, (table,), (put.segment.capacity,), table, put.writer, self._clock(),
-                        (put.segment,),
-                    )
-                )  # fmt: skip
-            if schema is None:  # pragma: no cover - items is not empty
-                raise InvalidRequestError("shm_publish: nothing to publish")
-            return self._commit_puts([p.res for p in puts], groups, schema)
-        except BaseException:
-            self._drop_shm(puts)
-            raise
+                if seg.refs > 1:  # a shared stream: full validation once, and the rows add up
+                    table.validate(full=True)
+                    announced = sum(int(p.num_rows or 0) for p in puts if p.segment is seg)
+                    if announced != table.num_rows:
+                        raise InvalidRequestError(
+                            f"shm batch: {table.num_rows} rows written, {announced} announced; put it again"
+                        )
+            part = table if seg.refs == 1 else table.slice(put.offset, int(put.num_rows or 0))
+            for batch in part.to_batches():
+                if batch.num_rows:
+                    validate_group(batch, self.schema, expect=put.res.key, full=seg.refs == 1)
+            groups.append(
+                StoredGroup(
+                    put.res.key, (part,), (put.share,), part, put.writer, self._clock(), (seg,),
+                    (put.offset,),
+                )
+            )  # fmt: skip
+        return groups
 
     def _open_written(self, put: ShmPut, size: int) -> pa.Table:
         key, seg = put.res.key, put.segment
@@ -591,12 +679,10 @@ class GroupStore:
         rows = sum(b.num_rows for b in batches)
         if rows == 0:
             raise InvalidRequestError(f"shm put of group {_fmt(key)}: the stream carried no samples")
-        if put.num_rows is not None and rows != put.num_rows:
+        if put.segment.refs == 1 and put.num_rows is not None and rows != put.num_rows:
             raise InvalidRequestError(
                 f"shm put of group {_fmt(key)}: {rows} rows written, {put.num_rows} announced; put it again"
             )
-        for batch in batches:
-            validate_group(batch, self.schema, expect=key, full=True)
         return pa.Table.from_batches(batches, reader.schema)
 
     def abort_shm(self, ids: Sequence[str]) -> int:

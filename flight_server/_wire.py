@@ -211,11 +211,15 @@ class ShmReserveRequest:
         puts: One :class:`PutDescriptor` per group; ``nbytes`` (the IPC stream's size) is required.
         writer: Free-form writer id.
         ttl: Seconds the writer has to publish before the reservation is dropped (None: the server's).
+        batch_bytes: When given, one segment of this many bytes for all the groups, written as one IPC
+            stream in the listed order (``num_rows`` required per group, ``nbytes`` not); readers of the
+            groups in that order get them with no copy to join them.
     """
 
     puts: tuple[PutDescriptor, ...]
     writer: str = ""
     ttl: float | None = None
+    batch_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,6 +363,8 @@ def _encode(record: object) -> bytes:
         reserve: dict[str, Any] = {"writer": record.writer, "groups": groups}
         if record.ttl is not None:
             reserve["ttl"] = record.ttl
+        if record.batch_bytes is not None:
+            reserve["batch_bytes"] = record.batch_bytes
         return encode_json(reserve)
     if isinstance(record, ShmPublishRequest):
         return encode_json({"groups": [{"reservation": r, "size": n} for r, n in record.items]})
@@ -595,15 +601,22 @@ def _decode_shm(
         ttl = _field(body, "ttl", (int, float), what, required=False)
         if ttl is not None and not 0 < ttl <= 3600:
             raise InvalidRequestError(f"{what}: 'ttl' must be in (0, 3600] seconds, got {ttl}", field="ttl")
+        batch_bytes = _nonneg(body, "batch_bytes", what, required=False)
         puts = []
         for i, entry in enumerate(_objects(body, "groups", what)):
             put = _decode_put(entry, f"{what} groups[{i}]")
-            if not put.nbytes:
+            if batch_bytes is None and not put.nbytes:
                 raise InvalidRequestError(f"{what} groups[{i}]: 'nbytes' (> 0) is required", field="nbytes")
+            if batch_bytes is not None and not put.num_rows:
+                raise InvalidRequestError(
+                    f"{what} groups[{i}]: 'num_rows' (> 0) is required with 'batch_bytes'", field="num_rows"
+                )
             puts.append(PutDescriptor(put.key, writer, put.nbytes, put.num_rows, put.sig))
         if len({p.key for p in puts}) != len(puts):
             raise InvalidRequestError(f"{what}: a group is named twice", field="groups")
-        return ShmReserveRequest(tuple(puts), writer, None if ttl is None else float(ttl))
+        if batch_bytes is not None and batch_bytes <= 0:
+            raise InvalidRequestError(f"{what}: 'batch_bytes' must be > 0", field="batch_bytes")
+        return ShmReserveRequest(tuple(puts), writer, None if ttl is None else float(ttl), batch_bytes)
     if action == "shm_publish":
         items = []
         for i, entry in enumerate(_objects(body, "groups", what)):

@@ -441,3 +441,29 @@ def test_with_a_deployment_secret_only_signed_credentials_pass(transport):
         with pytest.raises(InvalidRequestError, match="does not verify"):
             transport.get(client, [GroupRead(KEY, forged)])
         assert transport.get(client, [GroupRead(KEY, signer.lease_token(KEY, 7))]).num_rows == 8
+
+
+def test_a_batch_written_as_one_stream_is_read_back_as_one_chunk_and_freed_with_its_last_group():
+    keys = [GroupKey("job-a", 1, g) for g in range(5)]
+    groups = [make_group(k, response_len=128) for k in keys]
+    with shm_serving() as (server, client):
+        client.shm_put_groups(list(zip(keys, groups, strict=True)), contiguous=True)
+        shm = client.stats()["shm"]
+        assert shm["live_segments"] == 1
+        assert client.stats()["bytes"] == shm["live_bytes"]  # the groups' shares add up to the segment
+        table = client.shm_get([GroupRead(k, LeaseToken(1)) for k in keys])
+        assert table.equals(pa.Table.from_batches(groups))
+        assert table.column("response_ids").num_chunks == 1  # one slice: decode joins nothing
+        values = decode(table, columns=["response_ids"]).tensors["response_ids"].values()
+        assert inside(values.data_ptr(), mapped_ranges(server.arena.directory))
+        shuffled = [keys[3], keys[0], keys[4]]
+        expected = pa.Table.from_batches([groups[3], groups[0], groups[4]])
+        assert client.shm_get(shuffled).equals(expected)
+        assert client.get(shuffled).equals(expected)  # Flight readers are served from the same segment
+        client.delete([GroupRead(k, LeaseToken(1)) for k in keys[:4]])
+        assert client.stats()["shm"]["live_segments"] == 1  # still held by the last group
+        assert client.shm_get([keys[4]]).equals(pa.Table.from_batches([groups[4]]))
+        client.delete([GroupRead(keys[4], LeaseToken(1))])
+        stats = client.stats()
+        assert (stats["bytes"], stats["shm"]["live_segments"]) == (0, 0)
+        assert table.equals(pa.Table.from_batches(groups))  # the reader's mapping outlives the segment
