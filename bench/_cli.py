@@ -20,7 +20,7 @@ from pathlib import Path
 
 __all__ = ["add_arguments", "run"]
 
-SYSTEMS = ("memcpy", "flight", "trajflight", "ray", "transferqueue")
+SYSTEMS = ("memcpy", "flight", "trajflight", "trajflight-flight", "ray", "transferqueue")
 
 
 def _systems(text: str) -> tuple[str, ...]:

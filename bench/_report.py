@@ -27,20 +27,28 @@ def _ok(doc: dict[str, Any], name: str) -> dict[str, Any] | None:
     return system if system is not None and system["status"] == "ok" else None
 
 
+def ours_names(doc: dict[str, Any]) -> list[str]:
+    """The trajflight entries that ran (role ``system``), the default transport first."""
+    return [n for n, s in doc["systems"].items() if s["role"] == "system" and s["status"] == "ok"]
+
+
 def add_ratios_and_targets(doc: dict[str, Any]) -> dict[str, Any]:
-    """Add ``ratios`` (trajflight over every other system, per figure) and ``targets`` to ``doc``."""
+    """Add ``ratios`` (each trajflight entry over every other system, per figure) and ``targets``.
+
+    Ratio keys read ``"<figure> <ours>/<other>"``. Targets are judged for every trajflight entry that ran
+    (``trajflight``: the default transport; ``trajflight-flight``: Flight forced), ids prefixed with it.
+    """
     ratios: dict[str, float] = {}
-    ours = _ok(doc, "trajflight")
-    if ours is not None:
+    ours_list = ours_names(doc)
+    for name in ours_list:
+        ours = doc["systems"][name]
         for other in doc["systems"]:
             theirs = _ok(doc, other)
-            if other == "trajflight" or theirs is None:
+            if other == name or theirs is None:
                 continue
             for key, _ in FIGURES:
-                ratios[f"{key} trajflight/{other}"] = ours[key]["GBps"] / theirs[key]["GBps"]
-            ratios[f"latency_p50 trajflight/{other}"] = (
-                theirs["latency"]["p50_ms"] / ours["latency"]["p50_ms"]
-            )
+                ratios[f"{key} {name}/{other}"] = ours[key]["GBps"] / theirs[key]["GBps"]
+            ratios[f"latency_p50 {name}/{other}"] = theirs["latency"]["p50_ms"] / ours["latency"]["p50_ms"]
     doc["ratios"] = ratios
 
     targets: list[dict[str, Any]] = []
@@ -60,31 +68,45 @@ def add_ratios_and_targets(doc: dict[str, Any]) -> dict[str, Any]:
             }
         )
 
-    for key, label in FIGURES:
-        for peer, threshold, why in (
-            ("transferqueue", 5.0, ">= 5x TransferQueue"),
-            ("flight", 0.8, ">= 0.8x the bare Flight server"),
-        ):
-            value = ratios.get(f"{key} trajflight/{peer}")
-            note = "" if value is not None else f"not measured ({peer} did not run)"
-            target(f"{key} vs {peer}", f"{label} throughput {why}", threshold, value, note)
-        if key != "put":
-            value = ratios.get(f"{key} trajflight/ray")
-            note = "" if value is not None else "not measured (ray did not run)"
-            target(
-                f"{key} vs ray", f"{label} to torch at least as fast as Ray's object store", 1.0, value, note
-            )
-    p50 = ours["latency"]["p50_ms"] if ours is not None else None
-    target(
-        "small-group p50",
-        "put 1 group of 8 + lease + get p50 at most 3 ms",
-        3.0,
-        p50,
-        "" if p50 is not None else "not measured (trajflight did not run)",
-        lower=True,
-    )
+    for name in ours_list or ["trajflight"]:
+        for key, label in FIGURES:
+            for peer, threshold, why in (
+                ("transferqueue", 5.0, ">= 5x TransferQueue"),
+                ("flight", 0.8, ">= 0.8x the bare Flight server"),
+            ):
+                value = ratios.get(f"{key} {name}/{peer}")
+                note = "" if value is not None else f"not measured ({peer} did not run)"
+                target(
+                    f"{name}: {key} vs {peer}", f"{name}: {label} throughput {why}", threshold, value, note
+                )
+            if key != "put":
+                value = ratios.get(f"{key} {name}/ray")
+                note = "" if value is not None else "not measured (ray did not run)"
+                target(
+                    f"{name}: {key} vs ray",
+                    f"{name}: {label} to torch at least as fast as Ray's object store",
+                    1.0,
+                    value,
+                    note,
+                )
+        ours = _ok(doc, name)
+        p50 = ours["latency"]["p50_ms"] if ours is not None else None
+        target(
+            f"{name}: small-group p50",
+            f"{name}: put 1 group of 8 + lease + get p50 at most 3 ms",
+            3.0,
+            p50,
+            "" if p50 is not None else f"not measured ({name} did not run)",
+            lower=True,
+        )
     doc["targets"] = targets
     return doc
+
+
+def _ratio_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    pairs = {tuple(k.split(" ", 1)[1].split("/")) for k in doc["ratios"]}
+    order = list(doc["systems"])
+    return sorted(pairs, key=lambda p: (order.index(p[0]), order.index(p[1])))  # type: ignore[return-value]
 
 
 def _cell(op: dict[str, Any]) -> str:
@@ -103,20 +125,20 @@ def format_table(doc: dict[str, Any]) -> str:
         "Throughput, GB/s of payload: median [min-max] over the rounds",
     ]
     shown = FIGURES + OPTIONAL_FIGURES
-    header = f"{'system':14s}" + "".join(f" {label:>22s}" for _, label in shown)
+    header = f"{'system':18s}" + "".join(f" {label:>22s}" for _, label in shown)
     lines += [header, "-" * len(header)]
     for name, system in doc["systems"].items():
         if system["status"] != "ok":
             lines.append(
-                f"{name:14s}  {system['status'].upper()}: {system['reason']}"
+                f"{name:18s}  {system['status'].upper()}: {system['reason']}"
                 + (f"  -> {system['hint']}" if system["hint"] else "")
             )
             continue
         cells = [_cell(system[key]) if key in system else "-" for key, _ in shown]
-        lines.append(f"{name:14s}" + "".join(f" {c:>22s}" for c in cells))
+        lines.append(f"{name:18s}" + "".join(f" {c:>22s}" for c in cells))
     lines += [
         "",
-        f"{'system':14s}{'put groups/s':>14s}{'p50 ms':>9s}{'p99 ms':>9s}{'client B/B':>12s}"
+        f"{'system':18s}{'put groups/s':>14s}{'p50 ms':>9s}{'p99 ms':>9s}{'client B/B':>12s}"
         f"{'servers B/B':>13s}  (peak RSS growth per payload byte)",
     ]
     for name, system in doc["systems"].items():
@@ -125,12 +147,12 @@ def format_table(doc: dict[str, Any]) -> str:
         mem = system["memory"]
         servers = mem["servers_per_payload_byte"]
         lines.append(
-            f"{name:14s}{system['put']['groups_per_s']:>14,.0f}{system['latency']['p50_ms']:>9.2f}"
+            f"{name:18s}{system['put']['groups_per_s']:>14,.0f}{system['latency']['p50_ms']:>9.2f}"
             f"{system['latency']['p99_ms']:>9.2f}{mem['client_per_payload_byte']:>12.2f}"
             f"{('-' if servers is None else f'{servers:.2f}'):>13s}"
         )
-    ours = _ok(doc, "trajflight")
-    if ours is not None and "controller" in ours:
+    ours = next((doc["systems"][n] for n in ours_names(doc) if "controller" in doc["systems"][n]), None)
+    if ours is not None:
         c = ours["controller"]["group_cycles_per_s"]
         lines += [
             "",
@@ -144,15 +166,13 @@ def format_table(doc: dict[str, Any]) -> str:
             "",
             "Ratios, trajflight / other (throughput; latency: other p50 / ours); > 1: trajflight faster",
         ]
-        others = sorted({k.split("/")[1] for k in doc["ratios"]})
+        rows = _ratio_rows(doc)
         keys = [k for k, _ in FIGURES] + ["latency_p50"]
-        lines.append(f"{'vs':14s}" + "".join(f"{k:>18s}" for k in keys))
-        for other in others:
+        lines.append(f"{'ours / other':34s}" + "".join(f"{k:>18s}" for k in keys))
+        for ours, other in rows:
             lines.append(
-                f"{other:14s}"
-                + "".join(
-                    f"{doc['ratios'].get(f'{k} trajflight/{other}', float('nan')):>18.2f}" for k in keys
-                )
+                f"{ours + ' / ' + other:34s}"
+                + "".join(f"{doc['ratios'].get(f'{k} {ours}/{other}', float('nan')):>18.2f}" for k in keys)
             )
     lines += ["", "Targets (issue 6)"]
     for t in doc["targets"]:
@@ -256,8 +276,8 @@ def format_markdown(doc: dict[str, Any]) -> str:
             f"| {mem['client_per_payload_byte']:.2f} | {'-' if servers is None else f'{servers:.2f}'} "
             f"| {mem['servers_counted']} |"
         )
-    ours = _ok(doc, "trajflight")
-    if ours is not None and "controller" in ours:
+    ours = next((doc["systems"][n] for n in ours_names(doc) if "controller" in doc["systems"][n]), None)
+    if ours is not None:
         c = ours["controller"]["group_cycles_per_s"]
         out += [
             "",
@@ -268,21 +288,19 @@ def format_markdown(doc: dict[str, Any]) -> str:
         ]
     if doc["ratios"]:
         keys = [k for k, _ in FIGURES] + ["latency_p50"]
-        others = sorted({k.split("/")[1] for k in doc["ratios"]})
+        rows = _ratio_rows(doc)
         out += [
             "",
             "Ratios, trajflight / other (throughput; for latency, other's p50 / trajflight's); "
             "> 1: trajflight faster:",
             "",
-            "| vs | " + " | ".join(keys) + " |",
+            "| ours / other | " + " | ".join(keys) + " |",
             "|---|" + "---:|" * len(keys),
         ]
-        for other in others:
+        for ours, other in rows:
             out.append(
-                f"| {other} | "
-                + " | ".join(
-                    f"{doc['ratios'].get(f'{k} trajflight/{other}', float('nan')):.2f}" for k in keys
-                )
+                f"| {ours} / {other} | "
+                + " | ".join(f"{doc['ratios'].get(f'{k} {ours}/{other}', float('nan')):.2f}" for k in keys)
                 + " |"
             )
     out += ["", "| target (issue 6) | value | threshold | verdict |", "|---|---:|---:|---|"]

@@ -40,7 +40,7 @@ from ._system import GET_VARIANTS, SUBSET_COLUMNS, System, SystemUnavailable, pa
 
 __all__ = ["ALL_SYSTEMS", "BenchConfig", "run_bench"]
 
-ALL_SYSTEMS: tuple[str, ...] = ("memcpy", "flight", "trajflight", "ray", "transferqueue")
+ALL_SYSTEMS: tuple[str, ...] = ("memcpy", "flight", "trajflight", "trajflight-flight", "ray", "transferqueue")
 SCHEMA_VERSION = 1
 
 
@@ -100,6 +100,10 @@ def _make_system(name: str, groups: Sequence[SyntheticGroup], cfg: BenchConfig) 
         from ._system_trajflight import TrajflightSystem
 
         return TrajflightSystem(groups, controller_groups=cfg.controller_groups)
+    if name == "trajflight-flight":
+        from ._system_trajflight import TrajflightSystem
+
+        return TrajflightSystem(groups, transport="flight", controller="trajflight" not in cfg.systems)
     if name == "ray":
         from ._peer_ray import RaySystem
 

@@ -2,9 +2,15 @@
 
 ``LocalCluster(servers=2, processes=True)``: the controller in this process, two storage servers as
 processes on loopback. One :class:`~trajflight.Writer` puts each group (``Writer.put`` of the group's
-record batch, encoded from the numpy arrays inside the timing); one :class:`~trajflight.Trainer` leases
-the whole workload and ``LeasedBatch.fetch`` reads it to torch (both servers in parallel). A put is
-finished when the group is READY in the controller, i.e. visible to the trainer.
+record batch, encoded from the numpy arrays inside the timing; ``Writer.put_many`` of the whole workload
+for the batched figure, where the client has it); one :class:`~trajflight.Trainer` leases the whole
+workload and ``LeasedBatch.fetch`` reads it to torch (both servers in parallel). A put is finished when the
+group is READY in the controller, i.e. visible to the trainer.
+
+Two entries: ``trajflight`` is the client's default transport (``"auto"``: the servers' shared-memory
+arenas on this host, Flight to other hosts), what a same-node trainer gets; ``trajflight-flight`` forces
+Flight (``transport="flight"``), what a trainer on another node gets, and the like-for-like comparison
+with the bare Flight server. On a checkout whose client has no ``transport`` setting both use Flight.
 
 The controller figure is ``bench_controller.bench_local``: acquire..commit cycles through the
 in-process host with its sweeper confirming every delete.
@@ -28,21 +34,34 @@ TRANSITIONS_PER_CYCLE = 5
 
 
 class TrajflightSystem(System):
-    """The public client over ``LocalCluster(servers=2, processes=True)``."""
+    """The public client over ``LocalCluster(servers=2, processes=True)``, with one transport."""
 
     name = "trajflight"
     role = "system"
-    description = (
-        "trajflight public client: LocalCluster, 2 storage server processes, Writer.put / lease+fetch"
-    )
     memory_note = "RSS of the 2 storage server processes"
 
     def __init__(
-        self, groups: Sequence[SyntheticGroup], *, servers: int = 2, controller_groups: int = 20_000
+        self,
+        groups: Sequence[SyntheticGroup],
+        *,
+        servers: int = 2,
+        controller_groups: int = 20_000,
+        transport: str = "auto",
+        controller: bool = True,
     ) -> None:
         super().__init__(groups)
         self.servers = servers
         self.controller_groups = controller_groups
+        self.transport = transport
+        self.measure_controller = controller
+        how = "shared memory on this host (default)" if transport == "auto" else f"transport={transport!r}"
+        self.description = (
+            f"trajflight public client, LocalCluster with {servers} storage server processes, {how}: "
+            "Writer.put per group, lease + LeasedBatch.fetch"
+        )
+        if transport != "flight":
+            self.include_shmem = True
+            self.memory_note = "RSS of the 2 storage server processes + shared-memory (arena) growth"
         self._cluster: Any = None
         self._client: Any = None
         self._writer: Any = None
@@ -54,10 +73,14 @@ class TrajflightSystem(System):
         from trajflight import LocalCluster
 
         self._cluster = LocalCluster(servers=self.servers, capacity="8GiB", processes=True).start()
-        self._client = self._cluster.client()
+        try:
+            self._client = self._cluster.client(transport=self.transport)
+        except TypeError:  # a client from before the same-host transport: Flight only
+            self._client = self._cluster.client()
         self._client.open_job(JOB, 1)
         self._writer = self._client.writer(JOB, 1, writer_id="bench-writer")
         self._trainer = self._client.trainer(JOB, owner="bench-trainer", ttl=120.0)
+        self.supports_batched = callable(getattr(self._writer, "put_many", None))
 
     def close(self) -> None:
         if self._client is not None:
@@ -74,6 +97,9 @@ class TrajflightSystem(System):
         put = self._writer.put
         for g in self.groups:
             put(g.encode(JOB, 1))
+
+    def put_batched_all(self) -> None:
+        self._writer.put_many([g.encode(JOB, 1) for g in self.groups])
 
     def prepare_get(self) -> None:
         self._lease = self._trainer.lease(len(self.groups), wait=30.0, renew=False)
@@ -107,6 +133,8 @@ class TrajflightSystem(System):
             self._small = None
 
     def extra_metrics(self, repeats: int) -> dict[str, Any]:
+        if not self.measure_controller:
+            return {}
         from .bench_controller import bench_local
 
         per_lease = 64

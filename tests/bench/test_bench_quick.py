@@ -20,7 +20,7 @@ from trajflight.bench._schema import SCHEMA, SchemaViolation, validate, validate
 from trajflight.bench._stats import Progress
 from trajflight.cli import main
 
-QUICK_SYSTEMS = "memcpy,flight,trajflight"
+QUICK_SYSTEMS = "memcpy,flight,trajflight,trajflight-flight"
 OPS = ("put", "get_all_jagged", "get_all_padded", "get_subset_jagged", "get_subset_padded")
 
 
@@ -62,7 +62,7 @@ def test_every_reported_figure_is_present_and_positive(quick_result: dict) -> No
             for key in ("GBps", "GBps_min", "GBps_max", "groups_per_s"):
                 assert figure[key] > 0, (name, op, key)
             assert figure["seconds"]["n"] == quick_result["config"]["repeats"]
-        if name in ("memcpy", "flight"):  # their APIs have a batched put; trajflight's Writer has none
+        if name in ("memcpy", "flight"):  # their APIs have a batched put (trajflight's: Writer.put_many)
             assert system["put_batched"]["GBps"] > 0
         assert system["latency"]["p50_ms"] > 0
         assert system["latency"]["p99_ms"] >= system["latency"]["p50_ms"]
@@ -75,6 +75,7 @@ def test_every_reported_figure_is_present_and_positive(quick_result: dict) -> No
         else:
             assert memory["servers_peak_bytes"] > 0
             assert memory["servers_per_payload_byte"] >= 0
+    assert "controller" not in quick_result["systems"]["trajflight-flight"]  # measured once per run
     controller = quick_result["systems"]["trajflight"]["controller"]
     assert controller["group_cycles_per_s"]["median"] > 0
     assert controller["transitions_per_s"] > 0
@@ -86,10 +87,13 @@ def test_ratios_and_targets_cover_the_references(quick_result: dict) -> None:
         assert ratios[f"{op} trajflight/flight"] > 0
         assert ratios[f"{op} trajflight/memcpy"] > 0
     targets = {t["id"]: t for t in quick_result["targets"]}
-    assert targets["put vs flight"]["met"] in (True, False)
-    # Peers that did not run give no verdict, and say so.
-    assert targets["put vs transferqueue"]["met"] is None
-    assert "did not run" in targets["put vs transferqueue"]["note"]
+    for ours in ("trajflight", "trajflight-flight"):
+        assert targets[f"{ours}: put vs flight"]["met"] in (True, False)
+        assert targets[f"{ours}: small-group p50"]["met"] in (True, False)
+        # Peers that did not run give no verdict, and say so.
+        assert targets[f"{ours}: put vs transferqueue"]["met"] is None
+        assert "did not run" in targets[f"{ours}: put vs transferqueue"]["note"]
+    assert ratios["get_all_jagged trajflight/trajflight-flight"] > 0
 
 
 def test_chart_is_drawn_or_explained(quick_result: dict) -> None:
