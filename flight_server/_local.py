@@ -204,6 +204,12 @@ class LocalChannel:
         for sock in idle:
             sock.close()
 
+    def __del__(self) -> None:
+        # A client dropped without close(): close its sockets rather than leave them to the collector
+        # (which warns with a ResourceWarning).
+        for sock in getattr(self, "_idle", ()):
+            sock.close()
+
 
 def run_handler(run: Callable[[str, bytes], dict[str, Any]]) -> Handler:
     """Wrap the server's action runner so errors leave it as Flight errors (as ``do_action`` does)."""

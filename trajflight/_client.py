@@ -17,7 +17,7 @@ import asyncio
 import os
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -296,17 +296,25 @@ class Writer:
             batch = encode_group(job_id=self.job_id, epoch=self.epoch, group_id=0, **group)
         elif group:
             raise InvalidRequestError("pass either a record batch or the group's columns, not both")
-        controller = self.client.controller
         nbytes = batch.nbytes
+        grant = self._allocate(nbytes, deadline)
+        key = GroupKey(*grant.partition)
+        batch = _with_key(batch, key)
+        self.client.storage.put_group(
+            grant.location, key, batch, writer=self.writer_id, timeout=max(0.001, deadline - time.monotonic())
+        )
+        return self._publish(grant, batch, nbytes)
+
+    def _allocate(self, nbytes: int, deadline: float) -> Any:
+        """A placed partition from the controller, waiting for capacity until ``deadline``."""
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise DeadlineExceededError(f"put of a group to job {self.job_id!r} did not finish in time")
             try:
-                grant = controller.allocate(
+                return self.client.controller.allocate(
                     self.job_id, self.epoch, self.writer_id, nbytes=nbytes, timeout=remaining
                 )
-                break
             except CapacityExceededError as exc:
                 wait = float(getattr(exc, "retry_after", 1.0) or 1.0)
                 if time.monotonic() + wait > deadline:
@@ -315,12 +323,9 @@ class Writer:
                         retry_after=wait,
                     ) from exc
                 time.sleep(wait)
-        key = GroupKey(*grant.partition)
-        batch = _with_key(batch, key)
-        self.client.storage.put_group(
-            grant.location, key, batch, writer=self.writer_id, timeout=max(0.001, deadline - time.monotonic())
-        )
-        info = controller.publish(
+
+    def _publish(self, grant: Any, batch: pa.RecordBatch, nbytes: int) -> GroupInfo:
+        info: GroupInfo = self.client.controller.publish(
             grant.partition,
             token=grant.token,
             rows=batch.num_rows,
@@ -330,6 +335,39 @@ class Writer:
             columns=batch.schema.names,
         )
         return info
+
+    def put_many(self, batches: Sequence[pa.RecordBatch], *, timeout: float | None = None) -> list[GroupInfo]:
+        """Store several finished groups (record batches of one schema) and make them READY, in order.
+
+        Each group gets its partition from the controller as in :meth:`put`; the groups bound for one
+        storage server are then sent in one call (through shared memory on this host: one segment, so a
+        trainer leasing them in order reads them with no copy to join them; over Flight: one stream,
+        published all together). A failure may leave earlier servers' groups READY: the returned list is
+        all-or-error, so put the failed ones again.
+
+        Raises:
+            Like :meth:`put`.
+        """
+        deadline = time.monotonic() + (self.put_timeout if timeout is None else timeout)
+        planned = []
+        for batch in batches:
+            nbytes = batch.nbytes
+            grant = self._allocate(nbytes, deadline)
+            planned.append((grant, _with_key(batch, GroupKey(*grant.partition)), nbytes))
+        by_location: dict[str, list[tuple[GroupKey, pa.RecordBatch]]] = {}
+        for grant, batch, _ in planned:
+            by_location.setdefault(grant.location, []).append((GroupKey(*grant.partition), batch))
+        for location, groups in by_location.items():
+            self.client.storage.put_groups(
+                location, groups, writer=self.writer_id, timeout=max(0.001, deadline - time.monotonic())
+            )
+        return [self._publish(grant, batch, nbytes) for grant, batch, nbytes in planned]
+
+    async def put_many_async(
+        self, batches: Sequence[pa.RecordBatch], *, timeout: float | None = None
+    ) -> list[GroupInfo]:
+        """The ``asyncio`` twin of :meth:`put_many`."""
+        return await asyncio.to_thread(self.put_many, batches, timeout=timeout)
 
     async def put_async(
         self, batch: pa.RecordBatch | None = None, *, timeout: float | None = None, **group: Any

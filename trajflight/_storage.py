@@ -116,6 +116,23 @@ class StoragePool:
         else:
             client.put_group(key, batch, writer=writer, timeout=timeout)
 
+    def put_groups(
+        self,
+        location: str,
+        groups: Sequence[tuple[GroupKey, pa.RecordBatch]],
+        *,
+        writer: str,
+        timeout: float,
+    ) -> None:
+        """Put several groups on one server in one call, published together: through shared memory as
+        one contiguous segment (read back in order with no copy), or as one Flight stream."""
+        client = self.client(location)
+        if self.uses_shm(location):
+            ttl = max(1.0, timeout)
+            client.shm_put_groups(groups, writer=writer, ttl=ttl, timeout=timeout, contiguous=True)
+        else:
+            client.put_groups(groups, writer=writer, timeout=timeout)
+
     def get(
         self, location: str, reads: Sequence[GroupRead], *, columns: Sequence[str] | None, timeout: float
     ) -> pa.Table:

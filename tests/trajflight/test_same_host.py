@@ -139,3 +139,24 @@ def test_in_thread_servers_get_arenas_too():
             assert client.storage.uses_shm(batch.handle.groups[0].location)
         expected = pa.concat_arrays([pa.array(g.response_values) for g in groups])
         assert table.column("response_ids").combine_chunks().flatten().equals(expected)
+
+
+def test_put_many_lands_as_one_segment_and_a_lease_in_order_decodes_with_no_copy():
+    with trajflight.LocalCluster(servers=1, processes=False) as cluster:
+        client = cluster.client()
+        client.open_job("j", 1)
+        groups = make_workload(6, 4, seed=9, response_median=64)
+        infos = client.writer("j", 1).put_many([g.encode("j", 1) for g in groups])
+        assert len(infos) == 6
+        location = infos[0].location
+        assert client.storage.client(location).stats()["shm"]["live_segments"] == 1
+        with client.trainer("j").lease(6, wait=5) as batch:
+            tensors = batch.fetch(["response_ids"])
+            values = tensors.tensors["response_ids"].values()
+            assert _inside(values.data_ptr(), mapped_ranges(cluster.shm_dir))
+            leased = [g.partition.group_id for g in batch.handle.groups]
+            by_id = {i.partition.group_id: g for i, g in zip(infos, groups, strict=True)}
+            expected = np.concatenate([by_id[i].response_values for i in leased])
+            assert np.array_equal(values.numpy(), expected)
+        assert cluster.wait_idle("j") == (0, 0)
+        assert client.storage.client(location).stats()["shm"]["live_segments"] == 0
