@@ -21,12 +21,11 @@ import sys
 import time
 
 import pyarrow.flight as flight
+from bench_flight_server import bare_server  # type: ignore[import-not-found]  # run as a script
 
 from trajflight import LocalCluster
 from trajflight.codec import decode
 from trajflight.workload import make_workload
-
-from bench_flight_server import bare_server  # type: ignore[import-not-found]  # run as a script
 
 
 def main(argv: list[str] | None = None) -> int:
