@@ -387,44 +387,43 @@ class StorageClient:
         """
         ticket = GetTicket(tuple(_as_read(g) for g in groups), None if columns is None else tuple(columns))
         reply = self._action("shm_open", encode(ticket), timeout)
-        opened: dict[str, pa.Table] = {}
+        segments = reply["segments"]
+        opened: dict[int, pa.Table] = {}
 
-        def stream(part: dict[str, Any]) -> pa.Table:
-            path = part["path"]
-            found = opened.get(path)
+        def stream(at: int) -> pa.Table:
+            found = opened.get(at)
             if found is None:
-                mm = map_segment(path, int(part["capacity"]))
+                path = segments[at]["path"]
+                mm = map_segment(path, int(segments[at]["capacity"]))
                 try:
-                    found = opened[path] = ipc.open_stream(pa.py_buffer(mm)).read_all()
+                    found = opened[at] = ipc.open_stream(pa.py_buffer(mm)).read_all()
                 except pa.ArrowInvalid as exc:
                     raise SchemaError(f"shm read: segment {path} is not an IPC stream: {exc}") from None
             return found
 
         # Consecutive single-part groups that are consecutive rows of one shared stream are read as one
         # slice: a batch put together and leased in order reaches the caller as one chunk (no copy).
-        runs: list[tuple[str, int, int]] = []  # (path, offset, rows)
+        runs: list[list[int]] = []  # [segment index, first row, rows]
         tables: list[pa.Table] = []
 
         def flush() -> None:
-            for path, offset, rows in runs:
-                tables.append(opened[path].slice(offset, rows))
+            for at, offset, rows in runs:
+                tables.append(stream(at).slice(offset, rows))
             runs.clear()
 
         for group in reply["groups"]:
             parts = group["parts"]
             if len(parts) == 1:
-                part = parts[0]
-                stream(part)
-                path, offset, rows = part["path"], int(part.get("offset", 0)), int(part["rows"])
-                if runs and runs[-1][0] == path and runs[-1][1] + runs[-1][2] == offset:
-                    runs[-1] = (path, runs[-1][1], runs[-1][2] + rows)
+                at, offset, rows = parts[0]
+                if runs and runs[-1][0] == at and runs[-1][1] + runs[-1][2] == offset:
+                    runs[-1][2] += rows
                 else:
-                    runs.append((path, offset, rows))
+                    runs.append([at, offset, rows])
                 continue
             flush()
             table: pa.Table | None = None
-            for part in parts:
-                piece = stream(part).slice(int(part.get("offset", 0)), int(part["rows"]))
+            for at, offset, rows in parts:
+                piece = stream(at).slice(offset, rows)
                 if table is None:
                     table = piece
                 else:

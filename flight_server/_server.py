@@ -472,26 +472,21 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         ticket: GetTicket = body
         self._verify_tokens(ticket.groups)
         opened = store.shm_open(ticket.groups, ticket.columns)
-        return {
-            "groups": [
-                {
-                    "job_id": g.key.job_id,
-                    "epoch": g.key.epoch,
-                    "group_id": g.key.group_id,
-                    "num_rows": g.num_rows,
-                    "parts": [
-                        {
-                            "path": seg.path,
-                            "capacity": seg.capacity,
-                            "offset": g.row_offset(i),
-                            "rows": g.num_rows,
-                        }
-                        for i, seg in enumerate(segs)
-                    ],
-                }
-                for g, segs in opened
-            ]
-        }
+        # Segments are listed once (a batch put together shares one); each group names its parts as
+        # [segment index, first row in the segment's stream, rows].
+        index: dict[int, int] = {}
+        segments: list[dict[str, Any]] = []
+        groups = []
+        for g, segs in opened:
+            parts = []
+            for i, seg in enumerate(segs):
+                at = index.get(id(seg))
+                if at is None:
+                    at = index[id(seg)] = len(segments)
+                    segments.append({"path": seg.path, "capacity": seg.capacity})
+                parts.append([at, g.row_offset(i), g.num_rows])
+            groups.append({"num_rows": g.num_rows, "parts": parts})
+        return {"segments": segments, "groups": groups}
 
 
 def _receive(

@@ -407,7 +407,10 @@ def map_segment(path: str, size: int, *, writable: bool = False) -> mmap.mmap:
         ) from None
     try:
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-        return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE, prot=prot)
+        # Writers pre-fill their page tables (they write every page); readers map lazily: decoding is
+        # zero-copy and touches little, the consumer faults pages in as it reads them.
+        flags = mmap.MAP_SHARED | (_POPULATE if writable else 0)
+        return mmap.mmap(fd, size, flags=flags, prot=prot)
     finally:
         os.close(fd)
 

@@ -475,6 +475,26 @@ def _reads(body: Mapping[str, Any], what: str) -> tuple[GroupRead, ...]:
     for i, entry in enumerate(groups):
         if not isinstance(entry, dict):
             raise InvalidRequestError(f"{what}: groups[{i}] must be an object, got {type(entry).__name__}")
+        # Fast path for well-formed entries (a lease of many groups on the same-host path); anything
+        # else takes the checked path below, which names the offending field. ``type(x) is int``
+        # refuses booleans, as _field does.
+        job_id, epoch, group_id = entry.get("job_id"), entry.get("epoch"), entry.get("group_id")
+        generation, sig = entry.get("generation"), entry.get("sig")
+        if (
+            type(job_id) is str
+            and job_id
+            and type(epoch) is int
+            and epoch >= 0
+            and type(group_id) is int
+            and group_id >= 0
+            and (
+                (generation is None and sig is None)
+                or (type(generation) is int and generation >= 0 and (sig is None or type(sig) is str))
+            )
+        ):
+            token = None if generation is None else LeaseToken(generation, sig)
+            out.append(GroupRead(GroupKey(job_id, epoch, group_id), token))
+            continue
         out.append(GroupRead(_key(entry, f"{what} groups[{i}]"), _token(entry, f"{what} groups[{i}]")))
     return tuple(out)
 

@@ -152,7 +152,7 @@ def test_readers_mappings_survive_delete_and_segments_they_saw_are_never_reused(
     with shm_serving() as (_, client):
         client.shm_put_groups([(KEY, group)])
         table = client.shm_get([GroupRead(KEY, LeaseToken(1))])
-        path = client._action("shm_open", encode_ticket(KEY), None)["groups"][0]["parts"][0]["path"]
+        path = client._action("shm_open", encode_ticket(KEY), None)["segments"][0]["path"]
         client.delete([GroupRead(KEY, LeaseToken(1))])
         assert not os.path.exists(path), "a segment handed to a reader is unlinked on delete"
         for g in range(20):  # new puts never land in the reader's segment
