@@ -222,13 +222,13 @@ def draw_chart(doc: dict[str, Any], path: str) -> str | None:
     ax.grid(axis="y", alpha=0.3, which="both")
     p50 = [doc["systems"][n]["latency"]["p50_ms"] for n in names]
     p99 = [doc["systems"][n]["latency"]["p99_ms"] for n in names]
-    ax2.bar(range(len(names)), p99, 0.6, color="lightgray", label="p99")
-    ax2.bar(range(len(names)), p50, 0.6, color="tab:blue", label="p50")
-    ax2.set_xticks(range(len(names)), names, rotation=30, fontsize=8)
+    colors = [f"C{i}" for i in range(len(names))]  # the same colour per system as on the left
+    ax2.bar(range(len(names)), p99, 0.6, color="lightgray")
+    ax2.bar(range(len(names)), p50, 0.6, color=colors)
+    ax2.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
     ax2.set_yscale("log")
     ax2.set_ylabel("ms")
-    ax2.set_title("put 1 group + lease + get", fontsize=10)
-    ax2.legend(fontsize=8)
+    ax2.set_title("put 1 group + lease + get\np50 (colour), p99 (grey)", fontsize=10)
     ax2.grid(axis="y", alpha=0.3, which="both")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
