@@ -408,7 +408,9 @@ def map_segment(path: str, size: int, *, writable: bool = False) -> mmap.mmap:
     try:
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
         # Writers pre-fill their page tables (they write every page); readers map lazily: decoding is
-        # zero-copy and touches little, the consumer faults pages in as it reads them.
+        # zero-copy and touches little, and for a reader that then reads every byte, faulting pages in
+        # (with the kernel's fault-around) cost less here than MAP_POPULATE: 12 MB read in 1.9 ms lazily
+        # against 0.9 ms to populate plus 1.2 ms to read.
         flags = mmap.MAP_SHARED | (_POPULATE if writable else 0)
         return mmap.mmap(fd, size, flags=flags, prot=prot)
     finally:
