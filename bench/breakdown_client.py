@@ -6,7 +6,12 @@ For each transport (``auto``: shared memory on this host; ``flight``), against `
   next to a bare ``pyarrow.flight`` ``do_put`` of the same batch to the bare server of
   ``bench_flight_server.py``;
 * the small-group round trip: ``Writer.put``, ``Trainer.lease(1)`` (acquire + the fence on the server),
-  ``LeasedBatch.fetch_table``, ``decode`` to torch.
+  ``LeasedBatch.fetch_table``, ``decode`` to torch;
+* reading the whole workload's 2-column subset over shared memory from 2 servers when its groups were
+  stored one ``Writer.put`` each (one segment per group) and by one ``Writer.put_many`` (one segment per
+  server);
+* padding the whole workload: ``decode(layout="padded")`` next to a jagged decode followed by torch's
+  ``to_padded_tensor`` (what the Ray and TransferQueue consumers do).
 
 Medians over ``--rounds`` x 64 groups; not a test, timing decides nothing.
 
@@ -19,6 +24,8 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pyarrow.flight as flight
 from bench_flight_server import bare_server  # type: ignore[import-not-found]  # run as a script
@@ -80,9 +87,48 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         raw.close()
         bare.stop()
+    _segments(groups, rec, args.rounds)
+    _padding(groups, rec, args.rounds)
     for key, values in sorted(times.items()):
-        print(f"{key:42s} median {statistics.median(values) * 1e3:7.3f} ms  (n={len(values)})")
+        print(f"{key:58s} median {statistics.median(values) * 1e3:7.3f} ms  (n={len(values)})")
     return 0
+
+
+def _segments(groups: list[Any], rec: Callable[[str, float], None], rounds: int) -> None:
+    columns = ["response_ids", "response_logprobs"]
+    with LocalCluster(servers=2, capacity="8GiB") as cluster, cluster.client() as c:
+        c.open_job("j", 1)
+        writer, trainer = c.writer("j", 1), c.trainer("j", ttl=120)
+        for how in ("put", "put_many"):
+            if how == "put":
+                for g in groups:
+                    writer.put(g.encode("j", 1))
+            else:
+                writer.put_many([g.encode("j", 1) for g in groups])
+            lease = trainer.lease(len(groups), wait=10, renew=False)
+            lease.fetch_table(columns)
+            for _ in range(rounds * 4):
+                t0 = time.perf_counter()
+                lease.fetch_table(columns)
+                rec(f"[auto] fetch_table 64 groups, 2 cols, stored by {how}", time.perf_counter() - t0)
+            lease.commit()
+            cluster.wait_idle("j", 30)
+
+
+def _padding(groups: list[Any], rec: Callable[[str, float], None], rounds: int) -> None:
+    import pyarrow as pa
+
+    table = pa.Table.from_batches([g.encode("j", 1) for g in groups]).combine_chunks()
+    columns = ["prompt_ids", "response_ids", "response_logprobs", "loss_mask", "reward", "advantage"]
+    for _ in range(rounds * 2):
+        t0 = time.perf_counter()
+        decode(table, columns=columns, layout="padded")
+        t1 = time.perf_counter()
+        jagged = decode(table, columns=columns, layout="jagged")
+        {k: v.to_padded_tensor(0) if v.is_nested else v for k, v in jagged.tensors.items()}
+        t2 = time.perf_counter()
+        rec("padding 64 groups: decode(layout='padded')", t1 - t0)
+        rec("padding 64 groups: jagged decode + to_padded_tensor", t2 - t1)
 
 
 if __name__ == "__main__":
