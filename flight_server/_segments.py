@@ -1,7 +1,8 @@
 """Placement of group parts as Arrow IPC segments: one complete IPC stream in one buffer.
 
-A :data:`Placement` hands out buffers (Arrow's pool with :func:`heap_placement`; a shared-memory arena in a
-later issue). :func:`serialize_segment` writes batches into exactly one such buffer with one copy, and
+A :data:`Placement` hands out buffers (Arrow's pool with :func:`heap_placement`; the shared-memory arena
+of :mod:`._shm` places segments the same way, through :class:`~._store.GroupStore`'s ``arena``).
+:func:`serialize_segment` writes batches into exactly one such buffer with one copy, and
 :func:`open_segment` reopens it as a table that aliases the buffer. A process that maps the same bytes
 (e.g. a same-host reader of a shared-memory file) opens them the same way, with no copy.
 

@@ -5,9 +5,11 @@ columns the writer put; each column append adds one part with only the new colum
 are never rewritten. By default a part keeps the very buffers Flight received (no copy: the fastest put and
 the least memory). With a ``place(size) -> pyarrow.Buffer`` hook, each part is instead written once as one
 complete Arrow IPC stream (schema, batches, end-of-stream) into a buffer the hook hands out, and served
-from there: a later issue's shared-memory arena plugs in here, and a same-host reader can map such a
-segment and open it with ``pyarrow.ipc.open_stream`` with no copy. The table served to readers is a
-zero-copy view over the parts, built once at publish.
+from there. With a shared-memory ``arena`` (:mod:`._shm`) every part lives in an arena segment: Flight
+puts are copied once into one, same-node writers fill one themselves (:meth:`GroupStore.begin_shm_put`,
+:meth:`GroupStore.publish_shm`), same-node readers map them (:meth:`GroupStore.shm_open`), and deletes
+give segments back to the arena (reused only when no reader ever mapped them). The table served to
+readers is a zero-copy view over the parts, built once at publish.
 
 Capacity counts buffer sizes (``get_total_buffer_size`` of received batches, or segment sizes when
 placed; Arrow's memory pool does not see buffers received by Flight) and in-flight reservations, in bytes

@@ -52,7 +52,9 @@ def _default_pool() -> StoragePool:
 def fetch_table(handle: BatchHandle, *, timeout: float = 30.0, pool: StoragePool | None = None) -> pa.Table:
     """Read a handle's groups as one Arrow table (rows in group order), from all servers in parallel.
 
-    The table owns its memory (received buffers). Any process may call this with a handle it was sent.
+    From servers on this host (shared memory, see :mod:`trajflight._storage`) the table aliases read-only
+    mappings of their segments, valid after the groups are committed until the table is dropped; over
+    Flight it owns received buffers. Any process may call this with a handle it was sent.
 
     Raises:
         StaleFenceError: the lease was superseded. NotFoundError: a group is gone (committed or dropped).
@@ -72,8 +74,10 @@ def fetch(
 ) -> TorchBatch:
     """Read a handle's groups and decode them to torch (see :func:`trajflight.codec.decode`).
 
-    The tensors alias the received Arrow buffers (several groups from one server arrive as one stream;
-    groups from several servers are joined with one copy).
+    The tensors alias the Arrow buffers: read-only shared-memory mappings on this host (never write
+    through them), received buffers over Flight. Groups that are not one contiguous slice (put one by
+    one, or from several servers) are joined with one copy; a batch put with ``Writer.put_many`` and
+    leased in order is not copied at all.
     """
     table = fetch_table(handle, timeout=timeout, pool=pool)
     return decode(table, layout=layout, device=device, padding_value=padding_value, fill_nulls=fill_nulls)
