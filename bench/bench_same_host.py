@@ -16,8 +16,10 @@ Same run, same machine, the standard workload (``make_workload(64, 8)``, about 9
     all columns (timed), for the batch put with ``put_many`` and for the groups put one by one;
   - small group: put one group of 8 samples, lease it, fetch it to torch: p50 and p99.
 
-Figures are medians with min..max over ``--repeats`` runs (latency: over ``--latency-iters``). Timing never
-decides anything here; the targets are printed beside the figures.
+Figures are medians with min..max over ``--repeats`` runs (latency: over ``--latency-iters``), with torch
+limited to one intra-op thread for every system. "get + read every byte" also sums every payload value
+after the get (what a trainer pays to page the data in). Timing never decides anything here; the targets
+are printed beside the figures.
 
 Usage::
 
@@ -263,6 +265,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args(argv)
 
+    import torch
+
+    # One intra-op thread: on this project's 2-core machines torch's thread pool fights the server process
+    # and turns a 1 ms reduction into a 2..30 ms one at random; the same setting holds for every system.
+    torch.set_num_threads(1)
     groups = make_workload(args.groups, args.samples, seed=args.seed)
     payload = sum(g.payload_bytes for g in groups)
     report: dict[str, Any] = {

@@ -32,7 +32,7 @@ from trajflight.codec import GroupKey
 from trajflight.errors import DeadlineExceededError, InvalidRequestError, SchemaError, TrajflightError
 from trajflight.flight_server._errors import translate_errors
 from trajflight.flight_server._local import LocalChannel
-from trajflight.flight_server._shm import SegmentWriterCache, map_segment
+from trajflight.flight_server._shm import map_segment, write_segment
 from trajflight.flight_server._wire import (
     AppendDescriptor,
     DeleteRequest,
@@ -110,14 +110,12 @@ class StorageClient:
         self.timeout = float(timeout)
         self.write_size_limit_bytes = write_size_limit_bytes
         self._read_options = ipc.IpcReadOptions(ensure_alignment=alignment)
-        self._segments = SegmentWriterCache()
         self._local: LocalChannel | None = None
         with translate_errors(f"connect to {location}"):
             self._client = flight.FlightClient(location, write_size_limit_bytes=write_size_limit_bytes or 0)
 
     def close(self) -> None:
-        """Close the connection and drop cached segment mappings (idempotent)."""
-        self._segments.clear()
+        """Close the connection (idempotent)."""
         if self._local is not None:
             self._local.close()
         self._client.close()
@@ -288,9 +286,9 @@ class StorageClient:
         """Put groups through the server's shared-memory arena (same host only): no socket copy.
 
         One ``shm_reserve`` call gets a segment per group (every check of a put runs there), each group is
-        written as one Arrow IPC stream straight into the writer's mapping of its segment (one copy, from
-        ``data`` into shared memory), and one ``shm_publish`` call validates and publishes them all at
-        once, or none. On any failure the reservations are given up. ``data`` is read, not kept.
+        written as one Arrow IPC stream straight into its segment file (one copy, from ``data`` into the
+        shared pages, :func:`~._shm.write_segment`), and one ``shm_publish`` call validates and publishes
+        them all at once, or none. On any failure the reservations are given up. ``data`` is read, not kept.
 
         Args:
             groups: ``(key, data)`` per group; every group needs the same schema.
@@ -346,12 +344,7 @@ class StorageClient:
         try:
             written = []
             for seg, stream, expected in zip(segments, streams, sizes, strict=False):
-                mm = self._segments.get(seg["path"], int(seg["capacity"]))
-                with pa.FixedSizeBufferWriter(pa.py_buffer(mm)) as out:
-                    with ipc.new_stream(out, schema) as w:
-                        for b in stream:
-                            w.write_batch(b)
-                    size = out.tell()
+                size = write_segment(seg["path"], int(seg["capacity"]), schema, stream)
                 if size != expected:  # pragma: no cover - the sizer and the writer agree
                     raise InvalidRequestError(f"shm put: wrote {size} bytes, announced {expected}")
                 written.append(size)

@@ -3,9 +3,9 @@
 One arena per server, in a private directory (``/dev/shm/trajflight-<uuid>/`` by default, mode 0700; files
 0600, so only the deployment's user can map them). Each stored group part lives in one *segment*: a file
 holding one complete Arrow IPC stream (schema, batches, end-of-stream) at offset 0. The server maps every
-segment read-write (``MAP_SHARED``) and serves ``do_get`` from that mapping; same-node writers map the
-same file and write the stream straight into it; same-node readers map it read-only and decode with no
-copy (:func:`map_segment`).
+segment read-write (``MAP_SHARED``) and serves ``do_get`` from that mapping; same-node writers write the
+stream straight into the same file (:func:`write_segment`, one copy into the shared pages); same-node
+readers map it read-only and decode with no copy (:func:`map_segment`).
 
 Sizes are rounded up to a *size class* (quarter steps between powers of two, so at most 25% is wasted);
 capacity counts the class size. Fresh tmpfs pages are zeroed by the kernel on first touch (about 2.5 GB/s
@@ -41,11 +41,12 @@ import socket
 import threading
 import uuid
 import weakref
-from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.ipc as ipc
 
 from trajflight._units import format_size
 from trajflight.errors import ConfigError, InvalidRequestError, NotFoundError
@@ -53,11 +54,11 @@ from trajflight.errors import ConfigError, InvalidRequestError, NotFoundError
 __all__ = [
     "PAGE",
     "Segment",
-    "SegmentWriterCache",
     "ShmArena",
     "host_id",
     "map_segment",
     "size_class",
+    "write_segment",
 ]
 
 log = logging.getLogger("trajflight.flight_server.shm")
@@ -417,41 +418,27 @@ def map_segment(path: str, size: int, *, writable: bool = False) -> mmap.mmap:
         os.close(fd)
 
 
-class SegmentWriterCache:
-    """A writer's read-write mappings of segments, kept for reuse (a reused segment is then already
-    mapped and pre-faulted in the writer: the write runs at memory speed).
+def write_segment(path: str, capacity: int, schema: pa.Schema, batches: Sequence[pa.RecordBatch]) -> int:
+    """Write ``batches`` as one Arrow IPC stream at offset 0 of the segment file ``path``; returns its size.
 
-    Bounded by ``max_bytes`` of mappings (least recently used dropped first). A cached mapping of a segment
-    the server has since unlinked only holds memory until evicted. Thread-safe.
+    The bytes go straight into the file's shared pages with ``write(2)`` (one copy, from the batches'
+    buffers; no socket, no mapping in this process). On this project's machines that ran at about 6 GB/s,
+    against about 0.8 GB/s through a fresh ``mmap`` of the same (pre-allocated) file, whose page-table setup
+    dominates. The file is not truncated, so its pre-faulted pages are kept.
+
+    Raises:
+        NotFoundError: the file is gone (the reservation was swept). InvalidRequestError: the stream is
+        larger than the segment.
     """
-
-    def __init__(self, max_bytes: int = 512 * 2**20) -> None:
-        self.max_bytes = max_bytes
-        self._maps: OrderedDict[str, mmap.mmap] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, path: str, capacity: int) -> mmap.mmap:
-        """The writable mapping of ``path`` (mapped now unless cached)."""
-        with self._lock:
-            found = self._maps.get(path)
-            if found is not None and len(found) == capacity:
-                self._maps.move_to_end(path)
-                return found
-        mm = map_segment(path, capacity, writable=True)
-        with self._lock:
-            old = self._maps.pop(path, None)
-            if old is not None:
-                self._bytes -= len(old)
-            self._maps[path] = mm
-            self._bytes += capacity
-            while self._bytes > self.max_bytes and len(self._maps) > 1:
-                _, victim = self._maps.popitem(last=False)
-                self._bytes -= len(victim)
-        return mm
-
-    def clear(self) -> None:
-        """Drop every cached mapping."""
-        with self._lock:
-            self._maps.clear()
-            self._bytes = 0
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except FileNotFoundError:
+        raise NotFoundError(f"shared-memory segment {path} is gone (the reservation expired)") from None
+    with os.fdopen(fd, "wb", buffering=0) as f:
+        with ipc.new_stream(f, schema) as writer:
+            for batch in batches:
+                writer.write_batch(batch)
+        size = f.tell()
+    if size > capacity:
+        raise InvalidRequestError(f"shm put: wrote {size} bytes into a segment of {capacity}")
+    return int(size)
