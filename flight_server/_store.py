@@ -457,6 +457,14 @@ class GroupStore:
 
             try:
                 buffer = serialize_segment(batches, schema, _allocate)
+            except OSError as exc:  # tmpfs full (ENOSPC): a capacity refusal, nothing kept
+                for seg in placed:
+                    arena.release(seg)
+                raise CapacityExceededError(
+                    f"shared memory of this node is full ({exc.strerror}); retry after "
+                    f"{self.limits.retry_after:g}s or give /dev/shm more room",
+                    retry_after=self.limits.retry_after,
+                ) from exc
             except BaseException:
                 for seg in placed:
                     arena.release(seg)
