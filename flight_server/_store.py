@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
@@ -653,17 +654,19 @@ class GroupStore:
                         f"shm_publish: group {_fmt(put.res.key)} has another schema than the first "
                         "group of the call; publish groups of different schemas separately"
                     )
-                if seg.refs > 1:  # a shared stream: full validation once, and the rows add up
-                    table.validate(full=True)
-                    announced = sum(int(p.num_rows or 0) for p in puts if p.segment is seg)
+                if seg.refs > 1:  # a shared stream: the rows add up, then one validation of all groups
+                    members = sorted((p for p in puts if p.segment is seg), key=lambda p: p.offset)
+                    announced = sum(int(p.num_rows or 0) for p in members)
                     if announced != table.num_rows:
                         raise InvalidRequestError(
                             f"shm batch: {table.num_rows} rows written, {announced} announced; put it again"
                         )
+                    self._validate_batch(table, members)
             part = table if seg.refs == 1 else table.slice(put.offset, int(put.num_rows or 0))
-            for batch in part.to_batches():
-                if batch.num_rows:
-                    validate_group(batch, self.schema, expect=put.res.key, full=seg.refs == 1)
+            if seg.refs == 1:
+                for batch in part.to_batches():
+                    if batch.num_rows:
+                        validate_group(batch, self.schema, expect=put.res.key, full=True)
             groups.append(
                 StoredGroup(
                     put.res.key, (part,), (put.share,), part, put.writer, self._clock(), (seg,),
@@ -671,6 +674,42 @@ class GroupStore:
                 )
             )  # fmt: skip
         return groups
+
+    def _validate_batch(self, table: pa.Table, members: Sequence[ShmPut]) -> None:
+        """``validate_group(full=True)`` of every group of a shared stream, in one pass.
+
+        ``validate_group`` checks rows one by one (Arrow validity, schema, nulls, per-token lengths) plus
+        one constant key per batch; so the whole stream is validated once with its key columns replaced by
+        constants, and the keys are compared with the expected per-row keys in one vectorised pass. Any
+        failure re-runs the per-group check, so the error names the group and its own row.
+        """
+        try:
+            keys = [p.res.key for p in members]
+            rows = [int(p.num_rows or 0) for p in members]
+            expected = {
+                "job_id": pa.array(
+                    np.repeat(np.array([k.job_id for k in keys], dtype=object), rows), pa.string()
+                ),
+                "epoch": pa.array(np.repeat(np.array([k.epoch for k in keys], dtype=np.int64), rows)),
+                "group_id": pa.array(np.repeat(np.array([k.group_id for k in keys], dtype=np.int64), rows)),
+            }
+            batch = table.combine_chunks().to_batches()
+            if len(batch) != 1:
+                raise SchemaError("several batches")  # take the per-group path
+            whole = batch[0]
+            for name, want in expected.items():
+                index = whole.schema.get_field_index(name)
+                column = whole.column(index) if index >= 0 else None
+                if column is None or column.null_count or not column.cast(want.type).equals(want):
+                    raise SchemaError(f"column {name!r} does not match the groups' keys")
+                constant = pa.repeat(pa.scalar(want[0].as_py(), type=column.type), whole.num_rows)
+                whole = whole.set_column(index, whole.schema.field(index), constant)
+            validate_group(whole, self.schema, expect=keys[0], full=True)
+        except (SchemaError, pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            for p in members:  # the precise error, group by group (or a pass that proves the fast path wrong)
+                for part in table.slice(p.offset, int(p.num_rows or 0)).to_batches():
+                    if part.num_rows:
+                        validate_group(part, self.schema, expect=p.res.key, full=True)
 
     def _open_written(self, put: ShmPut, size: int) -> pa.Table:
         key, seg = put.res.key, put.segment

@@ -467,3 +467,21 @@ def test_a_batch_written_as_one_stream_is_read_back_as_one_chunk_and_freed_with_
         stats = client.stats()
         assert (stats["bytes"], stats["shm"]["live_segments"]) == (0, 0)
         assert table.equals(pa.Table.from_batches(groups))  # the reader's mapping outlives the segment
+
+
+def test_a_batch_with_one_bad_group_is_refused_whole_naming_the_group():
+    keys = [GroupKey("job-a", 1, g) for g in range(4)]
+    groups = [make_group(k) for k in keys]
+    with shm_serving() as (_, client):
+        swapped = [groups[0], groups[1], groups[3], groups[2]]  # rows of groups 2 and 3 swapped
+        with pytest.raises(SchemaError, match="group_id"):
+            client.shm_put_groups(list(zip(keys, swapped, strict=True)), contiguous=True)
+        stats = client.stats()
+        assert (stats["groups"], stats["reserved_bytes"], stats["shm"]["live_segments"]) == (0, 0, 0)
+        index = groups[1].schema.get_field_index("response_logprobs")
+        ragged = groups[1].set_column(index, "response_logprobs", groups[2].column(index))  # other lengths
+        with pytest.raises(SchemaError, match="response_logprobs"):
+            client.shm_put_groups([(keys[0], groups[0]), (keys[1], ragged)], contiguous=True)
+        assert client.stats()["groups"] == 0
+        client.shm_put_groups(list(zip(keys, groups, strict=True)), contiguous=True)
+        assert client.shm_get(keys).equals(pa.Table.from_batches(groups))
