@@ -1,0 +1,403 @@
+"""Same-node puts and reads of the group store: segments of a shared-memory arena filled by writers and
+mapped by readers of this host (see :mod:`._shm` and ``docs/wire-format.md``).
+
+:class:`ShmStoreMixin` is part of :class:`~._store.GroupStore` (kept apart to keep each module small); it
+uses the store's lock, maps, reservations, fences and :meth:`~._store.GroupStore._commit_puts`, so every
+rule of a Flight put holds here too: the epoch fence, no overwrite, capacity (the segment's size class),
+``validate_group(full=True)`` before anything becomes visible, and lease generations for reads.
+
+This module does no I/O beyond reading the segments it validates; it does not guarantee that a writer
+stops writing after it published (writers are the deployment's own processes).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from trajflight.codec import GroupKey, validate_group
+from trajflight.errors import CapacityExceededError, InvalidRequestError, NotFoundError, SchemaError
+from trajflight.flight_server._shm import Segment, ShmArena, size_class
+from trajflight.flight_server._wire import GroupRead
+
+if TYPE_CHECKING:
+    from trajflight.flight_server._store import Reservation, StoredGroup
+
+__all__ = ["ShmPut", "ShmStoreMixin", "fmt_key", "key_fields"]
+
+
+def fmt_key(key: GroupKey) -> str:
+    """A group key for messages: ``('job', epoch 1, group 5)``."""
+    return f"({key.job_id!r}, epoch {key.epoch}, group {key.group_id})"
+
+
+def key_fields(key: GroupKey) -> dict[str, Any]:
+    """A group key as error fields."""
+    return {"job_id": key.job_id, "epoch": key.epoch, "group_id": key.group_id}
+
+
+_fmt = fmt_key
+_kd = key_fields
+
+
+@dataclass(slots=True)
+class ShmPut:
+    """A same-node put in flight: a reserved arena segment the writer is filling.
+
+    Attributes:
+        id: Opaque reservation id the writer publishes (or aborts) with.
+        res: The capacity reservation (the segment's size class, one group slot).
+        segment: The segment the writer writes one IPC stream into, from offset 0.
+        deadline: Monotonic time after which :meth:`GroupStore.sweep_shm` drops it (its writer died).
+        writer: Writer id.
+        num_rows: Rows announced, checked at publish when given (required in a shared segment).
+        offset: First row of the group in the segment's stream (a batch of groups shares one segment,
+            one group after another; 0 for a segment of its own).
+        share: Bytes of the segment this group counts against capacity (the whole segment when alone).
+    """
+
+    id: str
+    res: Reservation
+    segment: Segment
+    deadline: float
+    writer: str
+    num_rows: int | None
+    offset: int = 0
+    share: int = 0
+
+
+class ShmStoreMixin:
+    """The same-node methods of :class:`~._store.GroupStore` (see the module docstring)."""
+
+    # Provided by GroupStore.
+    arena: ShmArena | None
+    _shm_puts: dict[str, ShmPut]
+    _lock: Any
+    _groups: dict[GroupKey, StoredGroup]
+    _generation: dict[GroupKey, int]
+    schema: Any
+    limits: Any
+    _clock: Any
+    begin_put: Any
+    _commit_puts: Any
+    _check_token: Any
+
+    def _need_arena(self) -> ShmArena:
+        if self.arena is None:
+            raise InvalidRequestError(
+                "this server has no shared-memory arena (start it with --shm-dir); put and read over "
+                "Flight (transport='flight')"
+            )
+        return self.arena
+
+    def begin_shm_put(
+        self, key: GroupKey, nbytes: int, *, writer: str = "", num_rows: int | None = None, ttl: float = 30.0
+    ) -> ShmPut:
+        """Reserve an arena segment for a same-node writer to fill with the group's IPC stream.
+
+        The same checks as a Flight put, before any byte is written: epoch fence, the key neither stored
+        nor being put, a group slot, and capacity for the segment's size class. The segment is not visible
+        to readers until :meth:`publish_shm`; a put not published within ``ttl`` seconds is dropped by
+        :meth:`sweep_shm` and its segment unlinked (never reused: its writer may still be writing).
+
+        Raises:
+            StaleFenceError, AlreadyExistsError, CapacityExceededError (also when tmpfs is full),
+            InvalidRequestError (no arena, a size that is not positive or over ``max_group_bytes``).
+        """
+        arena = self._need_arena()
+        if nbytes <= 0:
+            raise InvalidRequestError(f"shm put of group {_fmt(key)}: nbytes must be > 0, got {nbytes}")
+        if ttl <= 0:
+            raise InvalidRequestError(f"shm put of group {_fmt(key)}: ttl must be > 0, got {ttl}")
+        self.sweep_shm()
+        res = self.begin_put(key, None, size_class(nbytes))
+        try:
+            seg = arena.acquire(nbytes)
+        except OSError as exc:
+            res.release()
+            raise CapacityExceededError(
+                f"shared memory of this node is full ({exc.strerror}); retry after "
+                f"{self.limits.retry_after:g}s or give /dev/shm more room",
+                retry_after=self.limits.retry_after,
+            ) from exc
+        except BaseException:
+            res.release()
+            raise
+        seg.exposed = True  # a process outside the server maps it for writing until it publishes
+        put = ShmPut(uuid.uuid4().hex, res, seg, self._clock() + ttl, writer, num_rows, 0, seg.capacity)
+        with self._lock:
+            self._shm_puts[put.id] = put
+        return put
+
+    def begin_shm_batch(
+        self, puts: Sequence[tuple[GroupKey, int]], nbytes: int, *, writer: str = "", ttl: float = 30.0
+    ) -> list[ShmPut]:
+        """Reserve one segment for several groups written as one IPC stream, one group after another.
+
+        ``puts`` is ``(key, num_rows)`` per group, in stream order. Each group passes the checks of
+        :meth:`begin_shm_put` and counts its share of the segment (by rows) against capacity; the segment
+        goes back to the arena when the last of them is deleted. A reader of several such groups in order
+        gets one contiguous slice: no copy to join them.
+
+        Raises:
+            Like :meth:`begin_shm_put`; on any error nothing stays reserved.
+        """
+        arena = self._need_arena()
+        if nbytes <= 0 or not puts or any(rows <= 0 for _, rows in puts):
+            raise InvalidRequestError("shm batch: nbytes and every group's num_rows must be > 0")
+        if ttl <= 0:
+            raise InvalidRequestError(f"shm batch: ttl must be > 0, got {ttl}")
+        self.sweep_shm()
+        capacity = size_class(nbytes)
+        total = sum(rows for _, rows in puts)
+        shares = [capacity * rows // total for _, rows in puts]
+        shares[-1] += capacity - sum(shares)
+        reservations: list[Reservation] = []
+        try:
+            for (key, _), share in zip(puts, shares, strict=True):
+                reservations.append(self.begin_put(key, None, share))
+            seg = arena.acquire(nbytes)
+        except OSError as exc:
+            for res in reservations:
+                res.release()
+            raise CapacityExceededError(
+                f"shared memory of this node is full ({exc.strerror}); retry after "
+                f"{self.limits.retry_after:g}s or give /dev/shm more room",
+                retry_after=self.limits.retry_after,
+            ) from exc
+        except BaseException:
+            for res in reservations:
+                res.release()
+            raise
+        seg.exposed = True
+        seg.refs = len(puts)
+        deadline = self._clock() + ttl
+        out, offset = [], 0
+        for res, (_, rows), share in zip(reservations, puts, shares, strict=True):
+            out.append(ShmPut(uuid.uuid4().hex, res, seg, deadline, writer, rows, offset, share))
+            offset += rows
+        with self._lock:
+            for put in out:
+                self._shm_puts[put.id] = put
+        return out
+
+    def _take_shm(self, ids: Sequence[str]) -> list[ShmPut]:
+        with self._lock:
+            missing = [i for i in ids if i not in self._shm_puts]
+            if missing or len(set(ids)) != len(ids):
+                raise NotFoundError(
+                    f"shm reservation {missing[0] if missing else ids[0]!r} is unknown, named twice, "
+                    "expired or already published; put the group again",
+                    reservation=missing[0] if missing else ids[0],
+                )
+            return [self._shm_puts.pop(i) for i in ids]
+
+    def _drop_shm(self, puts: Iterable[ShmPut]) -> None:
+        for put in puts:
+            put.res.release()
+            if self.arena is not None:
+                self.arena.release(put.segment)
+
+    def publish_shm(self, items: Sequence[tuple[str, int]]) -> list[StoredGroup]:
+        """Validate same-node writes and publish them, all at once or not at all.
+
+        Each item is ``(reservation id, stream size)``. The segment's first ``size`` bytes must be one
+        Arrow IPC stream holding the group (or, in a shared segment, every group of its batch in order);
+        the server reads it in place (no copy) and runs the checks of a Flight put: the job's schema,
+        ``validate_group(full=True)`` against the key, the announced rows, and the epoch fence again at
+        commit. The stored table aliases the segment. Any failure releases every segment of the call and
+        publishes nothing. The groups of a shared segment must be published in the same call.
+
+        Raises:
+            NotFoundError (unknown or expired reservation), SchemaError, InvalidRequestError,
+            StaleFenceError.
+        """
+        if not items:
+            raise InvalidRequestError("shm_publish: name at least one reservation")
+        puts = self._take_shm([i for i, _ in items])
+        for put in puts:
+            put.segment.exposed = False  # its writer is done writing: the segment may be reused later
+        try:
+            groups = self._read_published(puts, [size for _, size in items])
+        except BaseException:
+            self._drop_shm(puts)
+            raise
+        return self._commit_puts([p.res for p in puts], groups, groups[0].table.schema)
+
+    def _read_published(self, puts: Sequence[ShmPut], sizes: Sequence[int]) -> list[StoredGroup]:
+        from trajflight.flight_server._store import StoredGroup  # a cycle at import time otherwise
+
+        opened: dict[int, pa.Table] = {}
+        users: dict[int, int] = {}
+        for put in puts:
+            users[id(put.segment)] = users.get(id(put.segment), 0) + 1
+        groups: list[StoredGroup] = []
+        schema: pa.Schema | None = None
+        for put, size in zip(puts, sizes, strict=True):
+            seg = put.segment
+            if users[id(seg)] != seg.refs:
+                raise InvalidRequestError(
+                    f"shm_publish: group {_fmt(put.res.key)} shares its segment with groups not published "
+                    "in this call; publish every group of a batch together"
+                )
+            table = opened.get(id(seg))
+            if table is None:
+                table = opened[id(seg)] = self._open_written(put, size)
+                if schema is None:
+                    schema = table.schema
+                    self.schema.check(schema)
+                elif not table.schema.equals(schema):
+                    raise InvalidRequestError(
+                        f"shm_publish: group {_fmt(put.res.key)} has another schema than the first "
+                        "group of the call; publish groups of different schemas separately"
+                    )
+                if seg.refs > 1:  # a shared stream: the rows add up, then one validation of all groups
+                    members = sorted((p for p in puts if p.segment is seg), key=lambda p: p.offset)
+                    announced = sum(int(p.num_rows or 0) for p in members)
+                    if announced != table.num_rows:
+                        raise InvalidRequestError(
+                            f"shm batch: {table.num_rows} rows written, {announced} announced; put it again"
+                        )
+                    self._validate_batch(table, members)
+            part = table if seg.refs == 1 else table.slice(put.offset, int(put.num_rows or 0))
+            if seg.refs == 1:
+                for batch in part.to_batches():
+                    if batch.num_rows:
+                        validate_group(batch, self.schema, expect=put.res.key, full=True)
+            groups.append(
+                StoredGroup(
+                    put.res.key, (part,), (put.share,), part, put.writer, self._clock(), (seg,),
+                    (put.offset,),
+                )
+            )  # fmt: skip
+        return groups
+
+    def _validate_batch(self, table: pa.Table, members: Sequence[ShmPut]) -> None:
+        """``validate_group(full=True)`` of every group of a shared stream, in one pass.
+
+        ``validate_group`` checks rows one by one (Arrow validity, schema, nulls, per-token lengths) plus
+        one constant key per batch; so the whole stream is validated once with its key columns replaced by
+        constants, and the keys are compared with the expected per-row keys in one vectorised pass. Any
+        failure re-runs the per-group check, so the error names the group and its own row.
+        """
+        try:
+            keys = [p.res.key for p in members]
+            rows = [int(p.num_rows or 0) for p in members]
+            expected = {
+                "job_id": pa.array(
+                    np.repeat(np.array([k.job_id for k in keys], dtype=object), rows), pa.string()
+                ),
+                "epoch": pa.array(np.repeat(np.array([k.epoch for k in keys], dtype=np.int64), rows)),
+                "group_id": pa.array(np.repeat(np.array([k.group_id for k in keys], dtype=np.int64), rows)),
+            }
+            batch = table.combine_chunks().to_batches()
+            if len(batch) != 1:
+                raise SchemaError("several batches")  # take the per-group path
+            whole = batch[0]
+            for name, want in expected.items():
+                index = whole.schema.get_field_index(name)
+                column = whole.column(index) if index >= 0 else None
+                if column is None or column.null_count or not column.cast(want.type).equals(want):
+                    raise SchemaError(f"column {name!r} does not match the groups' keys")
+                constant = pa.repeat(pa.scalar(want[0].as_py(), type=column.type), whole.num_rows)
+                whole = whole.set_column(index, whole.schema.field(index), constant)
+            validate_group(whole, self.schema, expect=keys[0], full=True)
+        except (SchemaError, pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            for p in members:  # the precise error, group by group (or a pass that proves the fast path wrong)
+                for part in table.slice(p.offset, int(p.num_rows or 0)).to_batches():
+                    if part.num_rows:
+                        validate_group(part, self.schema, expect=p.res.key, full=True)
+
+    def _open_written(self, put: ShmPut, size: int) -> pa.Table:
+        key, seg = put.res.key, put.segment
+        if not 0 < size <= seg.capacity:
+            raise InvalidRequestError(
+                f"shm put of group {_fmt(key)}: size {size} is outside the segment (1..{seg.capacity})"
+            )
+        try:
+            reader = ipc.open_stream(pa.BufferReader(seg.buffer(size)))
+            batches = [b for b in reader if b.num_rows]
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise SchemaError(
+                f"shm put of group {_fmt(key)}: the segment does not hold one Arrow IPC stream ({exc}); "
+                "write it with pyarrow.ipc.new_stream and publish the size written"
+            ) from None
+        rows = sum(b.num_rows for b in batches)
+        if rows == 0:
+            raise InvalidRequestError(f"shm put of group {_fmt(key)}: the stream carried no samples")
+        if put.segment.refs == 1 and put.num_rows is not None and rows != put.num_rows:
+            raise InvalidRequestError(
+                f"shm put of group {_fmt(key)}: {rows} rows written, {put.num_rows} announced; put it again"
+            )
+        return pa.Table.from_batches(batches, reader.schema)
+
+    def abort_shm(self, ids: Sequence[str]) -> int:
+        """Drop same-node puts the writer gave up on (unknown ids are ignored); returns how many."""
+        with self._lock:
+            puts = [self._shm_puts.pop(i) for i in ids if i in self._shm_puts]
+        self._drop_shm(puts)
+        return len(puts)
+
+    def sweep_shm(self, now: float | None = None) -> int:
+        """Drop same-node puts past their deadline (a writer killed mid-write); returns how many.
+
+        Their reservations are given back and their segments unlinked (never reused).
+        """
+        now = self._clock() if now is None else now
+        with self._lock:
+            expired = [p for p in self._shm_puts.values() if p.deadline <= now]
+            for put in expired:
+                del self._shm_puts[put.id]
+        self._drop_shm(expired)
+        return len(expired)
+
+    def shm_open(
+        self, reads: Sequence[GroupRead], columns: Sequence[str] | None = None
+    ) -> list[tuple[StoredGroup, tuple[Segment, ...]]]:
+        """Hand the segments of groups to a same-node reader, under the same checks as :meth:`read`.
+
+        A read carrying a token is fenced and raises the group's highest generation. The segments are
+        marked exposed: from now on they are unlinked, never reused, when the group is deleted, so the
+        reader's read-only mappings stay valid for as long as it keeps them.
+
+        Returns:
+            ``(group, segments)`` per read, in order; each segment holds one part (an IPC stream).
+
+        Raises:
+            NotFoundError, StaleFenceError, SchemaError (a projected column is not stored),
+            InvalidRequestError (no arena here).
+        """
+        self._need_arena()
+        with self._lock:
+            found = []
+            for r in reads:
+                group = self._groups.get(r.key)
+                if group is None:
+                    raise NotFoundError(
+                        f"group {_fmt(r.key)} is not stored here (never put, deleted, or on another server)",
+                        **_kd(r.key),
+                    )
+                if r.token is not None:
+                    self._check_token(r.key, r.token, "read", required=False)
+                if columns is not None:
+                    missing = [c for c in columns if c not in group.table.schema.names]
+                    if missing:
+                        raise SchemaError(
+                            f"group {_fmt(group.key)} has no column {missing[0]!r}; stored columns: "
+                            f"{', '.join(group.table.schema.names)}",
+                            column=missing[0],
+                        )
+                found.append(group)
+            for r in reads:
+                if r.token is not None:
+                    self._generation[r.key] = max(r.token.generation, self._generation.get(r.key, -1))
+            for group in found:
+                for seg in group.segments:
+                    seg.exposed = True
+        return [(g, g.segments) for g in found]
