@@ -13,8 +13,9 @@ Same run, same machine, the standard workload (``make_workload(64, 8)``, about 9
   - put: ``Writer.put`` per group, and ``Writer.put_many`` of the whole batch, from the numpy arrays
     (encoding included) to READY in the controller; and ``put_many`` of batches encoded beforehand (the
     data plane alone, as Ray's figure puts ready-made arrays);
-  - get: ``Trainer.lease`` of every group (untimed), then ``LeasedBatch.fetch()`` to jagged torch tensors,
-    all columns (timed), for the batch put with ``put_many`` and for the groups put one by one;
+  - get: ``Trainer.lease`` of every group (untimed), then ``LeasedBatch.fetch(columns)`` to jagged torch
+    tensors of the six payload columns Ray's object holds (timed), for the batch put with ``put_many`` and
+    for the groups put one by one; and ``fetch()`` of all 12 stored columns (key columns too);
   - small group: put one group of 8 samples, lease it, fetch it to torch: p50 and p99.
 
 Figures are medians with min..max over ``--repeats`` runs (latency: over ``--latency-iters``), with torch
@@ -216,7 +217,15 @@ def bench_trajflight(
         def batched_encoded() -> None:  # the data plane alone: batches encoded before the clock starts
             writer.put_many(encoded)
 
-        keys = ("put", "put_many", "put_many_encoded", "get", "get_one_by_one", "get_and_touch")
+        keys = (
+            "put",
+            "put_many",
+            "put_many_encoded",
+            "get",
+            "get_all_columns",
+            "get_one_by_one",
+            "get_and_touch",
+        )
         results: dict[str, list[float]] = {k: [] for k in keys}
         for rep in range(args.repeats + 1):  # the first run warms the arena and the caches
             plan = (
@@ -230,10 +239,11 @@ def bench_trajflight(
                 lease = trainer.lease(len(groups), wait=30.0, renew=False)
                 if len(lease) != len(groups):
                     raise RuntimeError(f"leased {len(lease)} groups, expected {len(groups)}")
-                got = _timed(lease.fetch)
+                got = _timed(lambda lease=lease: lease.fetch(COLUMNS))
                 if name == "put_many" and rep:
+                    results["get_all_columns"].append(_timed(lease.fetch))
                     results["get_and_touch"].append(
-                        _timed(lambda lease=lease: touch(_tensors(lease.fetch())))
+                        _timed(lambda lease=lease: touch(_tensors(lease.fetch(COLUMNS))))
                     )
                 lease.commit()
                 drain()
@@ -312,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label} put_many (batched)    {_fmt(t['put_many'], payload)}")
         print(f"{label} put_many, pre-encoded {_fmt(t['put_many_encoded'], payload)}")
         print(f"{label} get to torch          {_fmt(t['get'], payload)}")
+        print(f"{label} get, all 12 columns   {_fmt(t['get_all_columns'], payload)}")
         print(f"{label} get + read every byte {_fmt(t['get_and_touch'], payload)}")
         print(f"{label} get (put one by one)  {_fmt(t['get_one_by_one'], payload)}")
         print(
