@@ -342,8 +342,9 @@ class Writer:
         Each group gets its partition from the controller as in :meth:`put`; the groups bound for one
         storage server are then sent in one call (through shared memory on this host: one segment, so a
         trainer leasing them in order reads them with no copy to join them; over Flight: one stream,
-        published all together). A failure may leave earlier servers' groups READY: the returned list is
-        all-or-error, so put the failed ones again.
+        published all together). Groups become READY only after every storage call succeeded; if one
+        fails, none of this call is published, and groups already stored elsewhere are deleted when their
+        unpublished allocations expire (as for a failed :meth:`put`): put the batch again.
 
         Raises:
             Like :meth:`put`.
