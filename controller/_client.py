@@ -473,11 +473,14 @@ class ControllerClient:
         epoch: int,
         config: JobConfig | Mapping[str, Any] | None,
         old_ready: OldReady | str = OldReady.REOFFER,
+        available: Iterable[Partition] | None = None,
         timeout: float | None = None,
     ) -> dict[str, int]:
         """Restart a job from a checkpoint (bytes, or a file on the host's machine) under a larger epoch
-        (``Ledger.restore``)."""
+        (``Ledger.restore``); ``available`` lists the partitions the storage servers still hold."""
         src = source if isinstance(source, bytes) else os.fspath(source)
         cfg = dict(config) if isinstance(config, Mapping) else config
-        kwargs = {"job_id": job_id, "epoch": epoch, "config": cfg, "old_ready": old_ready}
+        kwargs: dict[str, Any] = {"job_id": job_id, "epoch": epoch, "config": cfg, "old_ready": old_ready}
+        if available is not None:
+            kwargs["available"] = tuple(Partition(*p) for p in available)
         return self.transport.restore(src, kwargs, self._t(timeout))

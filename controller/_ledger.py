@@ -195,6 +195,7 @@ class Ledger(LeaseMachine):
         config: JobConfig | Mapping[str, Any] | None,
         now: float,
         old_ready: OldReady | str = OldReady.REOFFER,
+        available: Sequence[Partition] | None = None,
     ) -> dict[str, int]:
         """Restart ``job_id`` from a job checkpoint under a larger ``epoch``.
 
@@ -202,6 +203,10 @@ class Ledger(LeaseMachine):
         acquire) or dropped (deleted) as ``old_ready`` says; unpublished grants are abandoned (deleted);
         UNKNOWN groups stay UNKNOWN; the GC list carries over. Tokens issued afterwards are larger than
         every token issued before the checkpoint.
+
+        ``available`` lists the partitions the storage servers still hold. A group READY at the checkpoint
+        but absent from it was committed (and its data deleted) by the incarnation that is being rolled
+        back; it is dropped, never offered again. ``None`` trusts the checkpoint.
 
         Returns:
             The job's counts after the restore (see :meth:`counts`).
@@ -247,11 +252,12 @@ class Ledger(LeaseMachine):
                 f"job {job_id!r} is already open in this controller; restore into a fresh controller"
             )
         drop = check_old_ready(old_ready) is OldReady.DROP
+        present = None if available is None else {Partition(*p) for p in available}
         groups = _ckpt.import_job(self, payload, epoch, cfg, now)
         job = self._jobs[job_id]
         for g in sorted(groups, key=lambda g: g.ready_seq):
             if g.state is READY:
-                if drop:
+                if drop or (present is not None and g.key not in present):
                     self._to_gc(g, DROPPED)
                 else:
                     g.ready_seq = job.ready.push(g.key, g.policy_version, g.colset)

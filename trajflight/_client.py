@@ -26,7 +26,7 @@ from trajflight._handles import BatchHandle
 from trajflight._lease import LeasedBatch, Renewals
 from trajflight._storage import StoragePool, Transport
 from trajflight.codec import GroupKey, encode_group
-from trajflight.controller import ControllerClient, GroupInfo, JobConfig, OldReady
+from trajflight.controller import ControllerClient, GroupInfo, JobConfig, OldReady, Partition
 from trajflight.errors import CapacityExceededError, DeadlineExceededError, InvalidRequestError
 
 __all__ = ["Client", "Trainer", "Writer", "connect"]
@@ -150,8 +150,20 @@ class Client:
         """Restart a job from a checkpoint under a larger epoch, fencing the old one on every server.
 
         Uncommitted READY groups of the old epoch are re-offered (``old_ready="reoffer"``) or dropped.
+        Groups READY at the checkpoint whose data the storage servers no longer hold (the rolled-back
+        incarnation committed them after the checkpoint, and commit deletes) are dropped, never offered:
+        the servers are asked what they hold before the restore.
         """
-        out = self.controller.restore(source, job_id=job_id, epoch=epoch, config=config, old_ready=old_ready)
+        locations = [s.location for s in self.controller.servers()]
+        held = [g.key for loc in locations for g in self.storage.client(loc).list_groups(job_id)]
+        out = self.controller.restore(
+            source,
+            job_id=job_id,
+            epoch=epoch,
+            config=config,
+            old_ready=old_ready,
+            available=[Partition(k.job_id, k.epoch, k.group_id) for k in held],
+        )
         self._fence_servers(job_id, epoch)
         return out
 

@@ -72,6 +72,25 @@ def test_restore_can_drop_old_ready_groups(world):
     assert len(fresh.take_deletes(now=world.now)) == 3
 
 
+def test_restore_drops_ready_groups_whose_data_is_gone(world):
+    """A group READY at the checkpoint that the rolled-back incarnation committed afterwards (so its data
+    was deleted) must not be offered again: restore drops what the storage servers no longer hold."""
+    metas = world.put(3)
+    data = world.ledger.checkpoint("j", now=world.now)
+    gone = metas[0].partition
+    still_there = [m.partition for m in metas[1:]]
+    fresh = Ledger()
+    counts = fresh.restore(
+        data, job_id="j", epoch=2, config=_config(world), now=world.now, available=still_there
+    )
+    assert counts["READY"] == 2
+    assert counts["DROPPED"] == 1
+    lease = fresh.acquire("j", "t", max_groups=10, now=world.now)
+    assert lease is not None
+    assert set(lease.partitions) == set(still_there)
+    assert [w.partition for w in fresh.take_deletes(now=world.now)] == [gone]  # a delete of nothing is done
+
+
 def test_checkpoint_refused_while_a_group_is_leased_to_trained(world):
     world.put(1)
     lease = world.lease(1)

@@ -130,11 +130,15 @@ def test_restart_from_checkpoint_refuses_stale_writers_and_offers_each_uncommitt
         committed = _prompts(batch.fetch_table(["sample_id"]))
     ckpt = tmp_path / "job.ckpt"
     client.checkpoint(job, ckpt)
-    # After the checkpoint: one more batch trained and committed by the old incarnation (its training
-    # is lost with it), and one group put by the old writer.
+    # After the checkpoint: one more batch trained and committed by the old incarnation (its training is
+    # lost with it, its data deleted by the commit), and one group put by the old writer.
     with trainer.lease(1, wait=5) as batch:
-        batch.fetch_table(["sample_id"])
+        committed_after = _prompts(batch.fetch_table(["sample_id"]))
     put_groups(writer, 1, seed=7, first=6)
+    deadline = time.monotonic() + 10
+    while client.controller.gc_list(job) and time.monotonic() < deadline:  # the commit's delete is done
+        time.sleep(0.02)
+    assert not client.controller.gc_list(job)
 
     cluster.restart_controller()
     client = cluster.client()
@@ -146,15 +150,16 @@ def test_restart_from_checkpoint_refuses_stale_writers_and_offers_each_uncommitt
         key = GroupKey(job, 1, 999)
         with pytest.raises(StaleFenceError, match="fenced"):
             client.storage.client(location).put_group(key, _one_group(job, 1, 999))
-    # Every group uncommitted at the checkpoint is offered exactly once; committed ones never again.
+    # Every group uncommitted at the checkpoint is offered exactly once; committed ones never again, nor the
+    # one committed (and deleted) after the checkpoint by the incarnation that was rolled back.
     offered: list[int] = []
     new_trainer = client.trainer(job)
     while (batch := new_trainer.try_lease(3, wait=0.5)) is not None:
         with batch:
             offered += _prompts(batch.fetch_table(["sample_id"]))
-    assert sorted(offered) == sorted(set(range(6)) - set(committed))
+    assert sorted(offered) == sorted(set(range(6)) - set(committed) - set(committed_after))
     assert Counter(offered).most_common(1)[0][1] == 1
-    assert not set(offered) & set(committed)
+    assert not set(offered) & (set(committed) | set(committed_after))
 
 
 def _one_group(job: str, epoch: int, group_id: int) -> pa.RecordBatch:
