@@ -5,7 +5,8 @@ Same run, same machine, the standard workload (G=64, K=8 by default), one storag
 * bare: ``StorageClient.put_group`` per group straight to the server, then one ``get`` of every group and
   ``decode`` to jagged tensors;
 * trajflight: ``Writer.put`` per group (allocate + put + publish through the controller), then
-  ``Trainer.lease`` of every group + ``LeasedBatch.fetch`` (jagged) + commit;
+  ``Trainer.lease`` of every group + ``LeasedBatch.fetch`` (jagged) + commit, over Flight (forced) and
+  with the default transport (shared memory on this host);
 * small-group latency: put one group of 8 samples, lease it, fetch it (p50/p99), with the in-process
   controller client and with a client connected over Flight (another process's view).
 
@@ -47,14 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     groups = make_workload(args.groups, args.samples)
     payload = sum(g.payload_bytes for g in groups)
     results: dict[str, Any] = {"payload_bytes": payload, "groups": args.groups, "samples": args.samples}
-    bare_put: list[float] = []
-    bare_get: list[float] = []
-    tf_put: list[float] = []
-    tf_get: list[float] = []
+    times: dict[str, dict[str, list[float]]] = {}
     with trajflight.LocalCluster(servers=1, capacity="4GiB") as cluster:
         location = cluster.server_locations[0]
-        client = cluster.client()
         storage = StorageClient(location)
+        clients = {"client, flight": cluster.client(transport="flight"), "client, auto": cluster.client()}
         for rep in range(args.repeats + 1):  # the first round warms up
             job = f"bare-{rep}"
             batches = [g.encode(job, 0) for g in groups]
@@ -63,57 +61,57 @@ def main(argv: list[str] | None = None) -> int:
                 storage.put_group(GroupKey(job, 0, g.group_id), b)
             put_s = time.perf_counter() - start
             start = time.perf_counter()
-            table = storage.get([GroupKey(job, 0, g.group_id) for g in groups])
-            decode(table)
-            get_s = time.perf_counter() - start
+            decode(storage.get([GroupKey(job, 0, g.group_id) for g in groups]))
+            round_times = {"bare": (put_s, time.perf_counter() - start)}
             storage.fence(job, 1, purge=True)
-
-            job = f"client-{rep}"
-            client.open_job(job, 1)
-            writer = client.writer(job, 1)
-            fresh = [g.encode(job, 1).drop_columns(["job_id", "epoch", "group_id"]) for g in groups]
-            start = time.perf_counter()
-            for b in fresh:
-                writer.put(b)
-            tf_put_s = time.perf_counter() - start
-            start = time.perf_counter()
-            with client.trainer(job).lease(args.groups, wait=5) as batch:
-                batch.fetch()
-                tf_get_s = time.perf_counter() - start
+            for name, client in clients.items():
+                job = f"{name[-4:]}-{rep}"
+                client.open_job(job, 1)
+                writer = client.writer(job, 1)
+                fresh = [g.encode(job, 1).drop_columns(["job_id", "epoch", "group_id"]) for g in groups]
+                start = time.perf_counter()
+                for b in fresh:
+                    writer.put(b)
+                put_s = time.perf_counter() - start
+                start = time.perf_counter()
+                with client.trainer(job).lease(args.groups, wait=5) as batch:
+                    batch.fetch()
+                    round_times[name] = (put_s, time.perf_counter() - start)
+                cluster.wait_idle(job)
             if rep:
-                bare_put.append(put_s)
-                bare_get.append(get_s)
-                tf_put.append(tf_put_s)
-                tf_get.append(tf_get_s)
-            cluster.wait_idle(job)
+                for name, (put_s, get_s) in round_times.items():
+                    entry = times.setdefault(name, {"put": [], "get": []})
+                    entry["put"].append(put_s)
+                    entry["get"].append(get_s)
 
-        results["put"] = {
-            "bare_ms": statistics.median(bare_put) * 1e3,
-            "client_ms": statistics.median(tf_put) * 1e3,
-            "client_gb_s": payload / statistics.median(tf_put) / 1e9,
-            "ratio": statistics.median(bare_put) / statistics.median(tf_put),
-        }
-        results["get"] = {
-            "bare_ms": statistics.median(bare_get) * 1e3,
-            "client_ms": statistics.median(tf_get) * 1e3,
-            "client_gb_s": payload / statistics.median(tf_get) / 1e9,
-            "ratio": statistics.median(bare_get) / statistics.median(tf_get),
-        }
         print(
             f"payload {payload / 1e6:.1f} MB, {args.groups} groups x {args.samples}, repeats {args.repeats}"
         )
-        print(f"put  bare   {_median_spread(bare_put)}")
-        print(f"put  client {_median_spread(tf_put)}   ratio {results['put']['ratio']:.2f}x of bare")
-        print(f"get  bare   {_median_spread(bare_get)}")
-        print(f"get  client {_median_spread(tf_get)}   ratio {results['get']['ratio']:.2f}x of bare")
+        for op in ("put", "get"):
+            bare = statistics.median(times["bare"][op])
+            for name, entry in times.items():
+                median = statistics.median(entry[op])
+                results[f"{op} {name}"] = {
+                    "ms": median * 1e3,
+                    "gb_s": payload / median / 1e9,
+                    "ratio": bare / median,
+                }
+                print(
+                    f"{op}  {name:<15} {_median_spread(entry[op])}  {payload / median / 1e9:5.2f} GB/s  "
+                    f"{bare / median:.2f}x of bare"
+                )
 
+        client = clients["client, auto"]
         (small,) = make_workload(1, 8, seed=1)
         columns = small.columns()
-        for name, c in (
-            ("in-process controller", client),
-            ("controller over Flight", trajflight.connect(cluster.address)),
+        for i, (name, c) in enumerate(
+            (
+                ("in-process controller, flight", clients["client, flight"]),
+                ("in-process controller, auto", client),
+                ("controller over Flight, auto", trajflight.connect(cluster.address)),
+            )
         ):
-            job = f"latency-{name[:5]}"
+            job = f"latency-{i}"
             c.open_job(job, 1)
             writer, trainer = c.writer(job, 1), c.trainer(job)
             samples = []
