@@ -581,20 +581,7 @@ class GroupStore(ShmStoreMixin):
             NotFoundError, StaleFenceError, SchemaError (a projected column is not stored).
         """
         with self._lock:
-            groups = []
-            for r in reads:
-                group = self._groups.get(r.key)
-                if group is None:
-                    raise NotFoundError(
-                        f"group {_fmt(r.key)} is not stored here (never put, deleted, or on another server)",
-                        **_kd(r.key),
-                    )
-                if r.token is not None:
-                    self._check_token(r.key, r.token, "read", required=False)
-                groups.append(group)
-            for r in reads:
-                if r.token is not None:
-                    self._generation[r.key] = max(r.token.generation, self._generation.get(r.key, -1))
+            groups = self._fenced_reads_locked(reads)
         tables = [_project(g, columns) for g in groups]
         if len(tables) == 1:
             return tables[0]
@@ -602,6 +589,28 @@ class GroupStore(ShmStoreMixin):
             return pa.concat_tables(tables)
         except pa.ArrowInvalid:  # groups with different appended columns: missing ones read as nulls
             return pa.concat_tables(tables, promote_options="default")
+
+    def _fenced_reads_locked(self, reads: Sequence[GroupRead]) -> list[StoredGroup]:
+        """The groups of ``reads`` (in order) after the read checks; raises each read's generation.
+
+        Tokened reads are fenced by generation; every check passes before any generation is raised.
+        Call with the lock held.
+        """
+        groups = []
+        for r in reads:
+            group = self._groups.get(r.key)
+            if group is None:
+                raise NotFoundError(
+                    f"group {_fmt(r.key)} is not stored here (never put, deleted, or on another server)",
+                    **_kd(r.key),
+                )
+            if r.token is not None:
+                self._check_token(r.key, r.token, "read", required=False)
+            groups.append(group)
+        for r in reads:
+            if r.token is not None:
+                self._generation[r.key] = max(r.token.generation, self._generation.get(r.key, -1))
+        return groups
 
     def get(self, key: GroupKey) -> StoredGroup:
         """The stored group ``key`` (no fencing: metadata only). Raises :class:`NotFoundError`."""

@@ -87,6 +87,23 @@ class ShmStoreMixin:
     begin_put: Any
     _commit_puts: Any
     _check_token: Any
+    _fenced_reads_locked: Any
+
+    def _acquire_segment(self, arena: ShmArena, nbytes: int, reservations: Sequence[Reservation]) -> Segment:
+        """A segment of ``nbytes`` from the arena; on failure the reservations are released and a full
+        tmpfs is reported as a capacity refusal."""
+        try:
+            return arena.acquire(nbytes)
+        except BaseException as exc:
+            for res in reservations:
+                res.release()
+            if isinstance(exc, OSError):
+                raise CapacityExceededError(
+                    f"shared memory of this node is full ({exc.strerror}); retry after "
+                    f"{self.limits.retry_after:g}s or give /dev/shm more room",
+                    retry_after=self.limits.retry_after,
+                ) from exc
+            raise
 
     def _need_arena(self) -> ShmArena:
         if self.arena is None:
@@ -117,18 +134,7 @@ class ShmStoreMixin:
             raise InvalidRequestError(f"shm put of group {_fmt(key)}: ttl must be > 0, got {ttl}")
         self.sweep_shm()
         res = self.begin_put(key, None, size_class(nbytes))
-        try:
-            seg = arena.acquire(nbytes)
-        except OSError as exc:
-            res.release()
-            raise CapacityExceededError(
-                f"shared memory of this node is full ({exc.strerror}); retry after "
-                f"{self.limits.retry_after:g}s or give /dev/shm more room",
-                retry_after=self.limits.retry_after,
-            ) from exc
-        except BaseException:
-            res.release()
-            raise
+        seg = self._acquire_segment(arena, nbytes, [res])
         seg.exposed = True  # a process outside the server maps it for writing until it publishes
         put = ShmPut(uuid.uuid4().hex, res, seg, self._clock() + ttl, writer, num_rows, 0, seg.capacity)
         with self._lock:
@@ -162,19 +168,11 @@ class ShmStoreMixin:
         try:
             for (key, _), share in zip(puts, shares, strict=True):
                 reservations.append(self.begin_put(key, None, share))
-            seg = arena.acquire(nbytes)
-        except OSError as exc:
-            for res in reservations:
-                res.release()
-            raise CapacityExceededError(
-                f"shared memory of this node is full ({exc.strerror}); retry after "
-                f"{self.limits.retry_after:g}s or give /dev/shm more room",
-                retry_after=self.limits.retry_after,
-            ) from exc
         except BaseException:
             for res in reservations:
                 res.release()
             raise
+        seg = self._acquire_segment(arena, nbytes, reservations)
         seg.exposed = True
         seg.refs = len(puts)
         deadline = self._clock() + ttl
@@ -375,28 +373,18 @@ class ShmStoreMixin:
         """
         self._need_arena()
         with self._lock:
-            found = []
-            for r in reads:
+            # Every check passes before any generation is raised: the projection first, then the fence.
+            for r in reads if columns is not None else ():
                 group = self._groups.get(r.key)
-                if group is None:
-                    raise NotFoundError(
-                        f"group {_fmt(r.key)} is not stored here (never put, deleted, or on another server)",
-                        **_kd(r.key),
+                stored = [] if group is None else group.table.schema.names
+                missing = [c for c in columns or () if c not in stored]
+                if group is not None and missing:
+                    raise SchemaError(
+                        f"group {_fmt(r.key)} has no column {missing[0]!r}; stored columns: "
+                        f"{', '.join(stored)}",
+                        column=missing[0],
                     )
-                if r.token is not None:
-                    self._check_token(r.key, r.token, "read", required=False)
-                if columns is not None:
-                    missing = [c for c in columns if c not in group.table.schema.names]
-                    if missing:
-                        raise SchemaError(
-                            f"group {_fmt(group.key)} has no column {missing[0]!r}; stored columns: "
-                            f"{', '.join(group.table.schema.names)}",
-                            column=missing[0],
-                        )
-                found.append(group)
-            for r in reads:
-                if r.token is not None:
-                    self._generation[r.key] = max(r.token.generation, self._generation.get(r.key, -1))
+            found = self._fenced_reads_locked(reads)
             for group in found:
                 for seg in group.segments:
                     seg.exposed = True
