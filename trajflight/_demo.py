@@ -101,6 +101,7 @@ def rollout_worker(
         for gid in group_ids:
             time.sleep(rollout_time)  # the engine generating the group
             (group,) = make_workload(1, samples, seed=seed * 1_000_003 + gid, response_median=median)
+            _make_learnable(group, seed * 1_000_003 + gid)
             columns = group.columns(sample_ids=[f"g{gid}/s{i}" for i in range(samples)])
             for attempt in range(50):
                 try:
@@ -119,6 +120,19 @@ def rollout_worker(
         client.close()
 
 
+def _make_learnable(group: Any, seed: int) -> None:
+    """Give the synthetic rewards a signal a policy can learn: rewarded samples use the lower half of the
+    demo vocabulary, the others the upper half (in place; shapes and dtypes unchanged)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    offsets = group.response_offsets
+    for i, reward in enumerate(group.reward):
+        lo, hi = int(offsets[i]), int(offsets[i + 1])
+        base = 0 if reward > 0 else VOCAB // 2
+        group.response_values[lo:hi] = rng.integers(base, base + VOCAB // 2, hi - lo, dtype=np.int32)
+
+
 # ---------------------------------------------------------------------------------------- trainer side
 
 
@@ -129,27 +143,25 @@ def _policy(seed: int) -> Any:
     return torch.nn.Sequential(torch.nn.Embedding(VOCAB, 32), torch.nn.Linear(32, VOCAB))
 
 
-def grpo_loss(policy: Any, tensors: Any, clip: float = 0.2) -> Any:
-    """Clipped GRPO surrogate over response tokens, from the jagged tensors a lease delivered.
+def grpo_loss(policy: Any, tensors: Any) -> Any:
+    """GRPO's policy-gradient loss over response tokens, from the jagged tensors a lease delivered.
 
-    The policy predicts each response token from the previous one; ``response_logprobs`` are the
-    behaviour policy's, ``advantage`` is per sample (group-normalised), ``loss_mask`` selects tokens.
+    Each token's log-probability under the policy (which predicts a token from the previous one) is
+    weighted by its sample's group-normalised ``advantage`` and averaged over the tokens ``loss_mask``
+    selects: ``-(A * log pi(token)).mean()``. One gradient step per batch (on-policy), so the importance
+    ratio to the behaviour policy is 1 and the clipped surrogate reduces to this. The loss falls as the
+    policy learns to prefer the tokens of rewarded samples.
     """
     import torch
 
     ids = tensors.tensors["response_ids"]
     offsets = ids.offsets().long()
     tokens = ids.values().long() % VOCAB
-    old_logp = tensors.tensors["response_logprobs"].values()
     mask = tensors.tensors["loss_mask"].values().float()
-    lengths = offsets[1:] - offsets[:-1]
-    advantage = torch.repeat_interleave(tensors.tensors["advantage"], lengths)
-    previous = torch.roll(tokens, 1)
-    logits = policy(previous)
-    new_logp = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None]).squeeze(1)
-    ratio = torch.exp(new_logp - old_logp)
-    surrogate = torch.minimum(ratio * advantage, torch.clamp(ratio, 1 - clip, 1 + clip) * advantage)
-    return -(surrogate * mask).sum() / mask.sum().clamp(min=1.0)
+    advantage = torch.repeat_interleave(tensors.tensors["advantage"], offsets[1:] - offsets[:-1])
+    logits = policy(torch.roll(tokens, 1))
+    logp = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None]).squeeze(1)
+    return -(advantage * logp * mask).sum() / mask.sum().clamp(min=1.0)
 
 
 @dataclass
@@ -206,7 +218,7 @@ class _Progress:
 class _Run:
     """One demo run: the data plane, the writers' event queue, the trainer's model and the tally."""
 
-    COLUMNS = ("response_ids", "response_logprobs", "loss_mask", "advantage", "sample_id")
+    COLUMNS = ("response_ids", "loss_mask", "advantage", "sample_id")
 
     def __init__(self, args: argparse.Namespace, plane: Any, state: Path) -> None:
         import torch
@@ -399,6 +411,13 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _loss_trend(losses: list[float]) -> str:
+    if not losses:
+        return "-"
+    k = min(10, len(losses))
+    return f"{sum(losses[:k]) / k:.4f} -> {sum(losses[-k:]) / k:.4f} (mean of {k})"
+
+
 def _summary(
     tally: Tally,
     counts: dict[str, int],
@@ -421,7 +440,7 @@ def _summary(
             f"{tally.payload_bytes / 1e6:.1f} MB at "
             f"{tally.payload_bytes / max(tally.fetch_seconds, 1e-9) / 1e9:.2f} GB/s",
         ),
-        ("loss first -> last", f"{tally.losses[0]:.4f} -> {tally.losses[-1]:.4f}" if tally.losses else "-"),
+        ("loss, first -> last 10 steps", _loss_trend(tally.losses)),
         ("lease outcomes", ", ".join(f"{k}={v}" for k, v in sorted(tally.outcomes.items()))),
         ("stale writers refused", f"{tally.refused_writers}"),
         ("controller states", ", ".join(f"{k}={v}" for k, v in counts.items() if v)),
