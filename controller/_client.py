@@ -225,6 +225,21 @@ class ControllerClient:
     def _call(self, method: str, timeout: float | None, **kwargs: Any) -> Any:
         return self.transport.invoke(method, kwargs, self._t(timeout))
 
+    def call_many(
+        self, calls: Sequence[tuple[str, dict[str, Any]]], *, timeout: float | None = None
+    ) -> list[Any]:
+        """Run several operations in order, in one round trip where the host allows it.
+
+        Each is the operation of the same name with its keyword arguments (for example
+        ``("start_training", {"token": t, "batch_id": b})``). The first error is raised; operations after
+        it may or may not have run (each is a compare-and-set, so a repeat is safe).
+        """
+        many = getattr(self.transport, "invoke_many", None)
+        if many is not None:
+            out: list[Any] = many(list(calls), self._t(timeout))
+            return out
+        return [self.transport.invoke(method, kwargs, self._t(timeout)) for method, kwargs in calls]
+
     # ------------------------------------------------------------------ servers, jobs, writers
     def register_server(
         self,

@@ -126,6 +126,7 @@ class ControlServer(flight.FlightServerBase):
     def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
         return [
             ("call", "run one controller operation: {method, kwargs, timeout}"),
+            ("many", "run several operations in order: {calls: [[method, kwargs], ...], timeout} -> results"),
             ("acquire", "long-poll lease: {kwargs, wait, timeout} -> lease or null"),
             ("checkpoint", "take a job checkpoint: {job_id, path, timeout} -> bytes"),
             ("restore", "restore a job from a checkpoint: {source, kwargs, timeout}"),
@@ -151,15 +152,14 @@ class ControlServer(flight.FlightServerBase):
             if name in body and not isinstance(body[name], dict):
                 raise InvalidRequestError(f"controller action {kind}: {name!r} must be an object")
         if kind == "call":
-            method = body.get("method")
-            if method not in CALLS:
-                raise InvalidRequestError(f"unknown controller operation {method!r}; known: {sorted(CALLS)}")
-            result = self.controller.call(method, body.get("kwargs") or {}, timeout=timeout)
-            if method in _COUNTED:
-                self._count(_COUNTED[method], len(result) if isinstance(result, tuple) else 1)
-            if method == "publish":
-                self._count("bytes_published", result.nbytes)
-            return result
+            return self._call(body.get("method"), body.get("kwargs") or {}, timeout)
+        if kind == "many":
+            calls = body.get("calls")
+            if not isinstance(calls, list) or not all(
+                isinstance(c, list | tuple) and len(c) == 2 and isinstance(c[1], dict) for c in calls
+            ):
+                raise InvalidRequestError("controller action many: calls must be a list of [method, kwargs]")
+            return [self._call(method, kwargs, timeout) for method, kwargs in calls]
         if kind == "acquire":
             lease: Lease | None = self.controller.acquire(
                 body.get("kwargs") or {}, wait=body.get("wait", 0.0), timeout=timeout
@@ -187,6 +187,16 @@ class ControlServer(flight.FlightServerBase):
                 "uptime_s": time.time() - self.started_at,
             }
         raise InvalidRequestError(f"unknown controller action {kind!r}")
+
+    def _call(self, method: Any, kwargs: dict[str, Any], timeout: float | None) -> Any:
+        if method not in CALLS:
+            raise InvalidRequestError(f"unknown controller operation {method!r}; known: {sorted(CALLS)}")
+        result = self.controller.call(method, kwargs, timeout=timeout)
+        if method in _COUNTED:
+            self._count(_COUNTED[method], len(result) if isinstance(result, tuple) else 1)
+        if method == "publish":
+            self._count("bytes_published", result.nbytes)
+        return result
 
 
 def _required(body: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
@@ -220,6 +230,11 @@ class FlightTransport:
 
     def invoke(self, method: str, kwargs: dict[str, Any], timeout: float) -> Any:
         return self._action("call", {"method": method, "kwargs": kwargs}, timeout)
+
+    def invoke_many(self, calls: list[tuple[str, dict[str, Any]]], timeout: float) -> list[Any]:
+        """Run several operations in one round trip (stops at the first error, which is raised)."""
+        out: list[Any] = self._action("many", {"calls": [list(c) for c in calls]}, timeout)
+        return out
 
     def acquire(self, kwargs: dict[str, Any], wait: float, timeout: float) -> Lease | None:
         lease: Lease | None = self._action("acquire", {"kwargs": kwargs, "wait": wait}, timeout + 0.5)

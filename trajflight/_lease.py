@@ -252,12 +252,17 @@ class LeasedBatch:
     def commit(self) -> tuple[Partition, ...]:
         """TRAINED -> COMMITTED, driving the earlier steps first if they were skipped. The controller
         then deletes the groups' data and only afterwards releases their capacity."""
-        if self.stage in ("LEASED", "PREPARED"):
-            self.start_training()
-        if self.stage == "TRAINING":
-            self.finish_training()
         self._check()
-        committed = self.client.controller.commit(self.token, str(self.batch_id))
+        steps = {
+            "LEASED": ["prepare", "start_training", "finish_training", "commit"],
+            "PREPARED": ["start_training", "finish_training", "commit"],
+            "TRAINING": ["finish_training", "commit"],
+        }.get(self.stage, ["commit"])
+        if self.batch_id is None:
+            self.batch_id = f"batch-{uuid.uuid4().hex[:12]}"
+        args = {"token": self.token, "batch_id": self.batch_id}
+        # The remaining transitions in one round trip; each is still a compare-and-set on the controller.
+        committed: tuple[Partition, ...] = self.client.controller.call_many([(s, args) for s in steps])[-1]
         self.stage = "COMMITTED"
         self.close()
         return committed

@@ -57,6 +57,7 @@ ARGS = {
     "action": "drop",
     "source": b"",
     "config": None,
+    "calls": [("counts", {"job_id": "j"})],
 }
 
 OPERATIONS = sorted(

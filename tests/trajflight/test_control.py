@@ -54,6 +54,8 @@ def _raw(server: ControlServer, kind: str, body: bytes) -> None:
         ("call", _rpc.dumps([1, 2]), InvalidRequestError, "must be an object"),
         ("checkpoint", _rpc.dumps({"path": "/tmp/x"}), InvalidRequestError, "'job_id'"),
         ("nope", _rpc.dumps({}), InvalidRequestError, "unknown controller action"),
+        ("many", _rpc.dumps({"calls": [["counts"]]}), InvalidRequestError, "list of \\[method, kwargs\\]"),
+        ("many", _rpc.dumps({"calls": [["tick", {}]]}), InvalidRequestError, "unknown controller operation"),
     ],
 )
 def test_bad_requests_get_typed_errors(control, kind, body, error, message):
@@ -68,3 +70,31 @@ def test_ledger_errors_cross_the_wire_with_their_class(control):
     info = client.transport.info(5)
     assert info["kind"] == "embedded"
     assert isinstance(client.transport, FlightTransport)
+
+
+def test_many_runs_operations_in_order_in_one_round_trip(control):
+    client = connect_control(control.location, timeout=5)
+    client.register_server(
+        "s0", node="n", location="grpc://127.0.0.1:1", capacity_bytes=10**6, capacity_groups=10
+    )
+    client.open_job("j", 1)
+    client.register_writer("j", 1, "w", node="n")
+    grant = client.allocate("j", 1, "w", nbytes=100)
+    client.publish(
+        grant.partition,
+        token=grant.token,
+        rows=1,
+        nbytes=100,
+        tokens=5,
+        policy_version=0,
+        columns=["response_ids"],
+    )
+    lease = client.acquire("j", "t", max_groups=1)
+    assert lease is not None
+    args = {"token": lease.token, "batch_id": "b"}
+    steps = ["prepare", "start_training", "finish_training", "commit"]
+    results = client.call_many([(s, args) for s in steps])
+    assert results[-1] == (grant.partition,)
+    assert client.counts("j")["committed_total"] == 1
+    with pytest.raises(NotFoundError):  # the first error is raised
+        client.call_many([("renew", {"token": 999})])
