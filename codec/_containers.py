@@ -63,6 +63,8 @@ class TorchBatch:
         columns: The decoded column names, in the order asked for.
         tensors: Primitive columns as 1-D tensors and, with ``layout="jagged"``, ``list<T>`` columns as
             jagged nested tensors (``torch.nested.nested_tensor_from_jagged``).
+        ragged: With ``layout="ragged"``, ``list<T>`` columns as plain ``values`` plus int32 ``offsets``
+            tensors (``cu_seqlens`` for variable-length kernels): no nested-tensor construction cost.
         padded: With ``layout="padded"``, ``list<T>`` columns as ``[rows, max_len]`` tensors plus lengths.
         doubly_ragged: ``list<list<T>>`` columns (top-p candidates) as values plus both offset levels.
         arrow: Columns torch cannot hold (strings, dictionaries, structs, ...) left as Arrow arrays.
@@ -72,6 +74,7 @@ class TorchBatch:
     num_rows: int
     columns: tuple[str, ...]
     tensors: dict[str, torch.Tensor]
+    ragged: dict[str, Ragged[torch.Tensor]]
     padded: dict[str, Padded[torch.Tensor]]
     doubly_ragged: dict[str, DoublyRagged[torch.Tensor]]
     arrow: dict[str, pa.Array]
@@ -88,7 +91,8 @@ class NumpyBatch:
         num_rows: Samples in the batch.
         columns: The decoded column names, in the order asked for.
         arrays: Primitive columns as 1-D arrays.
-        ragged: With ``layout="jagged"``, ``list<T>`` columns as values plus offsets (starting at 0).
+        ragged: With ``layout="jagged"`` or ``"ragged"``, ``list<T>`` columns as values plus offsets
+            (starting at 0).
         padded: With ``layout="padded"``, ``list<T>`` columns as ``[rows, max_len]`` arrays plus lengths.
         doubly_ragged: ``list<list<T>>`` columns as values plus both offset levels.
         arrow: Columns numpy cannot hold without conversion (strings, dictionaries, structs, ...).

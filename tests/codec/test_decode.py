@@ -222,3 +222,16 @@ def test_cuda_inputs_are_staged_through_pinned_memory(simple_group):
     }
     batch = encode_group(**on_gpu)
     assert batch.column("response_ids").values.to_numpy().tolist() == ids.tolist()
+
+
+def test_ragged_layout_gives_plain_values_and_offsets_aliasing_arrow(batch):
+    out = decode(batch, columns=["response_ids", "reward"], layout="ragged")
+    ragged = out.ragged["response_ids"]
+    assert ragged.values.data_ptr() == batch.column("response_ids").values.buffers()[1].address
+    assert ragged.offsets.tolist() == [0, 4, 4, 11]
+    assert ragged.offsets.dtype == torch.int32  # cu_seqlens for variable-length kernels
+    assert "response_ids" not in out.tensors
+    assert out.tensors["reward"].shape == (3,)
+    assert decode_numpy(batch, columns=["response_ids"], layout="ragged").ragged[
+        "response_ids"
+    ].offsets.tolist() == [0, 4, 4, 11]
