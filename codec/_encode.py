@@ -261,16 +261,34 @@ def encode_group(
                 "one entry per sample",
                 column=name,
             )
-    fields = [
-        schema.field(name).with_type(array.type) if name in schema else pa.field(name, array.type)
-        for name, array in arrays.items()
-    ]
-    batch = pa.RecordBatch.from_arrays(list(arrays.values()), schema=pa.schema(fields))
+    batch = pa.RecordBatch.from_arrays(list(arrays.values()), schema=_arrow_schema(schema, arrays))
     # The key columns were built here; what came from the caller is checked.
-    schema.check(batch.schema)
-    check_nulls(batch, schema)
+    if any(array.null_count for array in arrays.values()):
+        check_nulls(batch, schema)
     check_ragged_lengths(batch)
     return batch
+
+
+# (id of the trajectory schema, (name, type) per column) -> (that schema, the checked Arrow schema). A job's
+# groups share a handful; the schema object is kept so its id cannot be reused while the entry lives
+# (hashing a TrajectorySchema by value costs ~8 us, more than the lookup saves).
+_SCHEMAS: dict[tuple[int, tuple[tuple[str, pa.DataType], ...]], tuple[TrajectorySchema, pa.Schema]] = {}
+_SCHEMAS_MAX = 256
+
+
+def _arrow_schema(schema: TrajectorySchema, arrays: Mapping[str, pa.Array]) -> pa.Schema:
+    """The Arrow schema of a group with these columns, checked against ``schema`` (memoised)."""
+    columns = tuple((name, array.type) for name, array in arrays.items())
+    found = _SCHEMAS.get((id(schema), columns))
+    if found is not None and found[0] is schema:
+        return found[1]
+    fields = [schema.field(n).with_type(t) if n in schema else pa.field(n, t) for n, t in columns]
+    arrow = pa.schema(fields)
+    schema.check(arrow)
+    if len(_SCHEMAS) >= _SCHEMAS_MAX:
+        _SCHEMAS.clear()
+    _SCHEMAS[(id(schema), columns)] = (schema, arrow)
+    return arrow
 
 
 _STANDARD_ARGUMENTS = frozenset(STANDARD_SCHEMA.names)

@@ -97,11 +97,13 @@ def check_ragged_lengths(batch: pa.RecordBatch) -> None:
     if "response_ids" not in present:
         return
     response = batch.column("response_ids")
-    reference = _lengths(response)
+    reference: np.ndarray | None = None
     for name in present[1:]:
         column = batch.column(name)
         if _same_offsets(column, response):
             continue  # one offsets buffer shared by both columns (the zero-copy encode path)
+        if reference is None:
+            reference = _lengths(response)
         lengths = _lengths(column)
         differs = lengths != reference
         if column.null_count:
