@@ -204,7 +204,9 @@ def _check_layout(layout: str) -> None:
 def _pad_numpy(values: np.ndarray, offsets: np.ndarray, max_len: int, pad: Any) -> Padded[np.ndarray]:
     lengths = np.diff(offsets).astype(np.int64)
     out = np.full((len(lengths), max_len), pad, dtype=values.dtype)
-    out[np.arange(max_len) < lengths[:, None]] = values
+    # Scatter by flat position (row * max_len + column): no [rows, max_len] boolean mask to build.
+    starts = np.arange(len(lengths), dtype=np.int64) * max_len - offsets[:-1].astype(np.int64)
+    out.reshape(-1)[np.arange(len(values), dtype=np.int64) + np.repeat(starts, lengths)] = values
     return Padded(out, lengths)
 
 
@@ -260,9 +262,19 @@ def _pad_torch(values: torch.Tensor, offsets: torch.Tensor, max_len: int, pad: A
     import torch
 
     lengths = (offsets[1:] - offsets[:-1]).to(torch.int64)
+    if len(lengths) * max_len >= _DENSE_KERNEL_FROM:
+        # torch's jagged -> dense kernel: ~4x faster than a boolean-mask scatter on a whole lease of the
+        # standard workload, but its fixed cost (~0.1 ms) loses on one small group.
+        nested = torch.nested.nested_tensor_from_jagged(values, offsets, max_seqlen=max_len)
+        return Padded(
+            torch.nested.to_padded_tensor(nested, pad, output_size=(len(lengths), max_len)), lengths
+        )
     out = torch.full((len(lengths), max_len), pad, dtype=values.dtype)
     out[torch.arange(max_len) < lengths[:, None]] = values
     return Padded(out, lengths)
+
+
+_DENSE_KERNEL_FROM = 1 << 20  # padded elements from which torch's jagged -> dense kernel is used
 
 
 class _DropFxTracingNotice(logging.Filter):

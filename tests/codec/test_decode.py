@@ -235,3 +235,22 @@ def test_ragged_layout_gives_plain_values_and_offsets_aliasing_arrow(batch):
     assert decode_numpy(batch, columns=["response_ids"], layout="ragged").ragged[
         "response_ids"
     ].offsets.tolist() == [0, 4, 4, 11]
+
+
+def test_large_padded_batches_use_the_dense_kernel_and_match_the_small_path():
+    """Above ~1M padded elements decode pads with the jagged->dense kernel; same rows as the mask path."""
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(0, 64, 300)
+    lengths[7] = 5000  # 300 rows x 5000 = 1.5M padded elements
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    values = rng.integers(0, 1000, int(offsets[-1])).astype(np.int32)
+    array = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+    batch = pa.record_batch({"ids": array})
+    padded = decode(batch, layout="padded", padding_value=-1).padded["ids"]
+    assert padded.values.shape == (300, 5000)
+    for i in (0, 7, 299):
+        row = values[offsets[i] : offsets[i + 1]]
+        assert padded.values[i, : len(row)].tolist() == row.tolist()
+        assert (padded.values[i, len(row) :] == -1).all()
+    small = decode(batch.slice(0, 5), layout="padded", padding_value=-1).padded["ids"]  # the mask path
+    assert torch.equal(small.values, padded.values[:5, : small.values.shape[1]])
