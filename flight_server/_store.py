@@ -207,6 +207,8 @@ class GroupStore(ShmStoreMixin):
         self._generation: dict[GroupKey, int] = {}
         self._jobs: dict[str, _JobState] = {}
         self._held_bytes = 0
+        self._groups_read = 0  # groups handed to readers (do_get or shared-memory handles), for stats
+        self._bytes_read = 0  # their stored bytes (before projection)
         self._reserved_bytes = 0
         self._pending_groups = 0
 
@@ -610,6 +612,8 @@ class GroupStore(ShmStoreMixin):
         for r in reads:
             if r.token is not None:
                 self._generation[r.key] = max(r.token.generation, self._generation.get(r.key, -1))
+        self._groups_read += len(groups)
+        self._bytes_read += sum(g.nbytes for g in groups)
         return groups
 
     def get(self, key: GroupKey) -> StoredGroup:
@@ -728,6 +732,8 @@ class GroupStore(ShmStoreMixin):
                 "capacity_groups": self.limits.capacity_groups,
                 "free_bytes": self.limits.capacity_bytes - self._held_bytes - self._reserved_bytes,
                 "pending_shm_puts": len(self._shm_puts),
+                "groups_read": self._groups_read,
+                "bytes_read": self._bytes_read,
                 "jobs": jobs,
                 **({"shm": self.arena.stats()} if self.arena is not None else {}),
             }

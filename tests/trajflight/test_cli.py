@@ -36,6 +36,23 @@ def test_up_then_connect_put_and_stats_then_sigterm():
         assert stats["controller"]["counters"]["groups_published"] == 2
         assert stats["counts"]["READY"] == 2
         assert sum(s["groups"] for s in stats["servers"].values()) == 2
+        assert all(s["groups_read"] == 0 for s in stats["servers"].values())
+        with (
+            trajflight.connect(address, timeout=20) as client,
+            client.trainer("cli-job").lease(2, wait=5) as b,
+        ):
+            b.fetch(["reward"])
+        out = subprocess.run(
+            [sys.executable, "-m", "trajflight", "stats", address, "--job", "cli-job", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+        after = json.loads(out)
+        assert sum(s["groups_read"] for s in after["servers"].values()) == 2  # gets are counted
+        assert after["controller"]["counters"]["leases_granted"] == 1
+        assert after["controller"]["counters"]["commits"] == 2
         table = subprocess.run(
             [sys.executable, "-m", "trajflight", "stats", address],
             capture_output=True,
