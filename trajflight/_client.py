@@ -26,7 +26,7 @@ from trajflight._handles import BatchHandle
 from trajflight._lease import LeasedBatch, Renewals
 from trajflight._storage import StoragePool, Transport
 from trajflight.codec import GroupKey, encode_group
-from trajflight.controller import ControllerClient, GroupInfo, JobConfig, OldReady, Partition
+from trajflight.controller import ControllerClient, GroupInfo, JobConfig, OldReady, Partition, PutGrant
 from trajflight.errors import CapacityExceededError, DeadlineExceededError, InvalidRequestError
 
 __all__ = ["Client", "Trainer", "Writer", "connect"]
@@ -317,7 +317,7 @@ class Writer:
         )
         return self._publish(grant, batch, nbytes)
 
-    def _allocate(self, nbytes: int, deadline: float) -> Any:
+    def _allocate(self, nbytes: int, deadline: float) -> PutGrant:
         """A placed partition from the controller, waiting for capacity until ``deadline``."""
         while True:
             remaining = deadline - time.monotonic()
@@ -336,17 +336,22 @@ class Writer:
                     ) from exc
                 time.sleep(wait)
 
-    def _publish(self, grant: Any, batch: pa.RecordBatch, nbytes: int) -> GroupInfo:
+    def _publish(self, grant: PutGrant, batch: pa.RecordBatch, nbytes: int) -> GroupInfo:
         info: GroupInfo = self.client.controller.publish(
-            grant.partition,
-            token=grant.token,
-            rows=batch.num_rows,
-            nbytes=nbytes,
-            tokens=_tokens_of(batch),
-            policy_version=_policy_version(batch, self.policy_version),
-            columns=batch.schema.names,
+            grant.partition, **self._publication(grant, batch, nbytes)
         )
         return info
+
+    def _publication(self, grant: PutGrant, batch: pa.RecordBatch, nbytes: int) -> dict[str, Any]:
+        """The arguments of ``publish`` for a stored group, beside its partition."""
+        return {
+            "token": grant.token,
+            "rows": batch.num_rows,
+            "nbytes": nbytes,
+            "tokens": _tokens_of(batch),
+            "policy_version": _policy_version(batch, self.policy_version),
+            "columns": tuple(batch.schema.names),
+        }
 
     def put_many(self, batches: Sequence[pa.RecordBatch], *, timeout: float | None = None) -> list[GroupInfo]:
         """Store several finished groups (record batches of one schema) and make them READY, in order.
@@ -374,7 +379,13 @@ class Writer:
             self.client.storage.put_groups(
                 location, groups, writer=self.writer_id, timeout=max(0.001, deadline - time.monotonic())
             )
-        return [self._publish(grant, batch, nbytes) for grant, batch, nbytes in planned]
+        # Every group is stored: publish them all in one controller round trip where the host allows it.
+        calls = [
+            ("publish", {"partition": grant.partition, **self._publication(grant, batch, nbytes)})
+            for grant, batch, nbytes in planned
+        ]
+        infos: list[GroupInfo] = self.client.controller.call_many(calls)
+        return infos
 
     async def put_many_async(
         self, batches: Sequence[pa.RecordBatch], *, timeout: float | None = None

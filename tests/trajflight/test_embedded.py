@@ -326,3 +326,18 @@ def test_a_lease_that_stops_renewing_is_lost_and_refuses_transitions(cluster, jo
     with pytest.raises((LeaseExpiredError, StaleFenceError, NotFoundError)):
         batch.commit()
     assert client.controller.counts(job)["READY"] == 1  # LEASED went back to READY on expiry
+
+
+def test_put_many_from_another_process_view_publishes_every_group_in_order(cluster, job):
+    """Through the controller's Flight endpoint (a rollout worker's view) the publishes of a batch go in
+    one round trip; every group comes back READY, in the order given."""
+    cluster.client().open_job(job, 1)
+    with trajflight.connect(cluster.address, timeout=20) as remote:
+        groups = trajflight.workload.make_workload(5, 4, response_median=64)
+        infos = remote.writer(job, 1).put_many([g.encode(job, 1) for g in groups])
+        assert [i.rows for i in infos] == [4] * 5
+        assert all(i.state == "READY" for i in infos)
+        assert len({i.partition for i in infos}) == 5
+        with remote.trainer(job).lease(5, wait=5) as batch:
+            assert batch.fetch_table(["reward"]).num_rows == 20
+    assert cluster.wait_idle(job) == (0, 0)
