@@ -111,8 +111,9 @@ def _loopback_addresses(active: bool) -> Iterator[None]:
     """While active, make Ray keep loopback addresses as they are.
 
     Ray resolves ``127.0.0.1`` (a node address, a GCS address) to the machine's outward IP unless
-    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` was set before ``import ray`` (ray-project/ray#18730): a
-    Ray bound to loopback would then be unreachable (``ray.init`` hangs). Ray reads the flag into
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` was set before ``import ray`` (the opt-in flag of
+    ray-project/ray#31166, for ray-project/ray#30770): a Ray bound to loopback would then be unreachable
+    (``ray.init`` hangs). Ray reads the flag into
     ``ray_constants.ENABLE_RAY_CLUSTER`` at import, so it is turned off here for the ``ray.init`` call.
     """
     try:
