@@ -16,12 +16,13 @@ It does not retry: a failed read raises the server's typed error, and nothing wa
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import pyarrow as pa
 
@@ -31,6 +32,8 @@ from trajflight.controller import DeleteWork
 from trajflight.errors import ConfigError, DeadlineExceededError
 from trajflight.flight_server import GroupRead, LeaseToken, StorageClient
 from trajflight.flight_server._shm import host_id
+
+T = TypeVar("T")
 
 __all__ = ["TRANSPORTS", "StoragePool", "Transport", "read_handle"]
 
@@ -169,18 +172,11 @@ class StoragePool:
         After this, a zombie holding an older lease on these groups is refused by the servers even for
         reads and appends it makes before the new holder's first read.
         """
-        by_location = _by_location(handle)
-        requests = [
-            (self.client(loc), [GroupRead(GroupKey(*g.partition), LeaseToken(g.generation)) for g in groups])
-            for loc, groups in by_location.items()
+        calls = [
+            functools.partial(self.client(loc).advance_generation, _lease_reads(groups))
+            for loc, groups in _by_location(handle).items()
         ]
-        if len(requests) == 1:
-            client, reads = requests[0]
-            client.advance_generation(reads)
-            return
-        with ThreadPoolExecutor(len(requests)) as pool:
-            for future in [pool.submit(c.advance_generation, r) for c, r in requests]:
-                future.result()
+        _in_parallel(calls, "trajflight-advance")
 
 
 def _by_location(handle: BatchHandle) -> dict[str, list[Any]]:
@@ -190,36 +186,45 @@ def _by_location(handle: BatchHandle) -> dict[str, list[Any]]:
     return out
 
 
+def _lease_reads(groups: Sequence[Any]) -> list[GroupRead]:
+    """Reads of leased groups, each under its lease generation."""
+    return [GroupRead(GroupKey(*g.partition), LeaseToken(g.generation)) for g in groups]
+
+
+def _in_parallel(calls: Sequence[Callable[[], T]], name: str) -> list[T]:
+    """Run one call per server, on threads when there are several (Flight releases the GIL); results in
+    order, the first error raised once every call ended."""
+    if len(calls) <= 1:
+        return [call() for call in calls]
+    with ThreadPoolExecutor(len(calls), thread_name_prefix=name) as executor:
+        return [f.result() for f in [executor.submit(call) for call in calls]]
+
+
 def read_handle(pool: StoragePool, handle: BatchHandle, *, timeout: float) -> pa.Table:
     """Read the handle's groups (projected to ``handle.columns``) from all their servers in parallel.
 
     Returns:
-        One table, rows in the handle's group order. Over Flight it owns its memory (received buffers);
-        over shared memory it aliases read-only mappings of the servers' segments.
+        One table, rows in the handle's group order (a handle without groups reads as a table without
+        columns). Over Flight it owns its memory (received buffers); over shared memory it aliases
+        read-only mappings of the servers' segments.
 
     Raises:
         StaleFenceError: the lease was superseded (a newer lease holds a group). NotFoundError: a group is
         gone. DeadlineExceededError, UnavailableError: the servers did not answer in time.
     """
+    if not handle.groups:  # an empty shard (split into more shards than groups)
+        return pa.table({})
     by_location = _by_location(handle)
-    requests: list[tuple[str, Sequence[GroupRead]]] = [
-        (loc, [GroupRead(GroupKey(*g.partition), LeaseToken(g.generation)) for g in groups])
-        for loc, groups in by_location.items()
-    ]
     deadline = time.monotonic() + timeout
 
-    def _one(request: tuple[str, Sequence[GroupRead]]) -> pa.Table:
-        location, reads = request
+    def _one(location: str, reads: Sequence[GroupRead]) -> pa.Table:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise DeadlineExceededError(f"read: deadline of {timeout:g}s passed before {location}")
         return pool.get(location, reads, columns=handle.columns, timeout=remaining)
 
-    if len(requests) == 1:
-        tables = [_one(requests[0])]
-    else:
-        with ThreadPoolExecutor(len(requests), thread_name_prefix="trajflight-get") as executor:
-            tables = [f.result() for f in [executor.submit(_one, r) for r in requests]]
+    calls = [functools.partial(_one, loc, _lease_reads(groups)) for loc, groups in by_location.items()]
+    tables = _in_parallel(calls, "trajflight-get")
     if len(tables) == 1:
         return tables[0]
     # Put the groups back in the handle's order: slice each server's table by group.
@@ -229,5 +234,4 @@ def read_handle(pool: StoragePool, handle: BatchHandle, *, timeout: float) -> pa
         for g in groups:
             pieces[tuple(g.partition)] = table.slice(offset, g.rows)
             offset += g.rows
-    ordered = [pieces[tuple(g.partition)] for g in handle.groups]
-    return pa.concat_tables(ordered) if ordered else tables[0].slice(0, 0)
+    return pa.concat_tables([pieces[tuple(g.partition)] for g in handle.groups])

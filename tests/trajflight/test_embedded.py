@@ -261,6 +261,9 @@ def test_shards_are_fetched_by_other_processes_under_the_lease(cluster, job):
         shards = [s.select(["response_ids"]) for s in batch.shards(2)]
         results = [run_child(reader, pickle.dumps(s).hex()) for s in shards]
         assert sum(r["rows"] for r in results) == 16
+        empty = batch.shards(8)[-1]  # more shards than groups: some are empty, and read as empty
+        assert not empty.groups
+        assert trajflight.fetch(empty, pool=client.storage).num_rows == 0
         assert abs(shards[0].tokens - shards[1].tokens) <= max(g.tokens for g in batch.handle.groups)
 
 
