@@ -186,8 +186,7 @@ class LeasedBatch:
     # ------------------------------------------------------------------ data
     def fetch_table(self, columns: Sequence[str] | None = None) -> pa.Table:
         """Read the groups (projected to ``columns``) as one Arrow table, from all servers in parallel."""
-        handle = self.handle if columns is None else self.handle.select(columns)
-        return read_handle(self.client.storage, handle, timeout=self.client.timeout)
+        return fetch_table(self._projected(columns), timeout=self.client.timeout, pool=self.client.storage)
 
     def fetch(
         self,
@@ -199,13 +198,18 @@ class LeasedBatch:
         fill_nulls: Mapping[str, Any] | None = None,
     ) -> TorchBatch:
         """Read the groups and decode them to torch tensors in one call (see ``trajflight.codec.decode``)."""
-        return decode(
-            self.fetch_table(columns),
+        return fetch(
+            self._projected(columns),
             layout=layout,
             device=device,
             padding_value=padding_value,
             fill_nulls=fill_nulls,
+            timeout=self.client.timeout,
+            pool=self.client.storage,
         )
+
+    def _projected(self, columns: Sequence[str] | None) -> BatchHandle:
+        return self.handle if columns is None else self.handle.select(columns)
 
     def shards(self, n: int) -> list[BatchHandle]:
         """Per-rank handles balanced by token count, for data-parallel ranks (see ``BatchHandle.split``)."""
