@@ -491,6 +491,65 @@ class LedgerCore:
             CapacityExceededError: the job's or every server's capacity is full (``retry_after`` set).
         """
         now = self._advance(now)
+        job, writer = self._allocating_writer(job_id, epoch, writer_id)
+        self._check_group_size(job, nbytes, "nbytes")
+        self._check_on_policy(job, writer_id, writer)
+        server = self._room(job, writer.node, nbytes)
+        if isinstance(server, CapacityExceededError):
+            raise server
+        return self._grant(job, server, nbytes, now)
+
+    def allocate_many(
+        self, job_id: str, epoch: int, writer_id: str, *, nbytes: Sequence[int], now: float
+    ) -> list[PutGrant]:
+        """Give a writer the next partitions of the job, one per group size in ``nbytes``, in order.
+
+        The grants are exactly those of calling :meth:`allocate` once per size, in order, at the same
+        ``now``, stopping at the first refusal for capacity: the same placement, partitions, tokens and
+        expiries. When capacity runs out after ``k`` grants it returns those ``k`` (a prefix: a later,
+        smaller group is never granted ahead of one that did not fit, so partitions keep the order of the
+        groups); ask again for the rest later. Every grant is whole; nothing is reserved for the groups
+        not granted. Every size is checked before anything is granted, so a refused call changes nothing.
+
+        Args:
+            nbytes: Bytes to reserve for each group (a non-empty list of positive ints).
+
+        Returns:
+            One grant per granted group, in the order of ``nbytes``; at least one.
+
+        Raises:
+            StaleFenceError: ``epoch`` is fenced.
+            NotFoundError: the job/epoch is not open or the writer is not registered.
+            InvalidRequestError: ``nbytes`` is empty or not a list, or a size is not positive or exceeds
+                ``max_group_bytes`` (the message names its index).
+            InvalidStateError: strict on-policy mode and the writer has not acknowledged the current
+                policy version (``retry_after`` set).
+            CapacityExceededError: not even the first group fits, exactly as :meth:`allocate` refuses it
+                (``retry_after`` set); nothing was granted.
+        """
+        now = self._advance(now)
+        job, writer = self._allocating_writer(job_id, epoch, writer_id)
+        if isinstance(nbytes, str | bytes) or not isinstance(nbytes, Sequence):
+            raise InvalidRequestError(
+                f"nbytes must be a list of group sizes (one int per group), got {type(nbytes).__name__}; "
+                "call allocate for a single group"
+            )
+        if not nbytes:
+            raise InvalidRequestError("nbytes is empty; pass one size per group to allocate (at least one)")
+        for i, size in enumerate(nbytes):
+            self._check_group_size(job, size, f"nbytes[{i}]")
+        self._check_on_policy(job, writer_id, writer)
+        grants: list[PutGrant] = []
+        for size in nbytes:
+            server = self._room(job, writer.node, size)
+            if isinstance(server, CapacityExceededError):
+                if grants:
+                    break
+                raise server
+            grants.append(self._grant(job, server, size, now))
+        return grants
+
+    def _allocating_writer(self, job_id: str, epoch: int, writer_id: str) -> tuple[_Job, _Writer]:
         job = self._job_epoch(job_id, epoch)
         writer = job.writers.get(writer_id)
         if writer is None:
@@ -498,38 +557,53 @@ class LedgerCore:
                 f"writer {writer_id!r} is not registered for job {job_id!r} epoch {epoch}; "
                 "call register_writer"
             )
-        cfg = job.config
-        check_int(nbytes, "nbytes", minimum=1)
-        if nbytes > cfg.max_group_bytes:
+        return job, writer
+
+    @staticmethod
+    def _check_group_size(job: _Job, nbytes: int, what: str) -> None:
+        check_int(nbytes, what, minimum=1)
+        if nbytes > job.config.max_group_bytes:
             raise InvalidRequestError(
-                f"nbytes={nbytes} exceeds max_group_bytes={cfg.max_group_bytes}; split the group or "
+                f"{what}={nbytes} exceeds max_group_bytes={job.config.max_group_bytes}; split the group or "
                 "raise the setting"
             )
+
+    @staticmethod
+    def _check_on_policy(job: _Job, writer_id: str, writer: _Writer) -> None:
+        cfg = job.config
         if cfg.strict_on_policy and writer.acked < job.policy_version:
             raise InvalidStateError(
                 f"writer {writer_id!r} has not acknowledged policy version {job.policy_version} (strict "
                 "on-policy); load the new weights, call ack_policy, then allocate",
                 retry_after=cfg.capacity_retry_after,
             )
+
+    def _room(self, job: _Job, node: str, nbytes: int) -> _Server | CapacityExceededError:
+        """The server a group of ``nbytes`` goes to, or the refusal to raise when it does not fit."""
+        cfg = job.config
         if (cfg.capacity_bytes is not None and job.used_bytes + nbytes > cfg.capacity_bytes) or (
             cfg.capacity_groups is not None and job.used_groups + 1 > cfg.capacity_groups
         ):
-            raise CapacityExceededError(
-                f"job {job_id!r} holds {job.used_bytes} bytes in {job.used_groups} groups, its capacity is "
-                f"{cfg.capacity_bytes} bytes / {cfg.capacity_groups} groups; wait for trainers to commit",
+            return CapacityExceededError(
+                f"job {job.job_id!r} holds {job.used_bytes} bytes in {job.used_groups} groups, its capacity "
+                f"is {cfg.capacity_bytes} bytes / {cfg.capacity_groups} groups; wait for trainers to commit",
                 retry_after=cfg.capacity_retry_after,
             )
-        server = self._place(writer.node, nbytes)
+        server = self._place(node, nbytes)
         if server is None:
-            raise CapacityExceededError(
+            return CapacityExceededError(
                 f"no storage server has room for {nbytes} more bytes ({len(self._servers)} registered); wait "
                 "for commits and deletes, or register more servers",
                 retry_after=cfg.capacity_retry_after,
             )
-        key = Partition(job_id, epoch, job.next_group_id)
+        return server
+
+    def _grant(self, job: _Job, server: _Server, nbytes: int, now: float) -> PutGrant:
+        """Reserve ``nbytes`` on ``server`` for the job's next partition (checked by :meth:`_room`)."""
+        key = Partition(job.job_id, job.epoch, job.next_group_id)
         job.next_group_id += 1
         token = self._next_token()
-        expires_at = now + cfg.grant_ttl
+        expires_at = now + job.config.grant_ttl
         g = _Group(key, server.server_id, token, nbytes, expires_at)
         self._groups[key] = g
         job.groups[key] = None

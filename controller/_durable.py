@@ -47,6 +47,7 @@ MUTATING = frozenset(
         "announce_policy",
         "ack_policy",
         "allocate",
+        "allocate_many",
         "publish",
         "acquire",
         "renew",

@@ -103,3 +103,34 @@ def test_crash_during_compaction_never_replays_a_journal_twice(tmp_path):
     assert again.ledger.counts("j")["READY"] == 3
     assert again.ledger.usage("j") == (30, 3)
     again.close()
+
+
+def test_batched_allocation_is_journaled_and_replayed_after_a_crash(tmp_path):
+    """A partial batch (capacity ran out after some groups) replays to the same grants and reservations."""
+    clock = Clock()
+    core = HostCore(clock=clock, state_dir=tmp_path)
+    core.apply("register_server", {"server_id": "s", "node": "n", "location": "grpc://x",
+                                   "capacity_bytes": 10**6, "capacity_groups": 3})  # fmt: skip
+    core.apply("open_job", {"job_id": "j", "epoch": 1, "config": None})
+    core.apply("register_writer", {"job_id": "j", "epoch": 1, "writer_id": "w", "node": "n"})
+    size = _journal(tmp_path).stat().st_size
+    with pytest.raises(InvalidRequestError):  # refused: not journaled
+        core.apply("allocate_many", {"job_id": "j", "epoch": 1, "writer_id": "w", "nbytes": []})
+    assert _journal(tmp_path).stat().st_size == size
+    kwargs = {"job_id": "j", "epoch": 1, "writer_id": "w", "nbytes": [10, 20, 30, 40]}
+    grants = core.apply("allocate_many", kwargs)
+    assert [g.nbytes for g in grants] == [10, 20, 30]  # the server holds 3 groups
+    first = grants[0]
+    publish = {"partition": first.partition, "token": first.token, "rows": 1, "nbytes": 10, "tokens": 1}
+    core.apply("publish", {**publish, "policy_version": 0, "columns": ()})
+    core.close()  # the process dies: the next start replays the journal
+
+    again = HostCore(clock=clock, state_dir=tmp_path)
+    assert again.ledger.usage("j") == (60, 3)
+    assert [again.ledger.group(g.partition).state for g in grants] == [
+        GroupState.READY,
+        GroupState.ALLOCATED,
+        GroupState.ALLOCATED,
+    ]
+    assert [again.ledger.group(g.partition).generation for g in grants] == [g.token for g in grants]
+    again.close()

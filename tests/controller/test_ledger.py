@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trajflight.controller import GroupState, JobConfig, Ledger, Partition
 from trajflight.errors import (
@@ -127,6 +131,130 @@ def test_allocate_refuses_oversized_group_and_unknown_writer(world):
         world.ledger.allocate("j", 1, "w0", nbytes=(1 << 20) + 1, now=world.now)
     with pytest.raises(NotFoundError):
         world.ledger.allocate("j", 1, "ghost", nbytes=1, now=world.now)
+
+
+def _placement_world(servers, job_caps, preload):
+    """Servers ((node, bytes, groups) each), writer ``w0`` on ``n0``, and ``preload`` already granted."""
+    L = Ledger()
+    for i, (node, cap_bytes, cap_groups) in enumerate(servers):
+        L.register_server(
+            f"s{i}", node=node, location=f"grpc://s{i}", capacity_bytes=cap_bytes, capacity_groups=cap_groups,
+            now=0.0,
+        )  # fmt: skip
+    cap_bytes, cap_groups = job_caps
+    L.open_job(
+        "j", 1, JobConfig(max_group_bytes=1000, capacity_bytes=cap_bytes, capacity_groups=cap_groups), now=0.0
+    )
+    L.register_writer("j", 1, "w0", node="n0", now=0.0)
+    for nbytes in preload:
+        with contextlib.suppress(CapacityExceededError):
+            L.allocate("j", 1, "w0", nbytes=nbytes, now=0.0)
+    return L
+
+
+_sizes = st.integers(1, 1000)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    servers=st.lists(
+        st.tuples(st.sampled_from(["n0", "n1"]), st.integers(0, 6000), st.integers(0, 8)),
+        min_size=1,
+        max_size=3,
+    ),
+    job_caps=st.tuples(st.none() | st.integers(1000, 8000), st.none() | st.integers(1, 12)),
+    preload=st.lists(_sizes, max_size=6),
+    sizes=st.lists(_sizes, min_size=1, max_size=20),
+)
+def test_allocate_many_grants_exactly_what_repeated_allocate_grants(servers, job_caps, preload, sizes):
+    many = _placement_world(servers, job_caps, preload)
+    one_by_one = _placement_world(servers, job_caps, preload)
+    try:
+        got: list | CapacityExceededError = many.allocate_many("j", 1, "w0", nbytes=sizes, now=1.0)
+    except CapacityExceededError as exc:
+        got = exc
+    expected: list = []
+    refusal = None
+    for nbytes in sizes:
+        try:
+            expected.append(one_by_one.allocate("j", 1, "w0", nbytes=nbytes, now=1.0))
+        except CapacityExceededError as exc:
+            refusal = exc
+            break
+    if expected:
+        assert got == expected
+    else:  # not even the first fits: the batch raises exactly what the first allocate raises
+        assert isinstance(got, CapacityExceededError)
+        assert (got.message, got.retry_after) == (refusal.message, refusal.retry_after)
+    assert many.snapshot() == one_by_one.snapshot()  # the same ledger afterwards, not only the same grants
+
+
+def test_allocate_many_returns_the_grants_that_fit_at_the_capacity_limit(world_factory):
+    w = world_factory(JobConfig(capacity_groups=3, capacity_retry_after=0.25))
+    (first,) = w.put(1)
+    grants = w.ledger.allocate_many("j", 1, "w0", nbytes=[100, 200, 300, 400], now=w.now)
+    assert [g.nbytes for g in grants] == [100, 200]
+    assert [g.partition.group_id for g in grants] == [
+        first.partition.group_id + 1,
+        first.partition.group_id + 2,
+    ]
+    assert all(g.expires_at == w.now + JobConfig().grant_ttl for g in grants)
+    assert w.ledger.usage("j") == (1000 + 300, 3)  # nothing is reserved for the groups not granted
+    with pytest.raises(CapacityExceededError, match="wait for trainers to commit") as err:
+        w.ledger.allocate_many("j", 1, "w0", nbytes=[300, 400], now=w.now)
+    assert err.value.retry_after == 0.25
+
+
+def test_allocate_many_never_grants_a_later_group_ahead_of_one_that_did_not_fit(world_factory):
+    w = world_factory(capacity_bytes=1500)
+    grants = w.ledger.allocate_many("j", 1, "w0", nbytes=[1000, 600, 10], now=w.now)
+    assert [g.nbytes for g in grants] == [1000]  # 10 bytes would fit, but not before the 600
+    assert w.ledger.usage("j") == (1000, 1)
+
+
+def test_allocate_many_grants_expire_and_are_collected_like_single_grants(world):
+    grants = world.ledger.allocate_many("j", 1, "w0", nbytes=[10, 20], now=world.now)
+    world.clock.advance(5.0)
+    world.ledger.tick(world.now)
+    assert [world.state(g) for g in grants] == ["DROPPED", "DROPPED"]
+    assert world.confirm_deletes() == 2
+    assert world.ledger.usage("j") == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "match"),
+    [
+        ([], "nbytes is empty"),
+        ([10, 0], r"nbytes\[1\] must be an int >= 1"),
+        ([10, -5], r"nbytes\[1\] must be an int >= 1"),
+        ([True], r"nbytes\[0\] must be an int"),
+        ([10, (1 << 20) + 1], r"nbytes\[1\]=1048577 exceeds max_group_bytes"),
+        (10, "must be a list of group sizes"),
+        ("10", "must be a list of group sizes"),
+    ],
+)
+def test_allocate_many_refuses_bad_sizes_and_grants_nothing(world, nbytes, match):
+    before = (world.ledger.usage("j"), world.ledger.last_token)
+    with pytest.raises(InvalidRequestError, match=match):
+        world.ledger.allocate_many("j", 1, "w0", nbytes=nbytes, now=world.now)
+    assert (world.ledger.usage("j"), world.ledger.last_token) == before
+
+
+def test_allocate_many_refuses_like_allocate_for_writer_epoch_and_policy(world_factory):
+    w = world_factory(JobConfig(strict_on_policy=True))
+    L = w.ledger
+    with pytest.raises(NotFoundError, match="register_writer"):
+        L.allocate_many("j", 1, "ghost", nbytes=[1], now=w.now)
+    with pytest.raises(NotFoundError):
+        L.allocate_many("j", 2, "w0", nbytes=[1], now=w.now)
+    L.announce_policy("j", 1, now=w.now)
+    with pytest.raises(InvalidStateError, match="ack_policy") as err:
+        L.allocate_many("j", 1, "w0", nbytes=[1], now=w.now)
+    assert err.value.retry_after > 0
+    L.open_job("j", 2, L._jobs["j"].config, now=w.now)
+    with pytest.raises(StaleFenceError):
+        L.allocate_many("j", 1, "w0", nbytes=[1], now=w.now)
+    assert L.usage("j") == (0, 0)
 
 
 def test_publish_makes_ready_and_gives_back_unused_reservation(world):

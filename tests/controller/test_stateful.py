@@ -147,6 +147,36 @@ class LedgerMachine(RuleBasedStateMachine):
         key = grant.partition
         self.state[key], self.gen[key], self.size[key] = "READY", grant.token, nbytes
 
+    @rule(sizes=st.lists(st.integers(1, 100), min_size=1, max_size=6))
+    def put_many(self, sizes):
+        """One batched allocation: the longest prefix of ``sizes`` that fits is granted, then published."""
+        self._expire()
+        used, groups, fits = sum(self.size[k] for k in self.state), len(self.state), 0
+        for nbytes in sizes:
+            if used + nbytes > CAP_BYTES or groups + 1 > CAP_GROUPS:
+                break
+            used, groups, fits = used + nbytes, groups + 1, fits + 1
+        try:
+            grants = self.L.allocate_many("j", 1, "w", nbytes=sizes, now=self.now)
+        except CapacityExceededError:
+            assert fits == 0
+            return
+        assert [g.nbytes for g in grants] == sizes[:fits]
+        for grant in grants:
+            self._new_token(grant.token)
+            self.L.publish(
+                grant.partition,
+                token=grant.token,
+                rows=1,
+                nbytes=grant.nbytes,
+                tokens=grant.nbytes,
+                policy_version=0,
+                columns=("a",),
+                now=self.now,
+            )
+            key = grant.partition
+            self.state[key], self.gen[key], self.size[key] = "READY", grant.token, grant.nbytes
+
     @rule(n=st.integers(1, 4))
     def acquire(self, n):
         self._expire()
