@@ -325,6 +325,40 @@ class ControllerClient:
         )
         return out
 
+    def allocate_many(
+        self,
+        job_id: str,
+        epoch: int,
+        writer_id: str,
+        *,
+        nbytes: Sequence[int],
+        timeout: float | None = None,
+    ) -> list[PutGrant]:
+        """Next partitions for several groups in one controller operation (``Ledger.allocate_many``).
+
+        The grants are those of :meth:`allocate` called once per size in ``nbytes``, in order, stopping at
+        the first that does not fit: when capacity runs out after ``k`` groups it returns those ``k``
+        grants (a prefix of the groups, each whole) and the caller asks again for the rest later. When not
+        even the first group fits it raises :class:`~trajflight.errors.CapacityExceededError` with
+        ``retry_after``, as :meth:`allocate` does, and grants nothing.
+
+        Args:
+            nbytes: Bytes to reserve for each group; a non-empty list of positive ints.
+
+        Returns:
+            At least one grant, in the order of ``nbytes``.
+
+        Raises:
+            CapacityExceededError: not even the first group fits (``retry_after`` set).
+            InvalidRequestError: ``nbytes`` is empty, or a size is not positive or exceeds
+                ``max_group_bytes``; nothing was granted.
+            StaleFenceError, NotFoundError, InvalidStateError: as for :meth:`allocate`.
+        """
+        out: list[PutGrant] = self._call(
+            "allocate_many", timeout, job_id=job_id, epoch=epoch, writer_id=writer_id, nbytes=nbytes
+        )
+        return out
+
     def publish(
         self,
         partition: Partition,

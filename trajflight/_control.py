@@ -70,6 +70,7 @@ CALLS = frozenset(
         "ack_policy",
         "policy_status",
         "allocate",
+        "allocate_many",
         "publish",
         "group",
         "renew",

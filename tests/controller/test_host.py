@@ -285,3 +285,24 @@ def test_unknown_method_and_bad_arguments_are_invalid_requests():
             host.call("drop_everything", {})
         with pytest.raises(InvalidRequestError):
             host.call("counts", {"job": "j"})
+
+
+def test_batched_allocation_through_the_in_process_client_stops_at_capacity_and_resumes_after_deletes():
+    clock = FakeClock()
+    host = LocalController(clock=clock, start=False)
+    client = ControllerClient(host, timeout=5.0)
+    _setup(client, capacity_bytes=1000)
+    grants = client.allocate_many("j", 1, "w0", nbytes=[300, 300, 300, 300, 300])
+    assert [g.partition.group_id for g in grants] == [0, 1, 2]  # a prefix, in order, each whole
+    assert [g.token for g in grants] == sorted({g.token for g in grants})
+    assert client.usage("j") == (900, 3)
+    with pytest.raises(CapacityExceededError) as err:  # not even the first fits: nothing granted
+        client.allocate_many("j", 1, "w0", nbytes=[300, 300])
+    assert err.value.retry_after > 0
+    with pytest.raises(InvalidRequestError, match="nbytes is empty"):
+        client.allocate_many("j", 1, "w0", nbytes=[])
+    clock.now += CONFIG.grant_ttl  # never published: the grants expire, their deletes free the capacity
+    assert host.sweep() == 3
+    rest = client.allocate_many("j", 1, "w0", nbytes=[300, 300])
+    assert [g.partition.group_id for g in rest] == [3, 4]
+    host.close()

@@ -8,7 +8,13 @@ import uuid
 import pytest
 
 from trajflight.controller import ControllerClient, GroupState, connect_ray, start_ray_controller
-from trajflight.errors import DeadlineExceededError, LeaseExpiredError, NotFoundError, StaleFenceError
+from trajflight.errors import (
+    DeadlineExceededError,
+    InvalidRequestError,
+    LeaseExpiredError,
+    NotFoundError,
+    StaleFenceError,
+)
 
 pytestmark = pytest.mark.ray
 
@@ -163,3 +169,14 @@ def test_batched_calls_share_one_round_trip(controller):
         controller.transport.invoke_many(
             [("allocate", {"job_id": "j", "epoch": 0, "writer_id": "w0", "nbytes": 10})], 10.0
         )
+
+
+def test_batched_allocation_is_one_actor_call_with_typed_refusals(controller):
+    grants = controller.allocate_many("j", 1, "w0", nbytes=[10, 20, 30])
+    assert [(g.partition.group_id, g.nbytes) for g in grants] == [(0, 10), (1, 20), (2, 30)]
+    assert [g.token for g in grants] == sorted({g.token for g in grants})
+    with pytest.raises(StaleFenceError):
+        controller.allocate_many("j", 0, "w0", nbytes=[10])
+    with pytest.raises(InvalidRequestError, match="nbytes is empty"):
+        controller.allocate_many("j", 1, "w0", nbytes=[])
+    assert controller.usage("j") == (60, 3)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 
 import pyarrow.flight as flight
 import pytest
 
 from trajflight import _rpc
-from trajflight._control import ControlServer, FlightTransport, connect_control
-from trajflight.controller import LocalController
-from trajflight.errors import InvalidRequestError, NotFoundError
+from trajflight._control import CALLS, ControlServer, FlightTransport, connect_control
+from trajflight.controller import ControllerClient, LocalController, Partition, PutGrant
+from trajflight.errors import CapacityExceededError, InvalidRequestError, NotFoundError
 from trajflight.flight_server._errors import translate_errors
 
 
@@ -98,3 +99,34 @@ def test_many_runs_operations_in_order_in_one_round_trip(control):
     assert client.counts("j")["committed_total"] == 1
     with pytest.raises(NotFoundError):  # the first error is raised
         client.call_many([("renew", {"token": 999})])
+
+
+def test_batched_allocation_crosses_the_wire_as_typed_grants(control):
+    client = connect_control(control.location, timeout=5)
+    client.register_server(
+        "s0", node="n", location="grpc://127.0.0.1:1", capacity_bytes=10**6, capacity_groups=3
+    )
+    client.open_job("j", 1)
+    client.register_writer("j", 1, "w", node="n")
+    grants = client.allocate_many("j", 1, "w", nbytes=(100, 200, 300, 400))
+    assert isinstance(grants, list)
+    assert all(isinstance(g, PutGrant) for g in grants)
+    assert [(g.partition, g.nbytes) for g in grants] == [
+        (Partition("j", 1, i), n) for i, n in enumerate((100, 200, 300))
+    ]
+    with pytest.raises(CapacityExceededError) as err:
+        client.allocate_many("j", 1, "w", nbytes=[400])
+    assert err.value.retry_after > 0
+    with pytest.raises(InvalidRequestError, match=r"nbytes\[0\] must be an int >= 1"):
+        client.allocate_many("j", 1, "w", nbytes=[-1])
+
+
+def test_every_controller_call_of_the_client_is_served():
+    """The allowlist is the security boundary; an operation missing from it is unusable over Flight."""
+    actions = {"acquire", "call_many", "checkpoint", "restore"}  # served by their own Flight actions
+    operations = {
+        name
+        for name, fn in inspect.getmembers(ControllerClient, inspect.isfunction)
+        if not name.startswith("_")
+    }
+    assert operations - actions == CALLS
