@@ -328,13 +328,28 @@ class Writer:
                     self.job_id, self.epoch, self.writer_id, nbytes=nbytes, timeout=remaining
                 )
             except CapacityExceededError as exc:
-                wait = float(getattr(exc, "retry_after", 1.0) or 1.0)
-                if time.monotonic() + wait > deadline:
-                    raise CapacityExceededError(
-                        f"{exc.message} (waited until the put's deadline; retry later or raise capacity)",
-                        retry_after=wait,
-                    ) from exc
-                time.sleep(wait)
+                time.sleep(_capacity_wait(exc, deadline))
+
+    def _allocate_many(self, sizes: Sequence[int], deadline: float) -> list[PutGrant]:
+        """Placed partitions for groups of ``sizes``, in order, waiting for capacity until ``deadline``.
+
+        One controller operation grants every group that fits. When capacity runs out part way, the rest
+        is asked for again at once: capacity may have come back meanwhile; if not, the refusal carries the
+        job's ``retry_after`` and the put waits as :meth:`_allocate` does. Grants already made are held
+        while it waits (they expire ``grant_ttl`` after they were made).
+        """
+        grants: list[PutGrant] = []
+        while len(grants) < len(sizes):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise DeadlineExceededError(f"put of a group to job {self.job_id!r} did not finish in time")
+            try:
+                grants += self.client.controller.allocate_many(
+                    self.job_id, self.epoch, self.writer_id, nbytes=sizes[len(grants) :], timeout=remaining
+                )
+            except CapacityExceededError as exc:
+                time.sleep(_capacity_wait(exc, deadline))
+        return grants
 
     def _publish(self, grant: PutGrant, batch: pa.RecordBatch, nbytes: int) -> GroupInfo:
         info: GroupInfo = self.client.controller.publish(
@@ -356,22 +371,27 @@ class Writer:
     def put_many(self, batches: Sequence[pa.RecordBatch], *, timeout: float | None = None) -> list[GroupInfo]:
         """Store several finished groups (record batches of one schema) and make them READY, in order.
 
-        Each group gets its partition from the controller as in :meth:`put`; the groups bound for one
-        storage server are then sent in one call (through shared memory on this host: one segment, so a
-        trainer leasing them in order reads them with no copy to join them; over Flight: one stream,
-        published all together). Groups become READY only after every storage call succeeded; if one
-        fails, none of this call is published, and groups already stored elsewhere are deleted when their
-        unpublished allocations expire (as for a failed :meth:`put`): put the batch again.
+        The groups get their partitions from the controller in one operation for all of them; when
+        capacity runs out part way, the put holds the partitions already granted, waits for capacity as
+        :meth:`put` does and asks for the rest (so a batch larger than the free capacity completes as
+        trainers commit, but one larger than the whole capacity waits until its deadline). The groups
+        bound for one storage server are then sent in one call (through shared memory on this host: one
+        segment, so a trainer leasing them in order reads them with no copy to join them; over Flight: one
+        stream, published all together). Groups become READY only after every storage call succeeded; if
+        one fails, or the deadline passes first, none of this call is published, and groups already stored
+        are deleted when their unpublished allocations expire (as for a failed :meth:`put`): put the batch
+        again.
 
         Raises:
             Like :meth:`put`.
         """
         deadline = time.monotonic() + (self.put_timeout if timeout is None else timeout)
-        planned = []
-        for batch in batches:
-            nbytes = batch.nbytes
-            grant = self._allocate(nbytes, deadline)
-            planned.append((grant, _with_key(batch, GroupKey(*grant.partition)), nbytes))
+        sizes = [batch.nbytes for batch in batches]
+        grants = self._allocate_many(sizes, deadline)
+        planned = [
+            (grant, _with_key(batch, GroupKey(*grant.partition)), nbytes)
+            for grant, batch, nbytes in zip(grants, batches, sizes, strict=True)
+        ]
         by_location: dict[str, list[tuple[GroupKey, pa.RecordBatch]]] = {}
         for grant, batch, _ in planned:
             by_location.setdefault(grant.location, []).append((GroupKey(*grant.partition), batch))
@@ -398,6 +418,17 @@ class Writer:
     ) -> GroupInfo:
         """The ``asyncio`` twin of :meth:`put` (same implementation, run off the event loop)."""
         return await asyncio.to_thread(self.put, batch, timeout=timeout, **group)
+
+
+def _capacity_wait(exc: CapacityExceededError, deadline: float) -> float:
+    """Seconds to wait before asking for capacity again, as ``exc`` hints; raise if past ``deadline``."""
+    wait = float(getattr(exc, "retry_after", 1.0) or 1.0)
+    if time.monotonic() + wait > deadline:
+        raise CapacityExceededError(
+            f"{exc.message} (waited until the put's deadline; retry later or raise capacity)",
+            retry_after=wait,
+        ) from exc
+    return wait
 
 
 def _policy_version(batch: pa.RecordBatch, default: int) -> int:

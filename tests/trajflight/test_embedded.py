@@ -7,6 +7,7 @@ import asyncio
 import json
 import signal
 import textwrap
+import threading
 import time
 from collections import Counter
 
@@ -344,3 +345,42 @@ def test_put_many_from_another_process_view_publishes_every_group_in_order(clust
         with remote.trainer(job).lease(5, wait=5) as batch:
             assert batch.fetch_table(["reward"]).num_rows == 20
     assert cluster.wait_idle(job) == (0, 0)
+
+
+def test_put_many_larger_than_free_capacity_completes_as_a_trainer_commits(cluster, job):
+    """A batch needing more than the free capacity takes what fits, waits, and asks for the rest as the
+    trainer's commits free capacity; every group is published, in order."""
+    client = cluster.client()
+    client.open_job(job, 1, {"capacity_groups": 6, "capacity_retry_after": "50ms"})
+    put_groups(client.writer(job, 1), 4)  # 2 of 6 slots free
+    committed = threading.Event()
+
+    def trainer() -> None:
+        time.sleep(0.3)  # the batch has taken the free slots and is waiting
+        with client.trainer(job).lease(4, wait=5) as batch:
+            batch.fetch_table(["reward"])
+        committed.set()
+
+    thread = threading.Thread(target=trainer)
+    thread.start()
+    with trajflight.connect(cluster.address, timeout=20) as remote:  # allocate_many over Flight
+        groups = trajflight.workload.make_workload(5, 4, response_median=64, seed=5)
+        infos = remote.writer(job, 1).put_many([g.encode(job, 1) for g in groups], timeout=20)
+    thread.join(10)
+    assert committed.is_set()  # 5 groups never fit beside the 4 READY ones: the commit had to come first
+    assert [i.state for i in infos] == ["READY"] * 5
+    assert [i.partition.group_id for i in infos] == sorted(i.partition.group_id for i in infos)
+    with client.trainer(job).lease(5, wait=5) as batch:
+        assert batch.fetch_table(["reward"]).num_rows == 20
+    assert cluster.wait_idle(job) == (0, 0)
+
+
+def test_put_many_larger_than_the_whole_capacity_fails_at_its_deadline_and_publishes_nothing(cluster, job):
+    client = cluster.client()
+    client.open_job(job, 1, {"capacity_groups": 3, "capacity_retry_after": "100ms", "grant_ttl": "500ms"})
+    groups = trajflight.workload.make_workload(5, 4, response_median=64, seed=6)
+    with pytest.raises(CapacityExceededError, match="deadline") as info:
+        client.writer(job, 1).put_many([g.encode(job, 1) for g in groups], timeout=0.5)
+    assert info.value.retry_after > 0
+    assert client.controller.counts(job)["READY"] == 0
+    assert cluster.wait_idle(job) == (0, 0)  # the 3 grants it held expired and were collected
