@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from trajflight.flight_server._client import GroupInfo, StorageClient, get_parallel
+from trajflight.flight_server._client import GroupInfo, ShmOpened, StorageClient, get_parallel
 from trajflight.flight_server._errors import WIRE_ERRORS
 from trajflight.flight_server._server import ACTIONS, StorageServer
 from trajflight.flight_server._shm import ShmArena, host_id
@@ -40,6 +40,7 @@ __all__ = [
     "ListCriteria",
     "PutDescriptor",
     "ShmArena",
+    "ShmOpened",
     "StorageClient",
     "StorageServer",
     "StoreLimits",

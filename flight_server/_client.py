@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +35,7 @@ from trajflight.flight_server._local import LocalChannel
 from trajflight.flight_server._shm import map_segment, write_segment
 from trajflight.flight_server._wire import (
     AppendDescriptor,
+    CheckReadsRequest,
     DeleteRequest,
     FenceRequest,
     GenerationRequest,
@@ -51,7 +52,7 @@ from trajflight.flight_server._wire import (
     encode_json,
 )
 
-__all__ = ["GroupInfo", "StorageClient", "get_parallel"]
+__all__ = ["GroupInfo", "ShmOpened", "StorageClient", "get_parallel"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +74,121 @@ class GroupInfo:
     nbytes: int
     ticket: bytes
     locations: tuple[str, ...]
+
+
+class ShmOpened:
+    """Segment handles of groups as the server's ``shm_open`` gave them; reads them with no further call.
+
+    Holds, per group, its lease generation and its parts (segment, first row, rows), and the column names
+    of each segment. Segments are mapped read-only on first read and the mappings kept while this object
+    lives (a segment handed to a reader is never reused by the server, so a mapping stays valid). The
+    server checked the tokens when it answered; :meth:`StorageClient.shm_get` has them checked again
+    (``check_reads``) before every later read. Columns appended to a group after the open are not in it
+    (:meth:`covers` is false when they are asked for by name).
+    """
+
+    __slots__ = ("_groups", "_segments", "_tables")
+
+    def __init__(
+        self,
+        segments: Sequence[tuple[str, int, tuple[str, ...] | None]],
+        groups: Mapping[GroupKey, tuple[int | None, tuple[tuple[int, int, int], ...]]],
+    ) -> None:
+        self._segments = list(segments)
+        self._groups = dict(groups)
+        self._tables: dict[int, pa.Table] = {}
+
+    @classmethod
+    def from_reply(cls, reads: Sequence[GroupRead], reply: Mapping[str, Any]) -> ShmOpened:
+        """Parse a ``shm_open`` reply to ``reads`` (groups answer in the order asked)."""
+        segments = [
+            (str(s["path"]), int(s["capacity"]), None if s.get("columns") is None else tuple(s["columns"]))
+            for s in reply["segments"]
+        ]
+        answered = reply["groups"]
+        if len(answered) != len(reads):
+            raise TrajflightError(f"shm_open: {len(answered)} groups answered for {len(reads)} asked")
+        groups = {
+            r.key: (
+                None if r.token is None else r.token.generation,
+                tuple((int(a), int(o), int(n)) for a, o, n in g["parts"]),
+            )
+            for r, g in zip(reads, answered, strict=True)
+        }
+        return cls(segments, groups)
+
+    def covers(self, reads: Sequence[GroupRead], columns: Sequence[str] | None) -> bool:
+        """Whether every read (same key and generation) and every named column is in this open."""
+        for r in reads:
+            found = self._groups.get(r.key)
+            if found is None or found[0] != (None if r.token is None else r.token.generation):
+                return False
+            if columns is not None:
+                stored: set[str] = set()
+                for at, _, _ in found[1]:
+                    names = self._segments[at][2]
+                    if names is None:  # a server that does not list columns: ask it
+                        return False
+                    stored.update(names)
+                if not stored.issuperset(columns):
+                    return False
+        return True
+
+    def _stream(self, at: int) -> pa.Table:
+        found = self._tables.get(at)
+        if found is None:
+            path, capacity, _ = self._segments[at]
+            mm = map_segment(path, capacity)
+            try:
+                found = self._tables[at] = ipc.open_stream(pa.py_buffer(mm)).read_all()
+            except pa.ArrowInvalid as exc:
+                raise SchemaError(f"shm read: segment {path} is not an IPC stream: {exc}") from None
+        return found
+
+    def read(self, reads: Sequence[GroupRead], columns: Sequence[str] | None) -> pa.Table:
+        """The groups of ``reads`` (which :meth:`covers`) as one table, projected to ``columns``.
+
+        Consecutive single-part groups that are consecutive rows of one segment are read as one slice: a
+        batch put together and read in order is one chunk (no copy).
+        """
+        runs: list[list[int]] = []  # [segment index, first row, rows]
+        tables: list[pa.Table] = []
+
+        def flush() -> None:
+            for at, offset, rows in runs:
+                tables.append(self._stream(at).slice(offset, rows))
+            runs.clear()
+
+        for r in reads:
+            parts = self._groups[r.key][1]
+            if len(parts) == 1:
+                at, offset, rows = parts[0]
+                if runs and runs[-1][0] == at and runs[-1][1] + runs[-1][2] == offset:
+                    runs[-1][2] += rows
+                else:
+                    runs.append([at, offset, rows])
+                continue
+            flush()
+            table: pa.Table | None = None
+            for at, offset, rows in parts:
+                piece = self._stream(at).slice(offset, rows)
+                if table is None:
+                    table = piece
+                else:
+                    for name, column in zip(piece.column_names, piece.columns, strict=True):
+                        table = table.append_column(piece.schema.field(name), column)
+            if table is None:  # pragma: no cover - a stored group has at least one part
+                raise TrajflightError("shm_open: a group without parts")
+            tables.append(table)
+        flush()
+        if columns is not None:
+            tables = [t.select(list(columns)) for t in tables]
+        if len(tables) == 1:
+            return tables[0]
+        try:
+            return pa.concat_tables(tables)
+        except pa.ArrowInvalid:  # groups with different appended columns: missing ones read as nulls
+            return pa.concat_tables(tables, promote_options="default")
 
 
 def _as_read(group: GroupKey | GroupRead) -> GroupRead:
@@ -359,81 +475,56 @@ class StorageClient:
                 self._action("shm_abort", encode(ShmAbortRequest(ids)), timeout)
             raise
 
+    def shm_open(
+        self,
+        groups: Sequence[GroupKey | GroupRead],
+        *,
+        columns: Sequence[str] | None = None,
+        timeout: float | None = None,
+    ) -> ShmOpened:
+        """Ask the server for the segments of groups (same host only), under the read checks of :meth:`get`.
+
+        One ``shm_open`` call: tokens are fenced (and raise the groups' generations, so this is also what
+        ``advance_generation`` does), projected columns must be stored. Nothing is mapped yet: pass the
+        result to :meth:`shm_get` (now or later, any number of times) to read without another call.
+
+        Raises:
+            NotFoundError, StaleFenceError, SchemaError, InvalidRequestError (no arena on the server),
+            DeadlineExceededError.
+        """
+        reads = tuple(_as_read(g) for g in groups)
+        ticket = GetTicket(reads, None if columns is None else tuple(columns))
+        return ShmOpened.from_reply(reads, self._action("shm_open", encode(ticket), timeout))
+
     def shm_get(
         self,
         groups: Sequence[GroupKey | GroupRead],
         *,
         columns: Sequence[str] | None = None,
         timeout: float | None = None,
+        opened: ShmOpened | None = None,
     ) -> pa.Table:
         """Read groups through shared memory (same host only): map their segments read-only, no copy.
 
-        The lease tokens are checked by the server as for :meth:`get` (``shm_open``). The result aliases
-        read-only mappings of the segments (its buffers are neither received nor copied); the mappings
-        stay valid after the group is deleted and are unmapped when the last buffer over them is dropped.
-        Never write through tensors decoded from it (``torch.from_dlpack`` ignores the read-only flag; a
-        write faults the process).
+        The lease tokens are checked by the server as for :meth:`get`: with ``shm_open``, or, when
+        ``opened`` (from :meth:`shm_open` under the same tokens) already covers every group and column,
+        with the lighter ``check_reads`` (no segment list to build and parse). The result aliases read-only
+        mappings of the segments (its buffers are neither received nor copied); the mappings stay valid
+        after the group is deleted and are unmapped when the last buffer over them is dropped. Never write
+        through tensors decoded from it (``torch.from_dlpack`` ignores the read-only flag; a write faults
+        the process).
 
         Raises:
             NotFoundError (also when a segment is gone or not visible from this host), StaleFenceError,
             SchemaError, InvalidRequestError (no arena on the server), DeadlineExceededError.
         """
-        ticket = GetTicket(tuple(_as_read(g) for g in groups), None if columns is None else tuple(columns))
-        reply = self._action("shm_open", encode(ticket), timeout)
-        segments = reply["segments"]
-        opened: dict[int, pa.Table] = {}
-
-        def stream(at: int) -> pa.Table:
-            found = opened.get(at)
-            if found is None:
-                path = segments[at]["path"]
-                mm = map_segment(path, int(segments[at]["capacity"]))
-                try:
-                    found = opened[at] = ipc.open_stream(pa.py_buffer(mm)).read_all()
-                except pa.ArrowInvalid as exc:
-                    raise SchemaError(f"shm read: segment {path} is not an IPC stream: {exc}") from None
-            return found
-
-        # Consecutive single-part groups that are consecutive rows of one shared stream are read as one
-        # slice: a batch put together and leased in order reaches the caller as one chunk (no copy).
-        runs: list[list[int]] = []  # [segment index, first row, rows]
-        tables: list[pa.Table] = []
-
-        def flush() -> None:
-            for at, offset, rows in runs:
-                tables.append(stream(at).slice(offset, rows))
-            runs.clear()
-
-        for group in reply["groups"]:
-            parts = group["parts"]
-            if len(parts) == 1:
-                at, offset, rows = parts[0]
-                if runs and runs[-1][0] == at and runs[-1][1] + runs[-1][2] == offset:
-                    runs[-1][2] += rows
-                else:
-                    runs.append([at, offset, rows])
-                continue
-            flush()
-            table: pa.Table | None = None
-            for at, offset, rows in parts:
-                piece = stream(at).slice(offset, rows)
-                if table is None:
-                    table = piece
-                else:
-                    for name, column in zip(piece.column_names, piece.columns, strict=True):
-                        table = table.append_column(piece.schema.field(name), column)
-            if table is None:  # pragma: no cover - a stored group has at least one part
-                raise TrajflightError("shm_open: a group without parts")
-            tables.append(table)
-        flush()
-        if columns is not None:
-            tables = [t.select(list(columns)) for t in tables]
-        if len(tables) == 1:
-            return tables[0]
-        try:
-            return pa.concat_tables(tables)
-        except pa.ArrowInvalid:  # groups with different appended columns: missing ones read as nulls
-            return pa.concat_tables(tables, promote_options="default")
+        reads = tuple(_as_read(g) for g in groups)
+        if opened is not None and opened.covers(reads, columns):
+            # The segments are known: only the read checks (a re-granted lease is refused here too).
+            self._action("check_reads", encode(CheckReadsRequest(reads)), timeout)
+        else:
+            opened = self.shm_open(reads, columns=columns, timeout=timeout)
+        return opened.read(reads, columns)
 
     # ------------------------------------------------------------------------------------------- reads
 

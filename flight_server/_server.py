@@ -42,6 +42,7 @@ from trajflight.flight_server._store import GroupStore, Reservation, StoredGroup
 from trajflight.flight_server._wire import (
     WIRE_VERSION,
     AppendDescriptor,
+    CheckReadsRequest,
     DeleteRequest,
     FenceRequest,
     GenerationRequest,
@@ -81,6 +82,11 @@ ACTIONS: dict[str, str] = {
         'Raise the highest lease generation of groups (the controller re-granted them). Body {"v":1,'
         '"groups":[{"job_id","epoch","group_id","generation","sig"?}]}. Result {"raised"}.'
     ),
+    "check_reads": (
+        "The read checks of a do_get without the data, for a same-host reader that already holds the "
+        'groups\' segments (from shm_open). Body {"v":1,"groups":[{"job_id","epoch","group_id",'
+        '"generation","sig"?}]}: every group stored, no token stale; generations raised. Result {"checked"}.'
+    ),
     "stats": 'Groups, bytes, reservations, capacity, per job and epoch. Empty body or {"v":1}. Result: JSON.',
     "health": (
         'Liveness. Empty body or {"v":1}. Result {"status":"ok","location","wire_version","host_id",'
@@ -98,8 +104,8 @@ ACTIONS: dict[str, str] = {
     "shm_abort": 'Give same-node reservations up. Body {"v":1,"reservations":[...]}. Result {"aborted"}.',
     "shm_open": (
         'Same-node read. Body like a do_get ticket {"v":1,"groups":[...],"columns"?}; tokens checked as '
-        'for do_get. Result {"groups":[{"job_id","epoch","group_id","num_rows","parts":[{"path",'
-        '"capacity"}]}]}: map each part read-only, one IPC stream at offset 0.'
+        'for do_get. Result {"segments":[{"path","capacity","columns"}],"groups":[{"num_rows","parts":'
+        "[[segment, first_row, rows]]}]}: map each segment read-only, one IPC stream at offset 0."
     ),
 }
 """Action name -> description, as ``list_actions`` returns them (``docs/wire-format.md`` has more)."""
@@ -407,6 +413,9 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         if isinstance(body, GenerationRequest):
             self._verify_tokens(body.groups)
             return {"raised": self.store.advance_generation(body.groups)}
+        if isinstance(body, CheckReadsRequest):
+            self._verify_tokens(body.groups)
+            return {"checked": self.store.check_reads(body.groups)}
         if isinstance(body, FenceRequest):
             if self._signer is not None and not self._signer.verify(
                 self._signer.sign_fence(body.job_id, body.min_epoch), body.sig
@@ -483,7 +492,9 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
                 at = index.get(id(seg))
                 if at is None:
                     at = index[id(seg)] = len(segments)
-                    segments.append({"path": seg.path, "capacity": seg.capacity})
+                    segments.append(
+                        {"path": seg.path, "capacity": seg.capacity, "columns": g.parts[i].column_names}
+                    )
                 parts.append([at, g.row_offset(i), g.num_rows])
             groups.append({"num_rows": g.num_rows, "parts": parts})
         return {"segments": segments, "groups": groups}

@@ -592,11 +592,21 @@ class GroupStore(ShmStoreMixin):
         except pa.ArrowInvalid:  # groups with different appended columns: missing ones read as nulls
             return pa.concat_tables(tables, promote_options="default")
 
-    def _fenced_reads_locked(self, reads: Sequence[GroupRead]) -> list[StoredGroup]:
+    def check_reads(self, reads: Sequence[GroupRead]) -> int:
+        """The read checks of :meth:`read` without reading (a same-host reader about to read segments it
+        opened before); returns how many groups passed. Not counted as reads in :meth:`stats`.
+
+        Raises:
+            NotFoundError (a group is gone), StaleFenceError (a newer lease holds a group).
+        """
+        with self._lock:
+            return len(self._fenced_reads_locked(reads, count=False))
+
+    def _fenced_reads_locked(self, reads: Sequence[GroupRead], *, count: bool = True) -> list[StoredGroup]:
         """The groups of ``reads`` (in order) after the read checks; raises each read's generation.
 
         Tokened reads are fenced by generation; every check passes before any generation is raised.
-        Call with the lock held.
+        ``count`` adds them to the read counters of :meth:`stats`. Call with the lock held.
         """
         groups = []
         for r in reads:
@@ -612,8 +622,9 @@ class GroupStore(ShmStoreMixin):
         for r in reads:
             if r.token is not None:
                 self._generation[r.key] = max(r.token.generation, self._generation.get(r.key, -1))
-        self._groups_read += len(groups)
-        self._bytes_read += sum(g.nbytes for g in groups)
+        if count:
+            self._groups_read += len(groups)
+            self._bytes_read += sum(g.nbytes for g in groups)
         return groups
 
     def get(self, key: GroupKey) -> StoredGroup:

@@ -502,8 +502,8 @@ class Trainer:
             expires_at=lease.expires_at,
         )
         # Fence before anyone reads: a zombie holding an older lease of these groups is refused from now on.
-        self.client.storage.advance(handle)
-        return LeasedBatch(self.client, handle, ttl=self.ttl, renew=renew)
+        opened = self.client.storage.advance(handle)
+        return LeasedBatch(self.client, handle, ttl=self.ttl, renew=renew, opened=opened)
 
     def lease(
         self,

@@ -30,7 +30,7 @@ from trajflight._storage import StoragePool, read_handle
 from trajflight.codec import GroupKey, Layout, TorchBatch, decode
 from trajflight.controller import Partition
 from trajflight.errors import InvalidStateError, LeaseExpiredError, TrajflightError
-from trajflight.flight_server import LeaseToken
+from trajflight.flight_server import LeaseToken, ShmOpened
 
 if TYPE_CHECKING:
     from trajflight._client import Client
@@ -139,10 +139,18 @@ class LeasedBatch:
     """
 
     def __init__(
-        self, client: Client, handle: BatchHandle, *, ttl: float | None = None, renew: bool = True
+        self,
+        client: Client,
+        handle: BatchHandle,
+        *,
+        ttl: float | None = None,
+        renew: bool = True,
+        opened: Mapping[str, ShmOpened] | None = None,
     ) -> None:
         self.client = client
         self.handle = handle
+        # Segments the lease's fencing call opened on servers of this host: reads need no call of their own.
+        self._opened: dict[str, ShmOpened] = dict(opened or {})
         self.ttl = ttl
         self.batch_id: str | None = None
         self.stage = "LEASED"
@@ -185,8 +193,15 @@ class LeasedBatch:
 
     # ------------------------------------------------------------------ data
     def fetch_table(self, columns: Sequence[str] | None = None) -> pa.Table:
-        """Read the groups (projected to ``columns``) as one Arrow table, from all servers in parallel."""
-        return fetch_table(self._projected(columns), timeout=self.client.timeout, pool=self.client.storage)
+        """Read the groups (projected to ``columns``) as one Arrow table, from all servers in parallel
+        (see :func:`fetch_table`). From servers on this host it reuses the segments opened when the lease
+        was taken, with no call to the server."""
+        return read_handle(
+            self.client.storage,
+            self._projected(columns),
+            timeout=self.client.timeout,
+            opened=self._opened,
+        )
 
     def fetch(
         self,
@@ -197,15 +212,14 @@ class LeasedBatch:
         padding_value: float = 0,
         fill_nulls: Mapping[str, Any] | None = None,
     ) -> TorchBatch:
-        """Read the groups and decode them to torch tensors in one call (see ``trajflight.codec.decode``)."""
-        return fetch(
-            self._projected(columns),
+        """Read the groups and decode them to torch tensors in one call (see :func:`fetch` and
+        ``trajflight.codec.decode``)."""
+        return decode(
+            self.fetch_table(columns),
             layout=layout,
             device=device,
             padding_value=padding_value,
             fill_nulls=fill_nulls,
-            timeout=self.client.timeout,
-            pool=self.client.storage,
         )
 
     def _projected(self, columns: Sequence[str] | None) -> BatchHandle:
@@ -225,6 +239,7 @@ class LeasedBatch:
         self.client.storage.client(meta.location).append_columns(
             GroupKey(*part), columns, LeaseToken(meta.generation)
         )
+        self._opened.pop(meta.location, None)  # the group has a new part: read it through the server
 
     # ------------------------------------------------------------------ transitions
     def _check(self) -> None:

@@ -20,7 +20,7 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, TypeVar
 
@@ -30,7 +30,7 @@ from trajflight._handles import BatchHandle
 from trajflight.codec import GroupKey
 from trajflight.controller import DeleteWork
 from trajflight.errors import ConfigError, DeadlineExceededError
-from trajflight.flight_server import GroupRead, LeaseToken, StorageClient
+from trajflight.flight_server import GroupRead, LeaseToken, ShmOpened, StorageClient
 from trajflight.flight_server._shm import host_id
 
 T = TypeVar("T")
@@ -137,12 +137,21 @@ class StoragePool:
             client.put_groups(groups, writer=writer, timeout=timeout)
 
     def get(
-        self, location: str, reads: Sequence[GroupRead], *, columns: Sequence[str] | None, timeout: float
+        self,
+        location: str,
+        reads: Sequence[GroupRead],
+        *,
+        columns: Sequence[str] | None,
+        timeout: float,
+        opened: ShmOpened | None = None,
     ) -> pa.Table:
-        """Read groups from one server through shared memory (aliasing the segments) or Flight."""
+        """Read groups from one server through shared memory (aliasing the segments) or Flight.
+
+        ``opened`` (from :meth:`advance`) saves the shared-memory read its ``shm_open`` call when it
+        covers the reads and columns."""
         client = self.client(location)
         if self.uses_shm(location):
-            return client.shm_get(reads, columns=columns, timeout=timeout)
+            return client.shm_get(reads, columns=columns, timeout=timeout, opened=opened)
         return client.get(reads, columns=columns, timeout=timeout)
 
     def close(self) -> None:
@@ -166,17 +175,27 @@ class StoragePool:
         for location in sorted(set(locations)):
             self.client(location).fence(job_id, min_epoch)
 
-    def advance(self, handle: BatchHandle) -> None:
+    def advance(self, handle: BatchHandle) -> dict[str, ShmOpened]:
         """Raise the servers' highest generation of the handle's groups to the lease's tokens.
 
         After this, a zombie holding an older lease on these groups is refused by the servers even for
-        reads and appends it makes before the new holder's first read.
+        reads and appends it makes before the new holder's first read. Servers reached through shared
+        memory do it with ``shm_open`` (which fences the same way) and hand over the groups' segments in
+        the same call, so the first read of the lease needs no call of its own.
+
+        Returns:
+            The opened segments per location, for servers reached through shared memory.
         """
-        calls = [
-            functools.partial(self.client(loc).advance_generation, _lease_reads(groups))
-            for loc, groups in _by_location(handle).items()
-        ]
-        _in_parallel(calls, "trajflight-advance")
+        by_location = _by_location(handle)
+        calls: list[Callable[[], Any]] = []
+        for loc, groups in by_location.items():
+            client, reads = self.client(loc), _lease_reads(groups)
+            if self.uses_shm(loc):
+                calls.append(functools.partial(client.shm_open, reads))
+            else:
+                calls.append(functools.partial(client.advance_generation, reads))
+        results = _in_parallel(calls, "trajflight-advance")
+        return {loc: got for loc, got in zip(by_location, results, strict=True) if isinstance(got, ShmOpened)}
 
 
 def _by_location(handle: BatchHandle) -> dict[str, list[Any]]:
@@ -200,8 +219,17 @@ def _in_parallel(calls: Sequence[Callable[[], T]], name: str) -> list[T]:
         return [f.result() for f in [executor.submit(call) for call in calls]]
 
 
-def read_handle(pool: StoragePool, handle: BatchHandle, *, timeout: float) -> pa.Table:
+def read_handle(
+    pool: StoragePool,
+    handle: BatchHandle,
+    *,
+    timeout: float,
+    opened: Mapping[str, ShmOpened] | None = None,
+) -> pa.Table:
     """Read the handle's groups (projected to ``handle.columns``) from all their servers in parallel.
+
+    ``opened`` is what :meth:`StoragePool.advance` returned for the lease, if this process made it: reads
+    of servers on this host then need no ``shm_open`` call.
 
     Returns:
         One table, rows in the handle's group order (a handle without groups reads as a table without
@@ -221,7 +249,13 @@ def read_handle(pool: StoragePool, handle: BatchHandle, *, timeout: float) -> pa
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise DeadlineExceededError(f"read: deadline of {timeout:g}s passed before {location}")
-        return pool.get(location, reads, columns=handle.columns, timeout=remaining)
+        return pool.get(
+            location,
+            reads,
+            columns=handle.columns,
+            timeout=remaining,
+            opened=None if opened is None else opened.get(location),
+        )
 
     calls = [functools.partial(_one, loc, _lease_reads(groups)) for loc, groups in by_location.items()]
     tables = _in_parallel(calls, "trajflight-get")

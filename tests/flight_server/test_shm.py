@@ -368,6 +368,31 @@ def test_reads_with_a_stale_token_are_refused_and_newer_reads_raise_the_fence(tr
         assert transport.get(client, [KEY]).num_rows == 8  # tokenless reads (analysts) stay open
 
 
+def test_an_open_is_read_again_after_the_read_checks_alone():
+    group = make_group(KEY)
+    ref = pa.table({"ref_logprob": pa.array([0.5] * 8, pa.float32())})
+    with shm_serving() as (_, client):
+        client.shm_put_groups([(KEY, group)])
+        held = [GroupRead(KEY, LeaseToken(3))]
+        opened = client.shm_open(held)
+        read_before = client.stats()["groups_read"]
+        again = client.shm_get(held, columns=["reward"], opened=opened)
+        assert again.column("reward").equals(pa.Table.from_batches([group]).column("reward"))
+        assert client.stats()["groups_read"] == read_before  # only checked, not opened again
+        # Columns appended after the open are not in it: the read asks the server, which has them.
+        client.append_columns(KEY, ref, LeaseToken(3))
+        assert not opened.covers(held, ["ref_logprob"])
+        assert client.shm_get(held, columns=["ref_logprob"], opened=opened).num_rows == 8
+        # The checks still fence: a re-granted lease and a deleted group are refused, open or not.
+        newest = [GroupRead(KEY, LeaseToken(4))]
+        reopened = client.shm_open(newest)
+        with pytest.raises(StaleFenceError):
+            client.shm_get(held, columns=["reward"], opened=opened)
+        assert client.delete(newest)["deleted"] == 1
+        with pytest.raises(NotFoundError):
+            client.shm_get(newest, columns=["reward"], opened=reopened)
+
+
 def test_advanced_generations_and_deletes_fence_readers(transport):
     with shm_serving() as (_, client):
         transport.put(client, KEY, make_group(KEY))

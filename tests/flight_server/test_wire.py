@@ -15,6 +15,7 @@ from trajflight.errors import InvalidRequestError
 from trajflight.flight_server import GetTicket, GroupRead, LeaseToken, PutDescriptor, TokenSigner
 from trajflight.flight_server._wire import (
     AppendDescriptor,
+    CheckReadsRequest,
     DeleteRequest,
     FenceRequest,
     PutManyDescriptor,
@@ -53,6 +54,15 @@ def test_append_descriptors_and_deletes_round_trip(key, token):
     assert decode_descriptor(flight.FlightDescriptor.for_command(encode(append))) == append
     delete = DeleteRequest((GroupRead(key, token),))
     assert decode_action_body("delete", encode(delete)) == delete
+
+
+@given(st.lists(keys, min_size=1, max_size=10, unique=True), st.integers(0, 2**62))
+def test_read_checks_round_trip_and_need_a_generation(group_keys, generation):
+    check = CheckReadsRequest(tuple(GroupRead(k, LeaseToken(generation)) for k in group_keys))
+    assert decode_action_body("check_reads", encode(check)) == check
+    tokenless = CheckReadsRequest(tuple(GroupRead(k, None) for k in group_keys))
+    with pytest.raises(InvalidRequestError, match="no 'generation'"):
+        decode_action_body("check_reads", encode(tokenless))
 
 
 def test_fence_round_trips():

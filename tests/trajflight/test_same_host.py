@@ -160,3 +160,20 @@ def test_put_many_lands_as_one_segment_and_a_lease_in_order_decodes_with_no_copy
             assert np.array_equal(values.numpy(), expected)
         assert cluster.wait_idle("j") == (0, 0)
         assert client.storage.client(location).stats()["shm"]["live_segments"] == 0
+
+
+def test_a_lease_reads_through_the_segments_it_opened_and_sees_its_own_appends(shm_cluster, job):
+    client = shm_cluster.client()
+    client.open_job(job, 1)
+    (g,) = make_workload(1, 4, seed=8, response_median=64)
+    meta = client.writer(job, 1).put(g.encode(job, 1))
+    server = client.storage.client(meta.location)
+    with client.trainer(job).lease(1, wait=5) as batch:
+        opened_at_lease = server.stats()["groups_read"]
+        assert batch.fetch_table(["reward"]).num_rows == 4
+        assert server.stats()["groups_read"] == opened_at_lease  # the lease's open served the read
+        extra = pa.table({"ref_logprob": pa.array([0.25] * 4, pa.float32())})
+        batch.append(meta.partition, extra)
+        table = batch.fetch_table()  # every stored column, the appended one too
+        assert table.column("ref_logprob").to_pylist() == [0.25] * 4
+    assert shm_cluster.wait_idle(job) == (0, 0)
