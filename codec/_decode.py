@@ -140,14 +140,20 @@ def _flat(name: str, array: pa.Array, fill_nulls: Mapping[str, Any]) -> _Flat:
     return _Flat(_aligned(array))
 
 
-def _rebased(array: pa.Array) -> tuple[pa.Array, pa.Array]:
-    """(values, offsets) of a list array with offsets starting at zero and values sliced to match."""
+def _rebased(array: pa.Array) -> tuple[pa.Array, pa.Array, int]:
+    """(values, offsets, longest row) of a list array, offsets starting at zero and values sliced to match.
+
+    Reads the offsets through a numpy view (no copy): cheaper than pyarrow scalars and compute kernels
+    at the sizes of a training batch, where decode's fixed cost per column is what counts.
+    """
     offsets = array.offsets
-    start, end = offsets[0].as_py(), offsets[-1].as_py()
+    view = offsets.to_numpy(zero_copy_only=False)  # a view unless the buffer is misaligned
+    start, end = int(view[0]), int(view[-1])
+    longest = int(np.diff(view).max()) if len(view) > 1 else 0
     values = array.values.slice(start, end - start)
     if start:
         offsets = pc.subtract(offsets, pa.scalar(start, type=offsets.type))
-    return values, _aligned(offsets)
+    return values, _aligned(offsets), longest
 
 
 def _no_nulls(name: str, array: pa.Array, what: str) -> None:
@@ -167,16 +173,14 @@ def _plan(name: str, array: pa.Array, fill_nulls: Mapping[str, Any]) -> _Plan:
         return _flat(name, array, fill_nulls)
     if _is_list(type_) and _is_numeric(type_.value_type):
         _no_nulls(name, array, "row")
-        values, offsets = _rebased(array)
+        values, offsets, max_len = _rebased(array)
         _no_nulls(name, values, "value")
-        lengths = pc.list_value_length(array)
-        max_len = pc.max(lengths).as_py() if len(array) else 0
-        return _List(_aligned(values), offsets, int(max_len or 0))
+        return _List(_aligned(values), offsets, max_len)
     if _is_list(type_) and _is_list(type_.value_type) and _is_numeric(type_.value_type.value_type):
         _no_nulls(name, array, "row")
-        tokens, outer = _rebased(array)
+        tokens, outer, _ = _rebased(array)
         _no_nulls(name, tokens, "token")
-        values, inner = _rebased(tokens)
+        values, inner, _ = _rebased(tokens)
         _no_nulls(name, values, "value")
         return _List2(_aligned(values), outer, inner)
     return _Other(array)
