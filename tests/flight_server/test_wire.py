@@ -65,6 +65,44 @@ def test_read_checks_round_trip_and_need_a_generation(group_keys, generation):
         decode_action_body("check_reads", encode(tokenless))
 
 
+@given(
+    st.lists(st.integers(0, 2**40), min_size=2, max_size=20, unique=True),
+    st.lists(st.integers(0, 2**62), min_size=20, max_size=20),
+)
+def test_many_reads_of_one_job_and_epoch_travel_compactly_and_round_trip(group_ids, generations):
+    pairs = zip(group_ids, generations[: len(group_ids)], strict=True)
+    reads = tuple(GroupRead(GroupKey("j", 2, g), LeaseToken(n)) for g, n in pairs)
+    ticket = GetTicket(reads, ("reward",))
+    assert set(json.loads(encode(ticket))) == {"v", "batch", "columns"}
+    assert decode_ticket(encode(ticket)) == ticket
+    assert decode_action_body("check_reads", encode(CheckReadsRequest(reads))) == CheckReadsRequest(reads)
+    # Reads that do not fit the compact form (signed, tokenless, another epoch) keep the full one.
+    for odd in (GroupRead(reads[0].key, LeaseToken(1, "sig")), GroupRead(reads[0].key, None)):
+        mixed = GetTicket((*reads[1:], odd), None)
+        assert '"groups"' in encode(mixed).decode()
+        assert decode_ticket(encode(mixed)) == mixed
+
+
+@pytest.mark.parametrize(
+    "batch",
+    [
+        [],
+        {"job_id": "", "epoch": 0, "group_ids": [1], "generations": [1]},
+        {"job_id": "j", "epoch": 0, "group_ids": [1, 2], "generations": [1]},
+        {"job_id": "j", "epoch": 0, "group_ids": [True], "generations": [1]},
+        {"job_id": "j", "epoch": 0, "group_ids": [1], "generations": [-1]},
+        {"job_id": "j", "epoch": -1, "group_ids": [1], "generations": [1]},
+        {"job_id": "j", "epoch": 0, "group_ids": [], "generations": []},
+    ],
+)
+def test_malformed_compact_reads_are_invalid_requests(batch):
+    with pytest.raises(InvalidRequestError):
+        decode_ticket(json.dumps({"v": 1, "batch": batch}).encode())
+    both = {"v": 1, "batch": batch, "groups": [{"job_id": "j", "epoch": 0, "group_id": 1}]}
+    with pytest.raises(InvalidRequestError):
+        decode_ticket(json.dumps(both).encode())
+
+
 def test_fence_round_trips():
     fence = FenceRequest("job", 3, True, "ab")
     assert decode_action_body("fence", encode(fence)) == fence
