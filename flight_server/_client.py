@@ -52,7 +52,7 @@ from trajflight.flight_server._wire import (
     encode_json,
 )
 
-__all__ = ["GroupInfo", "ShmOpened", "StorageClient", "get_parallel"]
+__all__ = ["INLINE_PUT_BYTES", "GroupInfo", "ShmOpened", "StorageClient", "get_parallel"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +191,13 @@ class ShmOpened:
             return pa.concat_tables(tables, promote_options="default")
 
 
+INLINE_PUT_BYTES = 256 * 1024
+"""Same-host puts of one group up to this size send its bytes in the single ``shm_put`` call (over the
+server's Unix socket) instead of reserving a segment, writing it and publishing it in two calls. Measured
+here on a group of 8 samples (130 KB): one round trip saved (~0.1-0.2 ms) against two extra copies of the
+payload (~0.03 ms); at 1 MiB the copies cost as much as the round trip."""
+
+
 def _as_read(group: GroupKey | GroupRead) -> GroupRead:
     if isinstance(group, GroupRead):
         return group
@@ -208,6 +215,8 @@ class StorageClient:
         write_size_limit_bytes: Largest record batch sent in one message; a larger group is split by rows
             into several batches of the same group (one put, one atomic publish). None: no limit.
         alignment: ``ensure_alignment`` of reads; ``DataTypeSpecific`` copies only misaligned buffers.
+        inline_put_bytes: Same-host puts of one group whose IPC stream is at most this large travel in
+            one ``shm_put`` call (see :data:`INLINE_PUT_BYTES`); 0 always reserves a segment.
     """
 
     def __init__(
@@ -217,9 +226,12 @@ class StorageClient:
         timeout: float = 30.0,
         write_size_limit_bytes: int | None = None,
         alignment: ipc.Alignment = ipc.Alignment.DataTypeSpecific,
+        inline_put_bytes: int = INLINE_PUT_BYTES,
     ) -> None:
         if timeout <= 0:
             raise InvalidRequestError(f"timeout must be > 0 seconds, got {timeout!r}")
+        if inline_put_bytes < 0:
+            raise InvalidRequestError(f"inline_put_bytes must be >= 0, got {inline_put_bytes!r}")
         if write_size_limit_bytes is not None and write_size_limit_bytes <= 0:
             raise InvalidRequestError(f"write_size_limit_bytes must be > 0, got {write_size_limit_bytes!r}")
         self.location = location
@@ -227,6 +239,7 @@ class StorageClient:
         self.write_size_limit_bytes = write_size_limit_bytes
         self._read_options = ipc.IpcReadOptions(ensure_alignment=alignment)
         self._local: LocalChannel | None = None
+        self.inline_put_bytes = inline_put_bytes
         with translate_errors(f"connect to {location}"):
             self._client = flight.FlightClient(location, write_size_limit_bytes=write_size_limit_bytes or 0)
 
@@ -444,6 +457,19 @@ class StorageClient:
         else:
             streams = per_group
         sizes = [_stream_size(schema, bs) for bs in streams]
+        local = self._local
+        if len(groups) == 1 and local is not None and sizes[0] <= self.inline_put_bytes:
+            # A small group: its bytes ride in the one call that reserves, validates and publishes it
+            # (one copy through the socket costs less here than a second round trip).
+            key = groups[0][0]
+            put = PutDescriptor(key, writer, sizes[0], rows_of[0], None if sigs is None else sigs[0])
+            payload = pa.allocate_buffer(sizes[0])
+            with pa.FixedSizeBufferWriter(payload) as out, ipc.new_stream(out, schema) as stream_writer:
+                for batch in streams[0]:
+                    stream_writer.write_batch(batch)
+            body = encode(ShmReserveRequest((put,), writer, ttl, None))
+            local.call("shm_put", body, self.timeout if timeout is None else timeout, payload=payload)
+            return
         puts = [
             PutDescriptor(
                 key,

@@ -5,10 +5,13 @@ path needs four small control messages per put-lease-get cycle (``shm_reserve``,
 ``advance_generation``, ``shm_open``), so it sends them over a Unix socket instead (tens of microseconds).
 It carries exactly the action names and JSON bodies of ``do_action`` (``docs/wire-format.md``), decoded and
 checked by the same server code, and errors as the same ``{"v", "code", "message", "fields"}`` record the
-Flight error carries in ``extra_info``. Group data never travels on it.
+Flight error carries in ``extra_info``. Group data travels on it only for groups small enough that one
+copy through the socket costs less than a second round trip (``shm_put``).
 
-Framing, both ways: a 4-byte big-endian length, then that many bytes. Request: ``name`` then ``body``
-(two frames). Response: one status byte (``0`` result JSON, ``1`` error record) then one frame.
+Framing, both ways: a 4-byte big-endian length, then that many bytes. Request: ``name``, ``body`` and
+``payload`` (three frames; the payload is empty except for ``shm_put``, the one action that carries a
+small group's bytes, see ``StorageServer``). Response: one status byte (``0`` result JSON, ``1`` error
+record) then one frame.
 
 Access control is the filesystem's: the socket lives in the arena's 0700 directory, so only the server's
 user can connect (as only it can map the segments). This module does not authenticate beyond that, and a
@@ -27,6 +30,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.flight as flight
 
 from trajflight.errors import DeadlineExceededError, TrajflightError, UnavailableError
@@ -38,8 +42,9 @@ log = logging.getLogger("trajflight.flight_server")
 
 _LEN = struct.Struct(">I")
 _MAX_FRAME = 16 * 2**20
-Handler = Callable[[str, bytes], bytes]
-"""``handler(action name, body) -> result JSON bytes``; raises Flight errors (see ``server_errors``)."""
+Handler = Callable[[str, bytes, bytes], bytes]
+"""``handler(action name, body, payload) -> result JSON bytes``; raises Flight errors (see
+``server_errors``)."""
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -63,6 +68,18 @@ def _recv_frame(sock: socket.socket) -> bytes:
 
 def _frame(data: bytes) -> bytes:
     return _LEN.pack(len(data)) + data
+
+
+def _send_all(sock: socket.socket, parts: list[Any]) -> None:
+    """``sendall`` of several buffers with ``sendmsg`` (gather I/O: the payload is not copied to join it)."""
+    views = [memoryview(p).cast("B") for p in parts]
+    while views:
+        sent = sock.sendmsg(views)
+        while views and sent >= len(views[0]):
+            sent -= len(views[0])
+            views.pop(0)
+        if views and sent:
+            views[0] = views[0][sent:]
 
 
 class LocalChannelServer:
@@ -108,8 +125,9 @@ class LocalChannelServer:
             while True:
                 name = _recv_frame(conn).decode("utf-8", errors="replace")
                 body = _recv_frame(conn)
+                payload = _recv_frame(conn)
                 try:
-                    reply = b"\x00" + _frame(self._handler(name, body))
+                    reply = b"\x00" + _frame(self._handler(name, body, payload))
                 except flight.FlightError as exc:
                     extra = (
                         getattr(exc, "extra_info", None)
@@ -168,8 +186,11 @@ class LocalChannel:
             raise UnavailableError(f"local channel {self.path}: cannot connect ({exc})") from exc
         return sock
 
-    def call(self, name: str, body: bytes, timeout: float) -> dict[str, Any]:
-        """Run action ``name`` with ``body``; returns its JSON result or raises the server's error.
+    def call(
+        self, name: str, body: bytes, timeout: float, payload: bytes | pa.Buffer = b""
+    ) -> dict[str, Any]:
+        """Run action ``name`` with ``body`` (and ``payload``, sent without joining it to the frames);
+        returns its JSON result or raises the server's error.
 
         Raises:
             The server's trajflight error; DeadlineExceededError after ``timeout``; UnavailableError when
@@ -178,7 +199,11 @@ class LocalChannel:
         sock = self._connect(timeout)
         try:
             sock.settimeout(timeout)
-            sock.sendall(_frame(name.encode()) + _frame(body))
+            head = _frame(name.encode()) + _frame(body) + _LEN.pack(len(payload))
+            if len(payload):
+                _send_all(sock, [head, memoryview(payload)])
+            else:
+                sock.sendall(head)
             status = _recv_exact(sock, 1)
             payload = _recv_frame(sock)
         except TimeoutError as exc:
@@ -211,11 +236,11 @@ class LocalChannel:
             sock.close()
 
 
-def run_handler(run: Callable[[str, bytes], dict[str, Any]]) -> Handler:
+def run_handler(run: Callable[[str, bytes, bytes], dict[str, Any]]) -> Handler:
     """Wrap the server's action runner so errors leave it as Flight errors (as ``do_action`` does)."""
 
-    def handler(name: str, body: bytes) -> bytes:
+    def handler(name: str, body: bytes, payload: bytes) -> bytes:
         with server_errors(f"action {name!r}"):
-            return json.dumps(run(name, body)).encode()
+            return json.dumps(run(name, body, payload)).encode()
 
     return handler

@@ -101,6 +101,11 @@ ACTIONS: dict[str, str] = {
         'Same-node put, step 2. Body {"v":1,"groups":[{"reservation","size"}]}: validates each segment\'s '
         'IPC stream as do_put does and publishes all or none. Result {"published","bytes"}.'
     ),
+    "shm_put": (
+        "Same-node put of one small group in one call, on the same-host channel only (its Unix socket "
+        "carries the group's IPC stream as a payload frame). Body like shm_reserve with one group whose "
+        'nbytes is the payload size; checks and validation as for do_put. Result {"published","bytes"}.'
+    ),
     "shm_abort": 'Give same-node reservations up. Body {"v":1,"reservations":[...]}. Result {"aborted"}.',
     "shm_open": (
         'Same-node read. Body like a do_get ticket {"v":1,"groups":[...],"columns"?}; tokens checked as '
@@ -166,9 +171,34 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
             # directory: ~0.4 ms per gRPC action here, tens of microseconds on the socket (see _local).
             self._local = LocalChannelServer(
                 os.path.join(arena.directory, "ctl.sock"),
-                run_handler(lambda name, body: self._run_action(name, decode_action_body(name, body))),
+                run_handler(self._run_local),
             )
             threading.Thread(target=self._sweep_loop, name="trajflight-shm-sweeper", daemon=True).start()
+
+    def _run_local(self, name: str, body: bytes, payload: bytes) -> dict[str, Any]:
+        """An action from the same-host channel; ``shm_put`` is the one that carries a payload."""
+        if name == "shm_put":
+            return self._shm_put_inline(body, payload)
+        if payload:
+            raise InvalidRequestError(f"action {name!r} takes no payload; only shm_put carries group bytes")
+        return self._run_action(name, decode_action_body(name, body))
+
+    def _shm_put_inline(self, body: bytes, payload: bytes) -> dict[str, Any]:
+        """One small group sent whole over the same-host channel (see ``GroupStore.shm_put_inline``).
+
+        The body is a ``shm_reserve`` body naming exactly one group whose ``nbytes`` is the payload's
+        size; the payload is the group's Arrow IPC stream."""
+        request = decode_action_body("shm_reserve", body)
+        if not isinstance(request, ShmReserveRequest) or len(request.puts) != 1 or request.batch_bytes:
+            raise InvalidRequestError("shm_put carries exactly one group; reserve segments for more")
+        (put,) = request.puts
+        if put.nbytes != len(payload):
+            raise InvalidRequestError(
+                f"shm_put: the payload has {len(payload)} bytes, the body announces {put.nbytes}"
+            )
+        self._verify_put(put)
+        group = self.store.shm_put_inline(put.key, payload, writer=request.writer, num_rows=put.num_rows)
+        return {"published": 1, "bytes": group.nbytes}
 
     def _sweep_loop(self) -> None:
         while not self._stop_sweeper.wait(0.5):

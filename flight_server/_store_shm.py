@@ -185,6 +185,30 @@ class ShmStoreMixin:
                 self._shm_puts[put.id] = put
         return out
 
+    def shm_put_inline(
+        self, key: GroupKey, data: bytes, *, writer: str = "", num_rows: int | None = None
+    ) -> StoredGroup:
+        """Store one group whose IPC stream the server received whole (a small same-node put).
+
+        The checks of :meth:`begin_shm_put`, one copy of ``data`` into an arena segment (a reused,
+        pre-faulted one when the pool has it; no other process ever maps it for writing, so it stays
+        reusable), then :meth:`publish_shm`'s validation. All or nothing.
+
+        Raises:
+            Like :meth:`begin_shm_put` and :meth:`publish_shm`.
+        """
+        put = self.begin_shm_put(key, len(data), writer=writer, num_rows=num_rows)
+        try:
+            mm = put.segment.mm
+            if mm is None:  # pragma: no cover - the segment was just acquired
+                raise NotFoundError(f"segment {put.segment.name} was released")
+            mm[: len(data)] = data
+        except BaseException:
+            self.abort_shm([put.id])
+            raise
+        (group,) = self.publish_shm([(put.id, len(data))])
+        return group
+
     def _take_shm(self, ids: Sequence[str]) -> list[ShmPut]:
         with self._lock:
             missing = [i for i in ids if i not in self._shm_puts]

@@ -91,11 +91,25 @@ def _shm_put(client: StorageClient, key: GroupKey, data: pa.RecordBatch, **kw: o
     client.shm_put_groups([(key, data)], **kw)  # type: ignore[arg-type]
 
 
+def _local(client: StorageClient) -> StorageClient:
+    """The client with its actions on the server's same-host channel (as the public client sets it up)."""
+    if client._local is None:
+        client.use_local_channel(client.health()["shm_socket"])
+    return client
+
+
+def _inline_put(client: StorageClient, key: GroupKey, data: pa.RecordBatch, **kw: object) -> None:
+    client = _local(client)
+    assert client.inline_put_bytes >= data.nbytes  # small test groups travel whole in one shm_put call
+    client.shm_put_groups([(key, data)], **kw)  # type: ignore[arg-type]
+
+
 TRANSPORTS = {
     "flight": Transport(
         "flight", lambda c, k, d, **kw: c.put_group(k, d, **kw), lambda c, r, **kw: c.get(r, **kw)
     ),
     "shm": Transport("shm", _shm_put, lambda c, r, **kw: c.shm_get(r, **kw)),
+    "shm-inline": Transport("shm-inline", _inline_put, lambda c, r, **kw: _local(c).shm_get(r, **kw)),
 }
 
 
@@ -391,6 +405,34 @@ def test_an_open_is_read_again_after_the_read_checks_alone():
         assert client.delete(newest)["deleted"] == 1
         with pytest.raises(NotFoundError):
             client.shm_get(newest, columns=["reward"], opened=reopened)
+
+
+def test_an_inline_put_that_does_not_match_its_body_or_hold_a_group_leaves_nothing():
+    group = make_group(KEY)
+    with shm_serving() as (server, client):
+        channel = _local(client)._local
+        assert channel is not None
+        stream = pa.BufferOutputStream()
+        with pa.ipc.new_stream(stream, group.schema) as writer:
+            writer.write_batch(group)
+        payload = stream.getvalue()
+
+        def body(nbytes: int) -> bytes:
+            return encode(ShmReserveRequest((PutDescriptor(KEY, "w", nbytes, 8),), "w"))
+
+        with pytest.raises(InvalidRequestError, match="announces"):
+            channel.call("shm_put", body(payload.size + 1), 5, payload=payload)
+        with pytest.raises(InvalidRequestError, match="takes no payload"):
+            channel.call("health", b"", 5, payload=payload)
+        garbage = pa.py_buffer(b"\xff" * payload.size)
+        with pytest.raises(SchemaError, match="IPC stream"):
+            channel.call("shm_put", body(payload.size), 5, payload=garbage)
+        stats = client.stats()
+        assert (stats["groups"], stats["reserved_bytes"], stats["pending_shm_puts"]) == (0, 0, 0)
+        assert stats["shm"]["live_segments"] == 0
+        channel.call("shm_put", body(payload.size), 5, payload=payload)  # the right bytes go through
+        assert client.shm_get([KEY]).equals(pa.Table.from_batches([group]))
+        assert server.arena is not None
 
 
 def test_advanced_generations_and_deletes_fence_readers(transport):
