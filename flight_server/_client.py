@@ -31,11 +31,11 @@ import pyarrow.ipc as ipc
 from trajflight.codec import GroupKey
 from trajflight.errors import DeadlineExceededError, InvalidRequestError, SchemaError, TrajflightError
 from trajflight.flight_server._errors import translate_errors
+from trajflight.flight_server._fences import MappedBoard, read_board
 from trajflight.flight_server._local import LocalChannel
 from trajflight.flight_server._shm import map_segment, write_segment
 from trajflight.flight_server._wire import (
     AppendDescriptor,
-    CheckReadsRequest,
     DeleteRequest,
     FenceRequest,
     GenerationRequest,
@@ -82,21 +82,25 @@ class ShmOpened:
     Holds, per group, its lease generation and its parts (segment, first row, rows), and the column names
     of each segment. Segments are mapped read-only on first read and the mappings kept while this object
     lives (a segment handed to a reader is never reused by the server, so a mapping stays valid). The
-    server checked the tokens when it answered; :meth:`StorageClient.shm_get` has them checked again
-    (``check_reads``) before every later read. Columns appended to a group after the open are not in it
-    (:meth:`covers` is false when they are asked for by name).
+    server checked the tokens when it answered; :meth:`StorageClient.shm_get` checks every later read on
+    the server's fence board (each group's ``[slot, tag]`` from the answer; see ``_fences``) and opens
+    again when anything changed: a re-granted lease, a delete, an append.
     """
 
-    __slots__ = ("_groups", "_segments", "_tables")
+    __slots__ = ("_fences", "_groups", "_segments", "_tables", "board_path")
 
     def __init__(
         self,
         segments: Sequence[tuple[str, int, tuple[str, ...] | None]],
         groups: Mapping[GroupKey, tuple[int | None, tuple[tuple[int, int, int], ...]]],
+        fences: Mapping[GroupKey, tuple[int, int]] | None = None,
+        board_path: str | None = None,
     ) -> None:
         self._segments = list(segments)
         self._groups = dict(groups)
         self._tables: dict[int, pa.Table] = {}
+        self._fences = dict(fences or {})
+        self.board_path = board_path
 
     @classmethod
     def from_reply(cls, reads: Sequence[GroupRead], reply: Mapping[str, Any]) -> ShmOpened:
@@ -115,7 +119,24 @@ class ShmOpened:
             )
             for r, g in zip(reads, answered, strict=True)
         }
-        return cls(segments, groups)
+        fences = {
+            r.key: (int(g["fence"][0]), int(g["fence"][1]))
+            for r, g in zip(reads, answered, strict=True)
+            if g.get("fence") is not None
+        }
+        return cls(segments, groups, fences, reply.get("fences"))
+
+    def board_entries(self, reads: Sequence[GroupRead]) -> tuple[list[tuple[int, int]], list[int]] | None:
+        """``(slot, tag)`` and lease generation per read, for :func:`~._fences.read_board`; None when
+        some read has no board slot or no token (the server must check it)."""
+        entries, generations = [], []
+        for r in reads:
+            fence = self._fences.get(r.key)
+            if fence is None or r.token is None:
+                return None
+            entries.append(fence)
+            generations.append(r.token.generation)
+        return entries, generations
 
     def covers(self, reads: Sequence[GroupRead], columns: Sequence[str] | None) -> bool:
         """Whether every read (same key and generation) and every named column is in this open."""
@@ -239,6 +260,7 @@ class StorageClient:
         self.write_size_limit_bytes = write_size_limit_bytes
         self._read_options = ipc.IpcReadOptions(ensure_alignment=alignment)
         self._local: LocalChannel | None = None
+        self._boards: dict[str, MappedBoard] = {}  # the server's fence board, mapped once (same host)
         self.inline_put_bytes = inline_put_bytes
         with translate_errors(f"connect to {location}"):
             self._client = flight.FlightClient(location, write_size_limit_bytes=write_size_limit_bytes or 0)
@@ -532,25 +554,39 @@ class StorageClient:
     ) -> pa.Table:
         """Read groups through shared memory (same host only): map their segments read-only, no copy.
 
-        The lease tokens are checked by the server as for :meth:`get`: with ``shm_open``, or, when
-        ``opened`` (from :meth:`shm_open` under the same tokens) already covers every group and column,
-        with the lighter ``check_reads`` (no segment list to build and parse). The result aliases read-only
-        mappings of the segments (its buffers are neither received nor copied); the mappings stay valid
-        after the group is deleted and are unmapped when the last buffer over them is dropped. Never write
-        through tensors decoded from it (``torch.from_dlpack`` ignores the read-only flag; a write faults
-        the process).
+        The lease tokens are checked by the server as for :meth:`get` (``shm_open``). When ``opened``
+        (from :meth:`shm_open` under the same tokens) covers every group and column and the server's fence
+        board shows every group unchanged at those tokens' generations, no call is made at all (a
+        re-granted lease, a delete or an append changes the board, and the read goes to the server,
+        which refuses or answers afresh). The result aliases read-only mappings of the segments (its
+        buffers are neither received nor copied); the mappings stay valid after the group is deleted and
+        are unmapped when the last buffer over them is dropped. Never write through tensors decoded from
+        it (``torch.from_dlpack`` ignores the read-only flag; a write faults the process).
 
         Raises:
             NotFoundError (also when a segment is gone or not visible from this host), StaleFenceError,
             SchemaError, InvalidRequestError (no arena on the server), DeadlineExceededError.
         """
         reads = tuple(_as_read(g) for g in groups)
-        if opened is not None and opened.covers(reads, columns):
-            # The segments are known: only the read checks (a re-granted lease is refused here too).
-            self._action("check_reads", encode(CheckReadsRequest(reads)), timeout)
-        else:
+        # Segments opened before are read again with no call when the server's fence board still shows
+        # every group unchanged at the lease's generation; anything else is opened again, by the server,
+        # which refuses a re-granted lease or a deleted group with the precise error.
+        if opened is None or not opened.covers(reads, columns) or not self._board_allows(opened, reads):
             opened = self.shm_open(reads, columns=columns, timeout=timeout)
         return opened.read(reads, columns)
+
+    def _board_allows(self, opened: ShmOpened, reads: Sequence[GroupRead]) -> bool:
+        found = opened.board_entries(reads)
+        path = opened.board_path
+        if found is None or path is None:
+            return False
+        board = self._boards.get(path)
+        if board is None or not board.current():
+            try:
+                board = self._boards[path] = MappedBoard(path)
+            except (OSError, ValueError):
+                return False
+        return read_board(board, *found)
 
     # ------------------------------------------------------------------------------------------- reads
 

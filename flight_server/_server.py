@@ -42,7 +42,6 @@ from trajflight.flight_server._store import GroupStore, Reservation, StoredGroup
 from trajflight.flight_server._wire import (
     WIRE_VERSION,
     AppendDescriptor,
-    CheckReadsRequest,
     DeleteRequest,
     FenceRequest,
     GenerationRequest,
@@ -81,11 +80,6 @@ ACTIONS: dict[str, str] = {
     "advance_generation": (
         'Raise the highest lease generation of groups (the controller re-granted them). Body {"v":1,'
         '"groups":[{"job_id","epoch","group_id","generation","sig"?}]}. Result {"raised"}.'
-    ),
-    "check_reads": (
-        "The read checks of a do_get without the data, for a same-host reader that already holds the "
-        'groups\' segments (from shm_open). Body {"v":1,"groups":[{"job_id","epoch","group_id",'
-        '"generation","sig"?}]}: every group stored, no token stale; generations raised. Result {"checked"}.'
     ),
     "stats": 'Groups, bytes, reservations, capacity, per job and epoch. Empty body or {"v":1}. Result: JSON.',
     "health": (
@@ -241,6 +235,8 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         self._stop_sweeper.set()
         if self._local is not None:
             self._local.close()
+        if self.store.board is not None:
+            self.store.board.close()  # readers that kept segments ask the server (gone) from now on
         if self.arena is not None:
             self.arena.close()  # unlinks every segment; mappings in other processes stay valid
         if stopped:
@@ -443,9 +439,6 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         if isinstance(body, GenerationRequest):
             self._verify_tokens(body.groups)
             return {"raised": self.store.advance_generation(body.groups)}
-        if isinstance(body, CheckReadsRequest):
-            self._verify_tokens(body.groups)
-            return {"checked": self.store.check_reads(body.groups)}
         if isinstance(body, FenceRequest):
             if self._signer is not None and not self._signer.verify(
                 self._signer.sign_fence(body.job_id, body.min_epoch), body.sig
@@ -516,7 +509,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         index: dict[int, int] = {}
         segments: list[dict[str, Any]] = []
         groups = []
-        for g, segs in opened:
+        for g, segs, fence in opened:
             parts = []
             for i, seg in enumerate(segs):
                 at = index.get(id(seg))
@@ -526,8 +519,12 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
                         {"path": seg.path, "capacity": seg.capacity, "columns": g.parts[i].column_names}
                     )
                 parts.append([at, g.row_offset(i), g.num_rows])
-            groups.append({"num_rows": g.num_rows, "parts": parts})
-        return {"segments": segments, "groups": groups}
+            groups.append({"num_rows": g.num_rows, "parts": parts, "fence": fence})
+        return {
+            "segments": segments,
+            "groups": groups,
+            "fences": None if store.board is None else store.board.path,
+        }
 
 
 def _receive(

@@ -43,6 +43,7 @@ from trajflight.errors import (
     SchemaError,
     StaleFenceError,
 )
+from trajflight.flight_server._fences import FenceBoard
 from trajflight.flight_server._segments import Placement, open_segment, serialize_segment
 from trajflight.flight_server._shm import Segment, ShmArena
 from trajflight.flight_server._store_shm import ShmPut, ShmStoreMixin, fmt_key, key_fields
@@ -205,6 +206,8 @@ class GroupStore(ShmStoreMixin):
         self._pending: dict[GroupKey, Reservation] = {}  # in-flight puts, by key
         self._appends: set[int] = set()  # ids of in-flight append reservations
         self._generation: dict[GroupKey, int] = {}
+        # Generations published in shared memory for same-host readers (see _fences); written under _lock.
+        self.board = FenceBoard(arena.directory) if arena is not None else None
         self._jobs: dict[str, _JobState] = {}
         self._held_bytes = 0
         self._groups_read = 0  # groups handed to readers (do_get or shared-memory handles), for stats
@@ -407,6 +410,8 @@ class GroupStore(ShmStoreMixin):
                     raise
                 for res, group in zip(reservations, groups, strict=True):
                     self._groups[res.key] = group
+                    if self.board is not None:
+                        self.board.install(res.key, self._generation.get(res.key, -1))
                     self._held_bytes += group.nbytes
                     types = self._job(res.key.job_id).column_types
                     for f in schema:
@@ -564,6 +569,8 @@ class GroupStore(ShmStoreMixin):
         self._groups[res.key] = new
         self._held_bytes += nbytes
         self._generation[res.key] = max(token.generation, self._generation.get(res.key, -1))
+        if self.board is not None:  # a new tag: readers holding the old parts ask the server again
+            self.board.install(res.key, self._generation[res.key])
         types = self._job(res.key.job_id).column_types
         for f in schema:
             types.setdefault(f.name, f.type)
@@ -592,21 +599,18 @@ class GroupStore(ShmStoreMixin):
         except pa.ArrowInvalid:  # groups with different appended columns: missing ones read as nulls
             return pa.concat_tables(tables, promote_options="default")
 
-    def check_reads(self, reads: Sequence[GroupRead]) -> int:
-        """The read checks of :meth:`read` without reading (a same-host reader about to read segments it
-        opened before); returns how many groups passed. Not counted as reads in :meth:`stats`.
+    def _raise_locked(self, key: GroupKey, generation: int) -> None:
+        """Raise ``key``'s highest generation to ``generation`` (never lowers it), on the board too."""
+        if generation > self._generation.get(key, -1):
+            self._generation[key] = generation
+            if self.board is not None:
+                self.board.raise_to(key, generation)
 
-        Raises:
-            NotFoundError (a group is gone), StaleFenceError (a newer lease holds a group).
-        """
-        with self._lock:
-            return len(self._fenced_reads_locked(reads, count=False))
-
-    def _fenced_reads_locked(self, reads: Sequence[GroupRead], *, count: bool = True) -> list[StoredGroup]:
+    def _fenced_reads_locked(self, reads: Sequence[GroupRead]) -> list[StoredGroup]:
         """The groups of ``reads`` (in order) after the read checks; raises each read's generation.
 
         Tokened reads are fenced by generation; every check passes before any generation is raised.
-        ``count`` adds them to the read counters of :meth:`stats`. Call with the lock held.
+        Call with the lock held.
         """
         groups = []
         for r in reads:
@@ -621,10 +625,9 @@ class GroupStore(ShmStoreMixin):
             groups.append(group)
         for r in reads:
             if r.token is not None:
-                self._generation[r.key] = max(r.token.generation, self._generation.get(r.key, -1))
-        if count:
-            self._groups_read += len(groups)
-            self._bytes_read += sum(g.nbytes for g in groups)
+                self._raise_locked(r.key, r.token.generation)
+        self._groups_read += len(groups)
+        self._bytes_read += sum(g.nbytes for g in groups)
         return groups
 
     def get(self, key: GroupKey) -> StoredGroup:
@@ -653,6 +656,8 @@ class GroupStore(ShmStoreMixin):
                 generation = -1 if r.token is None else r.token.generation  # never None: checked above
                 self._generation[r.key] = max(generation, self._generation.get(r.key, -1))
                 group = self._groups.pop(r.key, None)
+                if self.board is not None:
+                    self.board.remove(r.key)
                 if group is None:
                     missing.append(_kd(r.key))
                     continue
@@ -682,6 +687,8 @@ class GroupStore(ShmStoreMixin):
                     dropped.append(self._groups.pop(key))
                     freed += dropped[-1].nbytes
                     self._generation.pop(key, None)
+                    if self.board is not None:
+                        self.board.remove(key)
                     purged += 1
                 self._held_bytes -= freed
             result = {
@@ -701,7 +708,7 @@ class GroupStore(ShmStoreMixin):
                 if r.token is None:
                     raise InvalidRequestError(f"advance_generation of group {_fmt(r.key)} needs a generation")
                 if r.token.generation > self._generation.get(r.key, -1):
-                    self._generation[r.key] = r.token.generation
+                    self._raise_locked(r.key, r.token.generation)
                     raised += 1
         return raised
 

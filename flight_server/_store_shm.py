@@ -88,6 +88,7 @@ class ShmStoreMixin:
     _commit_puts: Any
     _check_token: Any
     _fenced_reads_locked: Any
+    board: Any
 
     def _acquire_segment(self, arena: ShmArena, nbytes: int, reservations: Sequence[Reservation]) -> Segment:
         """A segment of ``nbytes`` from the arena; on failure the reservations are released and a full
@@ -381,7 +382,7 @@ class ShmStoreMixin:
 
     def shm_open(
         self, reads: Sequence[GroupRead], columns: Sequence[str] | None = None
-    ) -> list[tuple[StoredGroup, tuple[Segment, ...]]]:
+    ) -> list[tuple[StoredGroup, tuple[Segment, ...], tuple[int, int] | None]]:
         """Hand the segments of groups to a same-node reader, under the same checks as :meth:`read`.
 
         A read carrying a token is fenced and raises the group's highest generation. The segments are
@@ -389,7 +390,9 @@ class ShmStoreMixin:
         reader's read-only mappings stay valid for as long as it keeps them.
 
         Returns:
-            ``(group, segments)`` per read, in order; each segment holds one part (an IPC stream).
+            ``(group, segments, fence)`` per read, in order; each segment holds one part (an IPC stream);
+            ``fence`` is the group's ``(slot, tag)`` on the fence board (taken under the same lock, so it
+            matches these parts), or None.
 
         Raises:
             NotFoundError, StaleFenceError, SchemaError (a projected column is not stored),
@@ -412,4 +415,5 @@ class ShmStoreMixin:
             for group in found:
                 for seg in group.segments:
                     seg.exposed = True
-        return [(g, g.segments) for g in found]
+            board = self.board
+            return [(g, g.segments, None if board is None else board.entry(g.key)) for g in found]

@@ -32,7 +32,6 @@ from trajflight.errors import InvalidRequestError
 __all__ = [
     "WIRE_VERSION",
     "AppendDescriptor",
-    "CheckReadsRequest",
     "DeleteRequest",
     "FenceRequest",
     "GenerationRequest",
@@ -63,7 +62,6 @@ _ACTION_NAMES = frozenset(
         "delete",
         "fence",
         "advance_generation",
-        "check_reads",
         "stats",
         "health",
         "shm_reserve",
@@ -200,17 +198,6 @@ class GenerationRequest:
     """Body of the ``advance_generation`` action: the controller raises the fence of groups it re-granted.
 
     Each entry's token carries the new generation (signed like a lease token).
-    """
-
-    groups: tuple[GroupRead, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class CheckReadsRequest:
-    """Body of the ``check_reads`` action: a reader that already holds the groups' segments (same host)
-    asks for the read checks alone, before it reads them again.
-
-    Each entry's token is required (the lease generation the reader holds).
     """
 
     groups: tuple[GroupRead, ...]
@@ -383,7 +370,7 @@ def _encode(record: object) -> bytes:
         return encode_json(
             {k: v for k, v in (("job_id", record.job_id), ("epoch", record.epoch)) if v is not None}
         )
-    if isinstance(record, DeleteRequest | GenerationRequest | CheckReadsRequest):
+    if isinstance(record, DeleteRequest | GenerationRequest):
         return encode_json(_reads_body(record.groups))
     if isinstance(record, FenceRequest):
         fence = {"job_id": record.job_id, "min_epoch": record.min_epoch, "purge": record.purge}
@@ -720,7 +707,6 @@ def decode_action_body(
     DeleteRequest
     | FenceRequest
     | GenerationRequest
-    | CheckReadsRequest
     | ShmReserveRequest
     | ShmPublishRequest
     | ShmAbortRequest
@@ -746,12 +732,12 @@ def decode_action_body(
         return _decode_shm(action, body, what)
     if action == "delete":
         return DeleteRequest(_reads(body, what))
-    if action in ("advance_generation", "check_reads"):
+    if action == "advance_generation":
         reads = _reads(body, what)
         missing = [i for i, r in enumerate(reads) if r.token is None]
         if missing:
             raise InvalidRequestError(f"{what}: groups{missing} carry no 'generation'", field="generation")
-        return GenerationRequest(reads) if action == "advance_generation" else CheckReadsRequest(reads)
+        return GenerationRequest(reads)
     if action == "fence":
         job_id = _field(body, "job_id", str, what)
         min_epoch = _nonneg(body, "min_epoch", what)

@@ -382,29 +382,52 @@ def test_reads_with_a_stale_token_are_refused_and_newer_reads_raise_the_fence(tr
         assert transport.get(client, [KEY]).num_rows == 8  # tokenless reads (analysts) stay open
 
 
-def test_an_open_is_read_again_after_the_read_checks_alone():
+def test_an_open_is_read_again_without_a_call_while_the_fence_board_shows_nothing_changed():
     group = make_group(KEY)
     ref = pa.table({"ref_logprob": pa.array([0.5] * 8, pa.float32())})
     with shm_serving() as (_, client):
         client.shm_put_groups([(KEY, group)])
         held = [GroupRead(KEY, LeaseToken(3))]
         opened = client.shm_open(held)
-        read_before = client.stats()["groups_read"]
-        again = client.shm_get(held, columns=["reward"], opened=opened)
-        assert again.column("reward").equals(pa.Table.from_batches([group]).column("reward"))
-        assert client.stats()["groups_read"] == read_before  # only checked, not opened again
-        # Columns appended after the open are not in it: the read asks the server, which has them.
+        calls: list[str] = []
+        action = client._action
+
+        def counted(name: str, body: bytes, timeout: float | None) -> dict[str, object]:
+            calls.append(name)
+            return action(name, body, timeout)
+
+        client._action = counted  # type: ignore[method-assign]
+        again = client.shm_get(held, opened=opened)
+        assert again.equals(pa.Table.from_batches([group]))
+        assert calls == []  # the board answered
+        # An append changes the group's tag: the next read opens it again and sees the new column.
         client.append_columns(KEY, ref, LeaseToken(3))
-        assert not opened.covers(held, ["ref_logprob"])
-        assert client.shm_get(held, columns=["ref_logprob"], opened=opened).num_rows == 8
-        # The checks still fence: a re-granted lease and a deleted group are refused, open or not.
-        newest = [GroupRead(KEY, LeaseToken(4))]
-        reopened = client.shm_open(newest)
+        assert client.shm_get(held, opened=opened).column_names[-1] == "ref_logprob"
+        assert calls == ["shm_open"]
+        # A re-granted lease and a delete change the board too; the server then refuses the old holder.
+        reopened = client.shm_open(held)
+        client.advance_generation([GroupRead(KEY, LeaseToken(4))])
         with pytest.raises(StaleFenceError):
-            client.shm_get(held, columns=["reward"], opened=opened)
+            client.shm_get(held, opened=reopened)
+        newest = [GroupRead(KEY, LeaseToken(4))]
+        latest = client.shm_open(newest)
+        assert client.shm_get(newest, opened=latest).num_rows == 8
         assert client.delete(newest)["deleted"] == 1
         with pytest.raises(NotFoundError):
-            client.shm_get(newest, columns=["reward"], opened=reopened)
+            client.shm_get(newest, opened=latest)
+
+
+def test_a_restarted_server_replaces_its_fence_board_so_kept_opens_go_back_to_it(tmp_path):
+    held = [GroupRead(KEY, LeaseToken(1))]
+    with shm_serving(directory=str(tmp_path / "arena")) as (_, client):
+        client.shm_put_groups([(KEY, make_group(KEY))])
+        opened = client.shm_open(held)
+        assert client.shm_get(held, opened=opened).num_rows == 8
+    with (
+        shm_serving(directory=str(tmp_path / "arena")) as (_, client),
+        pytest.raises(NotFoundError),  # the old board is gone: asked, the new server has no group
+    ):
+        client.shm_get(held, opened=opened)
 
 
 def test_an_inline_put_that_does_not_match_its_body_or_hold_a_group_leaves_nothing():

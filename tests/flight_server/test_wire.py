@@ -15,7 +15,6 @@ from trajflight.errors import InvalidRequestError
 from trajflight.flight_server import GetTicket, GroupRead, LeaseToken, PutDescriptor, TokenSigner
 from trajflight.flight_server._wire import (
     AppendDescriptor,
-    CheckReadsRequest,
     DeleteRequest,
     FenceRequest,
     PutManyDescriptor,
@@ -56,15 +55,6 @@ def test_append_descriptors_and_deletes_round_trip(key, token):
     assert decode_action_body("delete", encode(delete)) == delete
 
 
-@given(st.lists(keys, min_size=1, max_size=10, unique=True), st.integers(0, 2**62))
-def test_read_checks_round_trip_and_need_a_generation(group_keys, generation):
-    check = CheckReadsRequest(tuple(GroupRead(k, LeaseToken(generation)) for k in group_keys))
-    assert decode_action_body("check_reads", encode(check)) == check
-    tokenless = CheckReadsRequest(tuple(GroupRead(k, None) for k in group_keys))
-    with pytest.raises(InvalidRequestError, match="no 'generation'"):
-        decode_action_body("check_reads", encode(tokenless))
-
-
 @given(
     st.lists(st.integers(0, 2**40), min_size=2, max_size=20, unique=True),
     st.lists(st.integers(0, 2**62), min_size=20, max_size=20),
@@ -75,7 +65,7 @@ def test_many_reads_of_one_job_and_epoch_travel_compactly_and_round_trip(group_i
     ticket = GetTicket(reads, ("reward",))
     assert set(json.loads(encode(ticket))) == {"v", "batch", "columns"}
     assert decode_ticket(encode(ticket)) == ticket
-    assert decode_action_body("check_reads", encode(CheckReadsRequest(reads))) == CheckReadsRequest(reads)
+    assert decode_action_body("delete", encode(DeleteRequest(reads))) == DeleteRequest(reads)
     # Reads that do not fit the compact form (signed, tokenless, another epoch) keep the full one.
     for odd in (GroupRead(reads[0].key, LeaseToken(1, "sig")), GroupRead(reads[0].key, None)):
         mixed = GetTicket((*reads[1:], odd), None)
