@@ -214,6 +214,16 @@ class Client:
         return out
 
 
+def _stored_bytes(batch: pa.RecordBatch) -> int:
+    """The bytes a group asks capacity for: its buffers' total size.
+
+    Not ``RecordBatch.nbytes``, which walks every list column's offsets to count only the referenced
+    values (~20 us per group here; 1.3 ms of a 64-group ``put_many``): the whole buffers are what a
+    storage server copies, so this is also the closer figure, and never smaller.
+    """
+    return int(batch.get_total_buffer_size())
+
+
 def _tokens_of(batch: pa.RecordBatch) -> int:
     if "response_ids" not in batch.schema.names:
         return 0
@@ -308,7 +318,7 @@ class Writer:
             batch = encode_group(job_id=self.job_id, epoch=self.epoch, group_id=0, **group)
         elif group:
             raise InvalidRequestError("pass either a record batch or the group's columns, not both")
-        nbytes = batch.nbytes
+        nbytes = _stored_bytes(batch)
         grant = self._allocate(nbytes, deadline)
         key = GroupKey(*grant.partition)
         batch = _with_key(batch, key)
@@ -386,7 +396,7 @@ class Writer:
             Like :meth:`put`.
         """
         deadline = time.monotonic() + (self.put_timeout if timeout is None else timeout)
-        sizes = [batch.nbytes for batch in batches]
+        sizes = [_stored_bytes(batch) for batch in batches]
         grants = self._allocate_many(sizes, deadline)
         planned = [
             (grant, _with_key(batch, GroupKey(*grant.partition)), nbytes)
