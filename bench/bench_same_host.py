@@ -13,9 +13,14 @@ Same run, same machine, the standard workload (``make_workload(64, 8)``, about 9
   - put: ``Writer.put`` per group, and ``Writer.put_many`` of the whole batch, from the numpy arrays
     (encoding included) to READY in the controller; and ``put_many`` of batches encoded beforehand (the
     data plane alone, as Ray's figure puts ready-made arrays);
-  - get: ``Trainer.lease`` of every group (untimed), then ``LeasedBatch.fetch(columns)`` to jagged torch
-    tensors of the six payload columns Ray's object holds (timed), for the batch put with ``put_many`` and
-    for the groups put one by one; and ``fetch()`` of all 12 stored columns (key columns too);
+  - get: ``Trainer.lease`` of every group, then ``LeasedBatch.fetch(columns)`` to jagged torch tensors of
+    the six payload columns Ray's object holds (timed from the lease's return: "from lease granted"), for
+    the batch put with ``put_many`` and for the groups put one by one; and ``fetch()`` of all 12 stored
+    columns (key columns too). The lease is timed too and reported beside it, with "lease + get": a
+    lease's fencing call to a same-host server (``shm_open``) also hands over the segments, which the
+    get then reads with no call while the server's fence board shows the lease still valid. "drop" is
+    the release of the committed lease and what its get mapped (timed apart: the kernel frees the
+    segment's pages there when the server has unlinked it);
   - small group: put one group of 8 samples, lease it, fetch it to torch: p50 and p99.
 
 Figures are medians with min..max over ``--repeats`` runs (latency: over ``--latency-iters``), with torch
@@ -221,10 +226,13 @@ def bench_trajflight(
             "put",
             "put_many",
             "put_many_encoded",
+            "lease",
+            "lease_and_get",
             "get",
             "get_all_columns",
             "get_one_by_one",
             "get_and_touch",
+            "drop",
         )
         results: dict[str, list[float]] = {k: [] for k in keys}
         for rep in range(args.repeats + 1):  # the first run warms the arena and the caches
@@ -236,16 +244,25 @@ def bench_trajflight(
             for name, put, get_name in plan:
                 encoded[:] = [g.encode(job, 1) for g in groups]
                 took = _timed(put)
+                t0 = time.perf_counter()
                 lease = trainer.lease(len(groups), wait=30.0, renew=False)
+                leased = time.perf_counter() - t0
                 if len(lease) != len(groups):
                     raise RuntimeError(f"leased {len(lease)} groups, expected {len(groups)}")
                 got = _timed(lambda lease=lease: lease.fetch(COLUMNS))
+                if name == "put_many" and rep:
+                    results["lease"].append(leased)
+                    results["lease_and_get"].append(leased + got)
                 if name == "put_many" and rep:
                     results["get_all_columns"].append(_timed(lease.fetch))
                     results["get_and_touch"].append(
                         _timed(lambda lease=lease: touch(_tensors(lease.fetch(COLUMNS))))
                     )
                 lease.commit()
+                t0 = time.perf_counter()
+                del lease  # the last reference to what the get mapped: unmapped here (timed apart)
+                if name == "put_many" and rep:
+                    results["drop"].append(time.perf_counter() - t0)
                 drain()
                 if rep:
                     results[name].append(took)
@@ -263,6 +280,7 @@ def bench_trajflight(
             lease.fetch()
             took = time.perf_counter() - t0
             lease.commit()
+            del lease  # outside the timed span, as for the batches
             if i >= 10:
                 small.append(took)
         out["small_put_lease_get"] = _stats(small)
@@ -321,10 +339,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label} put (one by one)      {_fmt(t['put'], payload)}")
         print(f"{label} put_many (batched)    {_fmt(t['put_many'], payload)}")
         print(f"{label} put_many, pre-encoded {_fmt(t['put_many_encoded'], payload)}")
+        print(f"{label} lease (64 groups)     {_fmt(t['lease'])}")
         print(f"{label} get to torch          {_fmt(t['get'], payload)}")
+        print(f"{label} lease + get           {_fmt(t['lease_and_get'], payload)}")
         print(f"{label} get, all 12 columns   {_fmt(t['get_all_columns'], payload)}")
         print(f"{label} get + read every byte {_fmt(t['get_and_touch'], payload)}")
         print(f"{label} get (put one by one)  {_fmt(t['get_one_by_one'], payload)}")
+        print(f"{label} drop a read batch     {_fmt(t['drop'])}")
         print(
             f"{label} small put+lease+get   {_fmt(t['small_put_lease_get'])}  p99 "
             f"{t['small_put_lease_get']['p99'] * 1e3:.3f} ms",
