@@ -87,7 +87,17 @@ class ShmOpened:
     again when anything changed: a re-granted lease, a delete, an append.
     """
 
-    __slots__ = ("_fences", "_groups", "_segments", "_tables", "board_path")
+    __slots__ = (
+        "_board",
+        "_covers",
+        "_fences",
+        "_groups",
+        "_segments",
+        "_tables",
+        "_whole",
+        "board_path",
+        "reads",
+    )
 
     def __init__(
         self,
@@ -95,12 +105,19 @@ class ShmOpened:
         groups: Mapping[GroupKey, tuple[int | None, tuple[tuple[int, int, int], ...]]],
         fences: Mapping[GroupKey, tuple[int, int]] | None = None,
         board_path: str | None = None,
+        reads: Sequence[GroupRead] = (),
     ) -> None:
         self._segments = list(segments)
         self._groups = dict(groups)
         self._tables: dict[int, pa.Table] = {}
         self._fences = dict(fences or {})
         self.board_path = board_path
+        self.reads: tuple[GroupRead, ...] = tuple(reads)
+        """The reads it was opened for; passing this very tuple back reads with no per-group work."""
+        # Per-open results for those reads, computed once (a trainer reads its lease several times).
+        self._board: tuple[list[tuple[int, int]], list[int]] | bool | None = False
+        self._covers: dict[tuple[str, ...] | None, bool] = {}
+        self._whole: pa.Table | None = None
 
     @classmethod
     def from_reply(cls, reads: Sequence[GroupRead], reply: Mapping[str, Any]) -> ShmOpened:
@@ -124,11 +141,15 @@ class ShmOpened:
             for r, g in zip(reads, answered, strict=True)
             if g.get("fence") is not None
         }
-        return cls(segments, groups, fences, reply.get("fences"))
+        return cls(segments, groups, fences, reply.get("fences"), reads)
 
     def board_entries(self, reads: Sequence[GroupRead]) -> tuple[list[tuple[int, int]], list[int]] | None:
         """``(slot, tag)`` and lease generation per read, for :func:`~._fences.read_board`; None when
         some read has no board slot or no token (the server must check it)."""
+        if reads is self.reads:
+            if self._board is False:
+                self._board = self.board_entries(list(reads))
+            return self._board  # type: ignore[return-value]
         entries, generations = [], []
         for r in reads:
             fence = self._fences.get(r.key)
@@ -140,6 +161,12 @@ class ShmOpened:
 
     def covers(self, reads: Sequence[GroupRead], columns: Sequence[str] | None) -> bool:
         """Whether every read (same key and generation) and every named column is in this open."""
+        if reads is self.reads:
+            wanted = None if columns is None else tuple(columns)
+            found = self._covers.get(wanted)
+            if found is None:
+                found = self._covers[wanted] = self.covers(list(reads), columns)
+            return found
         for r in reads:
             found = self._groups.get(r.key)
             if found is None or found[0] != (None if r.token is None else r.token.generation):
@@ -172,6 +199,10 @@ class ShmOpened:
         Consecutive single-part groups that are consecutive rows of one segment are read as one slice: a
         batch put together and read in order is one chunk (no copy).
         """
+        if reads is self.reads:
+            if self._whole is None:
+                self._whole = self.read(list(reads), None)
+            return self._whole if columns is None else self._whole.select(list(columns))
         runs: list[list[int]] = []  # [segment index, first row, rows]
         tables: list[pa.Table] = []
 
@@ -567,7 +598,9 @@ class StorageClient:
             NotFoundError (also when a segment is gone or not visible from this host), StaleFenceError,
             SchemaError, InvalidRequestError (no arena on the server), DeadlineExceededError.
         """
-        reads = tuple(_as_read(g) for g in groups)
+        reads = (
+            groups if opened is not None and groups is opened.reads else tuple(_as_read(g) for g in groups)
+        )
         # Segments opened before are read again with no call when the server's fence board still shows
         # every group unchanged at the lease's generation; anything else is opened again, by the server,
         # which refuses a re-granted lease or a deleted group with the precise error.

@@ -210,6 +210,19 @@ def _lease_reads(groups: Sequence[Any]) -> list[GroupRead]:
     return [GroupRead(GroupKey(*g.partition), LeaseToken(g.generation)) for g in groups]
 
 
+def _reads_of(groups: Sequence[Any], opened: ShmOpened | None) -> Sequence[GroupRead]:
+    """The reads of ``groups``: the very tuple ``opened`` was opened with when they are the same groups
+    under the same generations (the client then skips its per-group checks), else new ones."""
+    if opened is not None and len(opened.reads) == len(groups):
+        same = all(
+            r.key == g.partition and r.token is not None and r.token.generation == g.generation
+            for r, g in zip(opened.reads, groups, strict=True)
+        )
+        if same:
+            return opened.reads
+    return _lease_reads(groups)
+
+
 def _in_parallel(calls: Sequence[Callable[[], T]], name: str) -> list[T]:
     """Run one call per server, on threads when there are several (Flight releases the GIL); results in
     order, the first error raised once every call ended."""
@@ -257,7 +270,10 @@ def read_handle(
             opened=None if opened is None else opened.get(location),
         )
 
-    calls = [functools.partial(_one, loc, _lease_reads(groups)) for loc, groups in by_location.items()]
+    calls = [
+        functools.partial(_one, loc, _reads_of(groups, None if opened is None else opened.get(loc)))
+        for loc, groups in by_location.items()
+    ]
     tables = _in_parallel(calls, "trajflight-get")
     if len(tables) == 1:
         return tables[0]

@@ -417,6 +417,23 @@ def test_an_open_is_read_again_without_a_call_while_the_fence_board_shows_nothin
             client.shm_get(newest, opened=latest)
 
 
+def test_reading_back_the_opened_reads_themselves_gives_what_fresh_reads_give():
+    keys = [GroupKey("job-a", 1, g) for g in range(3)]
+    groups = [make_group(k) for k in keys]
+    with shm_serving() as (_, client):
+        client.shm_put_groups(list(zip(keys, groups, strict=True)), contiguous=True)
+        opened = client.shm_open([GroupRead(k, LeaseToken(2)) for k in keys])
+        same, fresh = opened.reads, tuple(GroupRead(k, LeaseToken(2)) for k in keys)
+        assert same is not fresh
+        for columns in (None, ["reward", "response_ids"], ["reward"]):
+            assert client.shm_get(same, columns=columns, opened=opened).equals(
+                client.shm_get(fresh, columns=columns, opened=opened)
+            )
+        assert client.shm_get(fresh[1:], opened=opened).num_rows == 16  # a subset: per-group path
+        with pytest.raises(SchemaError):  # a column no group has: asked again, the server names it
+            client.shm_get(same, columns=["nope"], opened=opened)
+
+
 def test_a_restarted_server_replaces_its_fence_board_so_kept_opens_go_back_to_it(tmp_path):
     held = [GroupRead(KEY, LeaseToken(1))]
     with shm_serving(directory=str(tmp_path / "arena")) as (_, client):
