@@ -1,8 +1,14 @@
 """Validation of trajectory groups that come from outside (a writer, a Flight stream, a file).
 
-Every check is vectorised with ``pyarrow.compute`` (no Python loop per row) and raises
-:class:`~trajflight.errors.SchemaError` naming the column and, where one row is at fault, the first such
-row. Nothing is modified or copied.
+Every check is vectorised (no Python loop per row) and raises :class:`~trajflight.errors.SchemaError`
+naming the column and, where one row is at fault, the first such row. Nothing is modified, and the payload
+is not copied (the cheap checks below copy at most a few KiB of offsets and key values).
+
+Storage servers validate every group they receive, so each check has two tiers: a cheap one that can only
+accept (null counts, key columns compared as raw bytes, list offsets compared through numpy views of the
+Arrow buffers), and the precise one (``pyarrow.compute``), run only when the cheap one does not accept, that
+finds the first offending row and words the error. The cheap tier never decides a refusal, so errors are
+those of the precise checks; where it is not sure (an unusual type, a null) it defers to them.
 
 It does not check semantic plausibility (token ids inside a vocabulary, logprobs <= 0): NaN and inf
 logprobs are legal data and round-trip unchanged.
@@ -10,6 +16,10 @@ logprobs are legal data and round-trip unchanged.
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -101,6 +111,28 @@ def check_ragged_lengths(batch: pa.RecordBatch) -> None:
     present = [n for n in RAGGED_TOKEN_COLUMNS if n in names]
     if "response_ids" not in present:
         return
+    try:
+        columns = [batch.column(n) for n in present]
+    except KeyError:  # a name repeated: the precise check meets it where it always did
+        _check_ragged_precisely(batch)
+        return
+    pair = None
+    if _has_candidates(names):
+        pair = (columns[present.index("top_p_ids")], columns[present.index("top_p_probs")])
+    # encode_group calls this on batches whose per-token columns share response_ids' offsets buffer.
+    if not _ragged_agree(columns, pair, try_shared=True):
+        _check_ragged_precisely(batch)
+
+
+def _has_candidates(names: Sequence[str]) -> bool:
+    return "top_p_ids" in names and "top_p_probs" in names
+
+
+def _check_ragged_precisely(batch: pa.RecordBatch) -> None:
+    names = batch.schema.names
+    present = [n for n in RAGGED_TOKEN_COLUMNS if n in names]
+    if "response_ids" not in present:
+        return
     response = batch.column("response_ids")
     reference: np.ndarray | None = None
     for name in present[1:]:
@@ -122,7 +154,7 @@ def check_ragged_lengths(batch: pa.RecordBatch) -> None:
                 column=name,
                 row=row,
             )
-    if "top_p_ids" in names and "top_p_probs" in names:
+    if _has_candidates(names):
         _check_candidate_sets(batch.column("top_p_ids"), batch.column("top_p_probs"))
 
 
@@ -183,12 +215,295 @@ def validate_group(
     except (pa.ArrowInvalid, pa.ArrowException) as exc:
         raise SchemaError(f"invalid Arrow data: {exc}; the writer sent a malformed record batch") from exc
     schema.check(batch.schema)
-    check_nulls(batch, schema)
-    values = [
-        _check_constant(batch, name, None if expect is None else getattr(expect, name))
-        for name in KEY_COLUMNS[:3]
-    ]
-    check_ragged_lengths(batch)
+    plan = _plan(schema, batch.schema)
+    if plan is None or batch.num_rows == 0:  # an unusual layout, or nothing to check: the precise path
+        check_nulls(batch, schema)
+        values = [
+            _check_constant(batch, name, None if expect is None else getattr(expect, name))
+            for name in KEY_COLUMNS[:3]
+        ]
+        check_ragged_lengths(batch)
+    else:
+        values = _checks_by_plan(batch, schema, plan, expect)
     if values[0] is None:
         return None
     return GroupKey(str(values[0]), int(values[1]), int(values[2]))  # type: ignore[call-overload]
+
+
+# --- The cheap tier -------------------------------------------------------------------------------------
+#
+# Each function below answers "certainly fine?" (False or _UNSURE when not sure); the caller then runs the
+# precise check of that step, which raises or passes. Steps run in validate_group's order, so the error is
+# the one the precise checks alone would raise.
+
+# same(column, expected or None) -> the value every row holds (expected, or the first row's), or _UNSURE.
+_Same = Callable[[pa.Array, object], object]
+_UNSURE = object()
+
+# Arrow types whose buffers()[1] holds len + 1 offsets (from array.offset), by type id.
+_OFFSET_DTYPES: dict[int, np.dtype] = {
+    t.id: np.dtype(d)
+    for t, d in (
+        (pa.list_(pa.null()), np.int32),
+        (pa.large_list(pa.null()), np.int64),
+        (pa.string(), np.int32),
+        (pa.large_string(), np.int64),
+        (pa.binary(), np.int32),
+        (pa.large_binary(), np.int64),
+    )
+}
+_LIST_TYPE_IDS = frozenset({pa.list_(pa.null()).id, pa.large_list(pa.null()).id})
+_SMALL = 4096  # bytes: below this, bytes() copies and compares faster than wrapping in pa.Buffer
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """Where the checks find their columns in one Arrow schema (column indices), worked out once.
+
+    Attributes:
+        non_nullable: Columns the trajectory schema declares non-nullable.
+        keys: ``(name, index, same)`` of job_id, epoch and group_id, ``same`` being the cheap "every row
+            holds one value" of the column's type.
+        ragged: The per-token columns present, response_ids first; empty without response_ids.
+        candidates: top_p_ids and top_p_probs, when both are present (and response_ids is).
+    """
+
+    non_nullable: tuple[int, ...]
+    keys: tuple[tuple[str, int, _Same], ...]
+    ragged: tuple[int, ...]
+    candidates: tuple[int, int] | None
+
+
+# (trajectory schema, Arrow schema, its plan or None): most recent first, replaced whole (threads read it
+# without a lock). Equal Arrow schemas share a plan; Schema.equals compares names, types and nullability.
+_PLANS: tuple[tuple[TrajectorySchema, pa.Schema, _Plan | None], ...] = ()
+_PLANS_MAX = 16
+
+
+def _plan(schema: TrajectorySchema, arrow: pa.Schema) -> _Plan | None:
+    """The plan of ``arrow`` under ``schema`` (memoised), or None where the precise path is the one."""
+    global _PLANS
+    for owner, known, plan in _PLANS:
+        if owner is schema and (known is arrow or known.equals(arrow)):
+            return plan
+    plan = _make_plan(schema, arrow)
+    _PLANS = ((schema, arrow, plan), *_PLANS[: _PLANS_MAX - 1])
+    return plan
+
+
+def _make_plan(schema: TrajectorySchema, arrow: pa.Schema) -> _Plan | None:
+    names = arrow.names
+    if len(set(names)) != len(names):
+        return None  # a repeated name: the precise path, which looks columns up by name, decides
+    where = {name: i for i, name in enumerate(names)}
+    keys = []
+    for name in KEY_COLUMNS[:3]:
+        index = where.get(name)
+        same = None if index is None else _same_for(arrow.field(index).type)
+        if index is None or same is None:
+            return None
+        keys.append((name, index, same))
+    ragged = tuple(where[n] for n in RAGGED_TOKEN_COLUMNS if n in where) if "response_ids" in where else ()
+    candidates = (where["top_p_ids"], where["top_p_probs"]) if ragged and _has_candidates(names) else None
+    non_nullable = tuple(i for i, name in enumerate(names) if name in schema.non_nullable)
+    return _Plan(non_nullable, tuple(keys), ragged, candidates)
+
+
+def _checks_by_plan(
+    batch: pa.RecordBatch, schema: TrajectorySchema, plan: _Plan, expect: GroupKey | None
+) -> list[object]:
+    """validate_group's checks after the schema's, for a batch of at least one row; the key values."""
+    # Each column is wrapped once (~0.5 us a column) and shared by the steps.
+    columns: dict[int, pa.Array] = {}
+    for i in plan.non_nullable:
+        column = columns[i] = batch.column(i)
+        if column.null_count:
+            check_nulls(batch, schema)  # raises, naming the first null
+    values: list[object] = []
+    for name, i, same in plan.keys:
+        column = columns.get(i)
+        if column is None:
+            column = columns[i] = batch.column(i)
+        expected = None if expect is None else getattr(expect, name)
+        value = _UNSURE if column.null_count else same(column, expected)
+        if value is _UNSURE:
+            value = _check_constant(batch, name, expected)  # raises, or finds the cheap check was unsure
+        values.append(value)
+    if plan.ragged:
+        ragged = [columns[i] if i in columns else batch.column(i) for i in plan.ragged]
+        pair = None
+        if plan.candidates is not None:
+            ids, probs = plan.candidates
+            pair = (ragged[plan.ragged.index(ids)], ragged[plan.ragged.index(probs)])
+        # Batches from IPC (all that servers see) carry one offsets buffer per column.
+        if not _ragged_agree(ragged, pair, try_shared=False):
+            _check_ragged_precisely(batch)
+    return values
+
+
+def _same_for(type_: pa.DataType) -> _Same | None:
+    """The cheap "every row holds one value" for an Arrow type, or None where only the precise one applies."""
+    if pa.types.is_integer(type_):
+        code = {8: "b", 16: "h", 32: "i", 64: "q"}[type_.bit_width]
+        signed = pa.types.is_signed_integer(type_)
+        return partial(_constant_int, packer=struct.Struct("=" + (code if signed else code.upper())))
+    if pa.types.is_string(type_) or pa.types.is_large_string(type_):
+        dtype = _OFFSET_DTYPES[type_.id]
+        return partial(_constant_str, dtype=dtype, limit=int(np.iinfo(dtype).max))
+    if pa.types.is_dictionary(type_) and pa.types.is_integer(type_.index_type):
+        inner = _same_for(type_.value_type)
+        if inner is not None and not pa.types.is_integer(type_.value_type):
+            return partial(_constant_dict, index_size=type_.index_type.bit_width // 8, same=inner)
+    return None
+
+
+def _constant_int(column: pa.Array, value: object, *, packer: struct.Struct) -> object:
+    """``value`` (the first row's when None) if every row of integer ``column`` holds it, else _UNSURE.
+
+    Compares the data bytes with the value packed n times: Arrow stores integers in native byte order, as
+    ``struct`` packs with ``=``.
+    """
+    buffer = column.buffers()[1]
+    n, size = len(column), packer.size
+    start = column.offset * size
+    data = memoryview(buffer)[start : start + n * size].tobytes() if buffer is not None else b""
+    if len(data) != n * size:
+        return _UNSURE
+    if value is None:
+        value = packer.unpack_from(data)[0]
+    elif type(value) is not int:  # bool, float, numpy scalars: the precise check compares them as before
+        return _UNSURE
+    try:
+        packed = packer.pack(value)
+    except struct.error:  # outside the type's range: the precise check words the mismatch
+        return _UNSURE
+    return value if data == packed * n else _UNSURE
+
+
+def _constant_str(column: pa.Array, value: object, *, dtype: np.dtype, limit: int) -> object:
+    """``value`` (the first row's when None) if every row of string ``column`` holds it, else _UNSURE.
+
+    Every row holds it when the offsets step by its UTF-8 length and the bytes they span repeat it.
+    """
+    buffers = column.buffers()
+    n = len(column)
+    offsets = _view(buffers[1], dtype, n + 1, column.offset)
+    if offsets is None or buffers[2] is None:
+        return _UNSURE
+    first = int(offsets[0])
+    if value is None:
+        try:
+            value = memoryview(buffers[2])[first : int(offsets[1])].tobytes().decode()
+        except UnicodeDecodeError:  # only when full=False let bad UTF-8 through
+            return _UNSURE
+    elif type(value) is not str:
+        return _UNSURE
+    try:
+        encoded = value.encode()
+    except UnicodeEncodeError:  # a lone surrogate
+        return _UNSURE
+    width = len(encoded)
+    last = first + width * n
+    if width == 0 or first < 0 or last > limit:
+        return _UNSURE
+    if offsets.tobytes() != np.arange(first, last + 1, width, dtype=dtype).tobytes():
+        return _UNSURE
+    return value if memoryview(buffers[2])[first:last].tobytes() == encoded * n else _UNSURE
+
+
+def _constant_dict(column: pa.Array, value: object, *, index_size: int, same: _Same) -> object:
+    """``value`` (the first row's when None) if every row of dictionary ``column`` holds it, else _UNSURE.
+
+    Every row holds it when the dictionary has one entry, that entry is the value, and every index is 0
+    (indices are read, not trusted: ``full=False`` lets indices out of range through).
+    """
+    dictionary = column.dictionary
+    if len(dictionary) != 1 or dictionary.null_count:
+        return _UNSURE
+    value = same(dictionary, value)
+    buffer = column.buffers()[1]
+    n = len(column)
+    start = column.offset * index_size
+    indices = memoryview(buffer)[start : start + n * index_size].tobytes() if buffer is not None else b""
+    return value if indices == bytes(n * index_size) else _UNSURE
+
+
+def _view(buffer: pa.Buffer | None, dtype: np.dtype, count: int, offset: int) -> np.ndarray | None:
+    """``count`` values of ``dtype`` from element ``offset`` of ``buffer``: a read-only numpy view, no copy.
+
+    It aliases the Arrow buffer (CPU memory the array owns). None where the buffer is missing or too short,
+    which only an array validated with ``full=False`` (or not at all) can present.
+    """
+    if buffer is None or offset < 0 or count < 0:
+        return None
+    try:
+        return np.frombuffer(buffer, dtype, count, offset * dtype.itemsize)
+    except ValueError:
+        return None
+
+
+def _offsets(array: pa.Array) -> np.ndarray | None:
+    """The ``len + 1`` offsets of a list or string ``array``, or None for other types.
+
+    A read-only numpy view of the array's Arrow offsets buffer (no copy; it aliases memory the array owns,
+    on the CPU), from ``array.offset``: a slice's offsets need not start at 0.
+    """
+    dtype = _OFFSET_DTYPES.get(array.type.id)
+    if dtype is None:
+        return None
+    return _view(array.buffers()[1], dtype, len(array) + 1, array.offset)
+
+
+def _same_lengths(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two offsets arrays give the same row lengths (lengths are differences of offsets)."""
+    if len(a) != len(b):
+        return False
+    if a.dtype == b.dtype and a[0] == b[0]:  # the usual case: both start at 0, so compare bytes
+        if a.nbytes < _SMALL:
+            return a.tobytes() == b.tobytes()
+        a_buffer, b_buffer = pa.py_buffer(a), pa.py_buffer(b)
+        # One buffer shared by two columns (the zero-copy encode path) need not be read twice.
+        return a_buffer.address == b_buffer.address or bool(a_buffer.equals(b_buffer))
+    return bool(np.array_equal(a - a[0], b - b[0]))  # each rebased in its own dtype, as np.diff would
+
+
+def _inner_offsets(column: pa.Array) -> np.ndarray | None:
+    """Offsets of the lists nested in a list-of-lists ``column``'s rows: one per token, plus one."""
+    if column.type.id not in _LIST_TYPE_IDS:
+        return None
+    outer = _offsets(column)
+    child = column.values  # the whole child, not sliced by column.offset
+    dtype = _OFFSET_DTYPES.get(child.type.id)
+    if outer is None or dtype is None:
+        return None
+    start, stop = child.offset + int(outer[0]), child.offset + int(outer[-1])
+    return _view(child.buffers()[1], dtype, stop - start + 1, start)
+
+
+def _ragged_agree(
+    columns: Sequence[pa.Array], candidates: tuple[pa.Array, pa.Array] | None, *, try_shared: bool
+) -> bool:
+    """The cheap check_ragged_lengths: ``columns`` (response_ids first) and the top-p candidate sets.
+
+    ``try_shared`` first asks whether a column shares response_ids' offsets buffer (~0.4 us a column):
+    worth it only where that is likely.
+    """
+    response = columns[0]
+    reference: np.ndarray | None = None
+    for column in columns[1:]:
+        if column.null_count:
+            return False  # null rows are exempt: the precise check masks them
+        if try_shared and _same_offsets(column, response):
+            continue
+        if reference is None:
+            reference = _offsets(response)
+        lengths = _offsets(column)
+        if reference is None or lengths is None or not _same_lengths(lengths, reference):
+            return False
+    if candidates is None:
+        return True
+    ids, probs = candidates
+    if ids.null_count or probs.null_count:
+        return False
+    inner_ids, inner_probs = _inner_offsets(ids), _inner_offsets(probs)
+    return inner_ids is not None and inner_probs is not None and _same_lengths(inner_ids, inner_probs)

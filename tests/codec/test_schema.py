@@ -1,9 +1,14 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trajflight.codec import STANDARD_SCHEMA, TrajectorySchema
+from trajflight.codec._schema import _ACCEPTED_CACHE, _RECENT_CACHE
 from trajflight.errors import SchemaError
 
 
@@ -70,3 +75,50 @@ def test_job_id_may_be_dictionary_encoded():
 def test_a_schema_requiring_an_undeclared_column_is_refused():
     with pytest.raises(SchemaError, match="not declared"):
         TrajectorySchema((pa.field("a", pa.int32()),), frozenset({"b"}))
+
+
+@st.composite
+def arrow_schemas(draw: st.DrawFn) -> pa.Schema:
+    """Standard-ish Arrow schemas: some columns dropped or retyped, nullability and metadata shuffled."""
+    fields = []
+    for f in STANDARD_SCHEMA.fields:
+        if draw(st.integers(0, 9)) == 0:
+            continue  # dropped: refused if required
+        type_ = f.type
+        if draw(st.integers(0, 9)) == 0:
+            type_ = draw(st.sampled_from([pa.float64(), pa.large_list(pa.int32()), pa.string()]))
+        metadata = {b"note": draw(st.sampled_from([b"a", b"b"]))} if draw(st.booleans()) else None
+        fields.append(pa.field(f.name, type_, nullable=draw(st.booleans()), metadata=metadata))
+    if draw(st.booleans()):
+        fields.reverse()
+    return pa.schema(fields, metadata={b"run": b"1"} if draw(st.booleans()) else None)
+
+
+def _check_outcome(schema: TrajectorySchema, arrow: pa.Schema) -> Any:
+    try:
+        schema.check(arrow)
+    except SchemaError as exc:
+        return (str(exc), exc.column)
+    return "accepted"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(arrow_schemas(), min_size=1, max_size=12))
+def test_check_remembers_accepted_schemas_without_changing_any_verdict(arrows):
+    """Remembered schemas are found by equality (new but equal objects, other metadata); verdicts hold."""
+    remembering = TrajectorySchema(STANDARD_SCHEMA.fields, STANDARD_SCHEMA.required)
+    for arrow in arrows + arrows[::-1]:
+        copy = pa.schema(list(arrow), metadata=arrow.metadata)  # an equal schema, another object
+        fresh = TrajectorySchema(STANDARD_SCHEMA.fields, STANDARD_SCHEMA.required)
+        assert _check_outcome(remembering, copy) == _check_outcome(fresh, arrow)
+    assert len(remembering._recent) <= _RECENT_CACHE
+
+
+def test_check_remembers_a_bounded_number_of_schemas():
+    schema = STANDARD_SCHEMA.extend()
+    for i in range(_RECENT_CACHE + 3):
+        schema.check(STANDARD_SCHEMA.arrow.append(pa.field(f"user_{i}", pa.int8())))
+    assert len(schema._recent) == _RECENT_CACHE
+    assert len(schema._accepted) == _RECENT_CACHE + 3 <= _ACCEPTED_CACHE
+    schema.check(STANDARD_SCHEMA.arrow.append(pa.field("user_0", pa.int8())))  # found in the hashed cache
+    assert schema._recent[0].names[-1] == "user_0"

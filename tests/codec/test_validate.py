@@ -1,0 +1,272 @@
+"""validate_group's cheap checks against its precise ones: the same verdict and the same error, always.
+
+Storage servers validate every group they receive, so validate_group first runs cheap checks that can
+only accept (null counts, key columns as raw bytes, list offsets as numpy views); the precise
+``pyarrow.compute`` checks run when those do not accept, and word the error. These tests generate groups
+valid and invalid (sliced, offsets not starting at 0, nulls, a wrong key in any row, dictionary job ids,
+large_list columns, after IPC or not) and compare validate_group with the same call forced onto the precise
+checks alone.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+from unittest import mock
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trajflight import workload
+from trajflight.codec import STANDARD_SCHEMA, GroupKey, TrajectorySchema, _validate, validate_group
+from trajflight.codec._validate import check_ragged_lengths
+from trajflight.errors import SchemaError
+
+
+def _custom_schema() -> TrajectorySchema:
+    """The standard columns with nullable keys, an int32 epoch and large_list token ids (int64 offsets)."""
+    changes = {
+        "job_id": pa.field("job_id", pa.string(), nullable=True),
+        "epoch": pa.field("epoch", pa.int32(), nullable=True),
+        "response_ids": pa.field("response_ids", pa.large_list(pa.int32()), nullable=False),
+        "top_p_ids": pa.field("top_p_ids", pa.large_list(pa.large_list(pa.int32())), nullable=True),
+    }
+    return TrajectorySchema(
+        tuple(changes.get(f.name, f) for f in STANDARD_SCHEMA.fields), STANDARD_SCHEMA.required
+    )
+
+
+SCHEMAS = {"standard": STANDARD_SCHEMA, "custom": _custom_schema()}
+RAGGED = ("response_logprobs", "loss_mask", "top_p_ids", "top_p_probs")
+_ONE_MORE = {"response_logprobs": -0.5, "loss_mask": 1, "top_p_ids": [7], "top_p_probs": [0.25]}
+
+
+@contextmanager
+def _precise_only() -> Iterator[None]:
+    """validate_group and check_ragged_lengths with their cheap checks switched off."""
+    with (
+        mock.patch.object(_validate, "_plan", return_value=None),
+        mock.patch.object(_validate, "_ragged_agree", return_value=False),
+    ):
+        yield
+
+
+def _outcome(call: Callable[[], Any]) -> tuple[Any, ...]:
+    try:
+        return ("returned", call())
+    except SchemaError as exc:
+        return ("SchemaError", str(exc), exc.column, exc.row)
+    except Exception as exc:  # e.g. an Arrow error on data full=False let through: it must match too
+        return (type(exc).__name__, str(exc))
+
+
+def _ipc(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` as a storage server sees it: written to an IPC stream and read back."""
+    sink = io.BytesIO()
+    with ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return ipc.open_stream(pa.BufferReader(sink.getvalue())).read_next_batch()
+
+
+def _with_junk_in_front(array: pa.Array, junk: list[Any]) -> pa.Array:
+    """The same rows as a slice of a longer array: its offsets (or data) do not start at 0."""
+    return pa.concat_arrays([pa.array(junk, array.type), array]).slice(len(junk))
+
+
+_JUNK: dict[str, list[Any]] = {
+    "job_id": ["xx"],
+    "sample_id": ["yy", "z"],
+    "prompt_ids": [[5, 5]],
+    "response_ids": [[7], [7, 7]],
+    "response_logprobs": [[0.1, 0.2, 0.3]],
+    "loss_mask": [[1]],
+    "top_p_ids": [[[1, 2]], [[3]]],
+    "top_p_probs": [[[0.5, 0.5, 0.5]]],
+}
+
+
+@st.composite
+def groups(draw: st.DrawFn) -> tuple[pa.RecordBatch, TrajectorySchema, GroupKey | None]:
+    """A batch (mostly one group, sometimes several or a slice), its schema and the key to expect."""
+    schema_name = draw(st.sampled_from(sorted(SCHEMAS)))
+    schema = SCHEMAS[schema_name]
+    groups_ = draw(st.sampled_from([1, 1, 1, 1, 1, 2, 3]))  # several: rows of other groups, or slices of one
+    sizes = draw(st.lists(st.integers(1, 3), min_size=groups_, max_size=groups_))
+    group_ids = [5 + g for g, size in enumerate(sizes) for _ in range(size)]
+    n = len(group_ids)
+    lengths = draw(st.lists(st.integers(0, 4), min_size=n, max_size=n))
+    top_p = draw(st.booleans())
+    candidates = [draw(st.lists(st.integers(0, 3), min_size=k, max_size=k)) for k in lengths]
+    job = draw(st.sampled_from(["j", "job", "jé"]))
+    data: dict[str, list[Any]] = {
+        "job_id": [job] * n,
+        "epoch": [1] * n,
+        "group_id": group_ids,
+        "sample_index": list(range(n)),
+        "sample_id": [f"s{i}" for i in range(n)],
+        "policy_version": [0] * n,
+        "prompt_ids": [[1, 2]] * n,
+        "response_ids": [list(range(k)) for k in lengths],
+        "response_logprobs": [[-0.5] * k for k in lengths],
+        "loss_mask": [[1] * k for k in lengths],
+        "reward": [1.0] * n,
+    }
+    if top_p:
+        data["top_p_ids"] = [[[7] * c for c in row] for row in candidates]
+        data["top_p_probs"] = [[[0.25] * c for c in row] for row in candidates]
+
+    mutation = draw(
+        st.sampled_from(["none", "key", "null", "length", "length", "length", "candidate", "candidate"])
+    )
+    row = draw(st.sampled_from([0, n - 1]) | st.integers(0, n - 1))
+    if mutation == "key":
+        name = draw(st.sampled_from(["job_id", "epoch", "group_id"]))
+        data[name][row] = (
+            draw(st.sampled_from(["k", "jo", "job2"])) if name == "job_id" else data[name][row] + 1
+        )
+    elif mutation == "null":  # refused in non-nullable columns; an exempt row in top_p_* (half the time)
+        exempt = [c for c in RAGGED[2:] if c in data]
+        data[draw(st.sampled_from(exempt if exempt and draw(st.booleans()) else sorted(data)))][row] = None
+    elif mutation == "length":
+        name = draw(st.sampled_from([c for c in RAGGED if c in data]))
+        cell = data[name][row]
+        data[name][row] = cell[:-1] if cell and draw(st.booleans()) else [*cell, _ONE_MORE[name]]
+    elif mutation == "candidate" and top_p and lengths[row]:
+        token = draw(st.integers(0, lengths[row] - 1))
+        data["top_p_probs"][row][token] = [*data["top_p_probs"][row][token], 0.25]
+
+    arrays = []
+    for name, values in data.items():
+        array = pa.array(values, schema.field(name).type)
+        if name == "job_id" and draw(st.booleans()):
+            array = _dictionary(array, many=draw(st.booleans()))
+        elif name in _JUNK and draw(st.booleans()):
+            array = _with_junk_in_front(array, _JUNK[name])
+        arrays.append(array)
+    batch = pa.RecordBatch.from_arrays(arrays, names=list(data))
+
+    cut = draw(st.sampled_from(["whole", "whole", "whole", "slice", "slice", "slice", "no rows"]))
+    if cut == "slice":
+        start = draw(st.integers(0, n - 1))
+        batch = batch.slice(start, draw(st.integers(1, n - start)))
+    elif cut == "no rows":
+        batch = batch.slice(draw(st.integers(0, n)), 0)
+    if draw(st.booleans()):
+        batch = _ipc(batch)
+    expect = draw(st.sampled_from(["none", "right", "right", "right", "wrong"]))
+    if expect == "none":
+        return batch, schema, None
+    first = batch.column("group_id")[0].as_py() if batch.num_rows else None
+    key = GroupKey(job, 1, 5 if first is None else first)
+    if expect == "wrong":
+        field = draw(st.sampled_from(["job_id", "epoch", "group_id"]))
+        key = key._replace(**{field: "jx" if field == "job_id" else getattr(key, field) + 1})
+    return batch, schema, key
+
+
+def _dictionary(array: pa.Array, *, many: bool) -> pa.Array:
+    """``array`` dictionary-encoded: a one-entry dictionary where it can be, else (or if ``many``) more."""
+    encoded = array.dictionary_encode()
+    if not many:
+        return encoded
+    # An unused first entry: indices are then all 1, and the dictionary has two entries.
+    dictionary = pa.concat_arrays([pa.array(["unused"]), encoded.dictionary])
+    return pa.DictionaryArray.from_arrays(pa.compute.add(encoded.indices, 1).cast(pa.int8()), dictionary)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(groups())
+def test_cheap_and_precise_checks_give_the_same_verdict(case: tuple[pa.RecordBatch, TrajectorySchema, Any]):
+    batch, schema, expect = case
+    cheap = _outcome(lambda: validate_group(batch, schema, expect=expect))
+    with _precise_only():
+        precise = _outcome(lambda: validate_group(batch, schema, expect=expect))
+    assert cheap == precise
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(groups())
+def test_check_ragged_lengths_cheap_and_precise_agree(case: tuple[pa.RecordBatch, TrajectorySchema, Any]):
+    batch = case[0]
+    cheap = _outcome(lambda: check_ragged_lengths(batch))
+    with _precise_only():
+        precise = _outcome(lambda: check_ragged_lengths(batch))
+    assert cheap == precise
+
+
+@contextmanager
+def _precise_checks_forbidden() -> Iterator[None]:
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("a precise check ran on a valid group")
+
+    with (
+        mock.patch.object(_validate, "check_nulls", refuse),
+        mock.patch.object(_validate, "_check_constant", refuse),
+        mock.patch.object(_validate, "_check_ragged_precisely", refuse),
+    ):
+        yield
+
+
+@pytest.mark.parametrize("top_p", [False, True], ids=["plain", "top_p"])
+def test_a_valid_group_from_ipc_passes_on_the_cheap_checks_alone(top_p):
+    """What keeps a server's validation cheap: no pyarrow.compute pass for a group that is fine."""
+    group = _ipc(workload.make_workload(2, 8, seed=0, top_p=top_p)[1].encode("job", 1))
+    with _precise_checks_forbidden():
+        assert validate_group(group, expect=GroupKey("job", 1, 1)) == GroupKey("job", 1, 1)
+        assert validate_group(group) == GroupKey("job", 1, 1)
+
+
+def test_a_wrong_key_in_the_last_row_of_a_large_batch_is_named():
+    groups_ = [g.encode("job", 1) for g in workload.make_workload(8, 8, seed=0, response_median=8.0)]
+    whole = pa.concat_batches(groups_)
+    epochs = pa.array([1] * (whole.num_rows - 1) + [2], pa.int64())
+    index = whole.schema.get_field_index("epoch")
+    whole = _ipc(whole.set_column(index, whole.schema.field(index), epochs))
+    with pytest.raises(SchemaError, match=r"'epoch' row 63 is 2, expected 1") as info:
+        validate_group(whole, expect=GroupKey("job", 1, 0))
+    assert (info.value.column, info.value.row) == ("epoch", 63)
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["one-entry", "two-entry"])
+def test_a_dictionary_encoded_job_id_is_checked_like_a_string(many):
+    group = workload.make_workload(1, 4, seed=0)[0].encode("job", 1)
+    index = group.schema.get_field_index("job_id")
+    encoded = group.set_column(index, "job_id", _dictionary(group.column("job_id"), many=many))
+    assert validate_group(encoded) == GroupKey("job", 1, 0)
+    assert validate_group(_ipc(encoded), expect=GroupKey("job", 1, 0)) == GroupKey("job", 1, 0)
+    with pytest.raises(SchemaError, match=r"'job_id' row 0 is 'job', expected 'other'"):
+        validate_group(encoded, expect=GroupKey("other", 1, 0))
+
+
+def test_the_second_group_of_a_sliced_batch_validates_with_its_own_key():
+    """A slice's offsets do not start at 0, and its key columns start mid-buffer."""
+    a, b = (g.encode("job", 3) for g in workload.make_workload(2, 4, seed=1))
+    second = pa.concat_batches([a, b]).slice(a.num_rows)
+    assert second.column("response_ids").offsets[0].as_py() > 0
+    assert validate_group(second, expect=GroupKey("job", 3, 1)) == GroupKey("job", 3, 1)
+    with pytest.raises(SchemaError, match=r"'group_id' row 0 is 1, expected 0"):
+        validate_group(second, expect=GroupKey("job", 3, 0))
+
+
+@pytest.mark.parametrize("repeated", ["top_p_probs", "loss_mask", "reward", "epoch"])
+@pytest.mark.parametrize("bad_lengths", [False, True], ids=["good", "bad-lengths"])
+def test_a_repeated_column_name_gives_what_the_precise_checks_give(repeated, bad_lengths):
+    """Arrow lets a batch repeat a name; the cheap checks step aside rather than pick one of the columns."""
+    group = workload.make_workload(1, 4, seed=0, top_p=True)[0].encode("job", 1)
+    if bad_lengths:
+        index = group.schema.get_field_index("response_logprobs")
+        short = pa.array([[0.5]] * group.num_rows, pa.list_(pa.float32()))
+        group = group.set_column(index, "response_logprobs", short)
+    group = group.append_column(repeated, group.column(repeated))
+    for call in (
+        lambda: validate_group(group, expect=GroupKey("job", 1, 0)),
+        lambda: check_ragged_lengths(group),
+    ):
+        cheap = _outcome(call)
+        with _precise_only():
+            assert cheap == _outcome(call)
