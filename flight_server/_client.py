@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -29,11 +29,12 @@ import pyarrow.flight as flight
 import pyarrow.ipc as ipc
 
 from trajflight.codec import GroupKey
-from trajflight.errors import DeadlineExceededError, InvalidRequestError, SchemaError, TrajflightError
+from trajflight.errors import DeadlineExceededError, InvalidRequestError, TrajflightError
 from trajflight.flight_server._errors import translate_errors
 from trajflight.flight_server._fences import MappedBoard, read_board
 from trajflight.flight_server._local import LocalChannel
-from trajflight.flight_server._shm import map_segment, write_segment
+from trajflight.flight_server._opened import ShmOpened
+from trajflight.flight_server._shm import write_segment
 from trajflight.flight_server._wire import (
     AppendDescriptor,
     DeleteRequest,
@@ -74,173 +75,6 @@ class GroupInfo:
     nbytes: int
     ticket: bytes
     locations: tuple[str, ...]
-
-
-class ShmOpened:
-    """Segment handles of groups as the server's ``shm_open`` gave them; reads them with no further call.
-
-    Holds, per group, its lease generation and its parts (segment, first row, rows), and the column names
-    of each segment. Segments are mapped read-only on first read and the mappings kept while this object
-    lives (a segment handed to a reader is never reused by the server, so a mapping stays valid). The
-    server checked the tokens when it answered; :meth:`StorageClient.shm_get` checks every later read on
-    the server's fence board (each group's ``[slot, tag]`` from the answer; see ``_fences``) and opens
-    again when anything changed: a re-granted lease, a delete, an append.
-    """
-
-    __slots__ = (
-        "_board",
-        "_covers",
-        "_fences",
-        "_groups",
-        "_segments",
-        "_tables",
-        "_whole",
-        "board_path",
-        "reads",
-    )
-
-    def __init__(
-        self,
-        segments: Sequence[tuple[str, int, tuple[str, ...] | None]],
-        groups: Mapping[GroupKey, tuple[int | None, tuple[tuple[int, int, int], ...]]],
-        fences: Mapping[GroupKey, tuple[int, int]] | None = None,
-        board_path: str | None = None,
-        reads: Sequence[GroupRead] = (),
-    ) -> None:
-        self._segments = list(segments)
-        self._groups = dict(groups)
-        self._tables: dict[int, pa.Table] = {}
-        self._fences = dict(fences or {})
-        self.board_path = board_path
-        self.reads: tuple[GroupRead, ...] = tuple(reads)
-        """The reads it was opened for; passing this very tuple back reads with no per-group work."""
-        # Per-open results for those reads, computed once (a trainer reads its lease several times).
-        self._board: tuple[list[tuple[int, int]], list[int]] | bool | None = False
-        self._covers: dict[tuple[str, ...] | None, bool] = {}
-        self._whole: pa.Table | None = None
-
-    @classmethod
-    def from_reply(cls, reads: Sequence[GroupRead], reply: Mapping[str, Any]) -> ShmOpened:
-        """Parse a ``shm_open`` reply to ``reads`` (groups answer in the order asked)."""
-        segments = [
-            (str(s["path"]), int(s["capacity"]), None if s.get("columns") is None else tuple(s["columns"]))
-            for s in reply["segments"]
-        ]
-        answered = reply["groups"]
-        if len(answered) != len(reads):
-            raise TrajflightError(f"shm_open: {len(answered)} groups answered for {len(reads)} asked")
-        groups = {
-            r.key: (
-                None if r.token is None else r.token.generation,
-                tuple((int(a), int(o), int(n)) for a, o, n in g["parts"]),
-            )
-            for r, g in zip(reads, answered, strict=True)
-        }
-        fences = {
-            r.key: (int(g["fence"][0]), int(g["fence"][1]))
-            for r, g in zip(reads, answered, strict=True)
-            if g.get("fence") is not None
-        }
-        return cls(segments, groups, fences, reply.get("fences"), reads)
-
-    def board_entries(self, reads: Sequence[GroupRead]) -> tuple[list[tuple[int, int]], list[int]] | None:
-        """``(slot, tag)`` and lease generation per read, for :func:`~._fences.read_board`; None when
-        some read has no board slot or no token (the server must check it)."""
-        if reads is self.reads:
-            if self._board is False:
-                self._board = self.board_entries(list(reads))
-            return self._board  # type: ignore[return-value]
-        entries, generations = [], []
-        for r in reads:
-            fence = self._fences.get(r.key)
-            if fence is None or r.token is None:
-                return None
-            entries.append(fence)
-            generations.append(r.token.generation)
-        return entries, generations
-
-    def covers(self, reads: Sequence[GroupRead], columns: Sequence[str] | None) -> bool:
-        """Whether every read (same key and generation) and every named column is in this open."""
-        if reads is self.reads:
-            wanted = None if columns is None else tuple(columns)
-            found = self._covers.get(wanted)
-            if found is None:
-                found = self._covers[wanted] = self.covers(list(reads), columns)
-            return found
-        for r in reads:
-            found = self._groups.get(r.key)
-            if found is None or found[0] != (None if r.token is None else r.token.generation):
-                return False
-            if columns is not None:
-                stored: set[str] = set()
-                for at, _, _ in found[1]:
-                    names = self._segments[at][2]
-                    if names is None:  # a server that does not list columns: ask it
-                        return False
-                    stored.update(names)
-                if not stored.issuperset(columns):
-                    return False
-        return True
-
-    def _stream(self, at: int) -> pa.Table:
-        found = self._tables.get(at)
-        if found is None:
-            path, capacity, _ = self._segments[at]
-            mm = map_segment(path, capacity)
-            try:
-                found = self._tables[at] = ipc.open_stream(pa.py_buffer(mm)).read_all()
-            except pa.ArrowInvalid as exc:
-                raise SchemaError(f"shm read: segment {path} is not an IPC stream: {exc}") from None
-        return found
-
-    def read(self, reads: Sequence[GroupRead], columns: Sequence[str] | None) -> pa.Table:
-        """The groups of ``reads`` (which :meth:`covers`) as one table, projected to ``columns``.
-
-        Consecutive single-part groups that are consecutive rows of one segment are read as one slice: a
-        batch put together and read in order is one chunk (no copy).
-        """
-        if reads is self.reads:
-            if self._whole is None:
-                self._whole = self.read(list(reads), None)
-            return self._whole if columns is None else self._whole.select(list(columns))
-        runs: list[list[int]] = []  # [segment index, first row, rows]
-        tables: list[pa.Table] = []
-
-        def flush() -> None:
-            for at, offset, rows in runs:
-                tables.append(self._stream(at).slice(offset, rows))
-            runs.clear()
-
-        for r in reads:
-            parts = self._groups[r.key][1]
-            if len(parts) == 1:
-                at, offset, rows = parts[0]
-                if runs and runs[-1][0] == at and runs[-1][1] + runs[-1][2] == offset:
-                    runs[-1][2] += rows
-                else:
-                    runs.append([at, offset, rows])
-                continue
-            flush()
-            table: pa.Table | None = None
-            for at, offset, rows in parts:
-                piece = self._stream(at).slice(offset, rows)
-                if table is None:
-                    table = piece
-                else:
-                    for name, column in zip(piece.column_names, piece.columns, strict=True):
-                        table = table.append_column(piece.schema.field(name), column)
-            if table is None:  # pragma: no cover - a stored group has at least one part
-                raise TrajflightError("shm_open: a group without parts")
-            tables.append(table)
-        flush()
-        if columns is not None:
-            tables = [t.select(list(columns)) for t in tables]
-        if len(tables) == 1:
-            return tables[0]
-        try:
-            return pa.concat_tables(tables)
-        except pa.ArrowInvalid:  # groups with different appended columns: missing ones read as nulls
-            return pa.concat_tables(tables, promote_options="default")
 
 
 INLINE_PUT_BYTES = 256 * 1024
