@@ -60,8 +60,15 @@ def _check_constant(batch: pa.RecordBatch, name: str, expected: object | None) -
         column = column.dictionary_decode()
     if len(column) == 0:
         return expected
+    if column.null_count:  # only a custom schema can declare a key column nullable
+        row = _first_false(pc.is_valid(column))
+        raise SchemaError(
+            f"column {name!r} row {row} is null: every sample carries its group's key; fill it",
+            column=name,
+            row=row,
+        )
     value = column[0].as_py() if expected is None else expected
-    bounds = pc.min_max(column)  # one pass; constant iff min == max == value (nulls were refused)
+    bounds = pc.min_max(column)  # one pass; constant iff min == max == value (nulls refused above)
     if bounds["min"].as_py() == value and bounds["max"].as_py() == value:
         return value
     row = _first_false(pc.equal(column, pa.scalar(value, type=column.type)))
@@ -214,6 +221,12 @@ def validate_group(
         batch.validate(full=full)
     except (pa.ArrowInvalid, pa.ArrowException) as exc:
         raise SchemaError(f"invalid Arrow data: {exc}; the writer sent a malformed record batch") from exc
+    names = batch.schema.names
+    if len(set(names)) != len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        raise SchemaError(
+            f"column {twice!r} appears more than once; give every column its own name", column=twice
+        )
     schema.check(batch.schema)
     plan = _plan(schema, batch.schema)
     if plan is None or batch.num_rows == 0:  # an unusual layout, or nothing to check: the precise path

@@ -10,6 +10,7 @@ checks alone.
 
 from __future__ import annotations
 
+import contextlib
 import io
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -270,3 +271,30 @@ def test_a_repeated_column_name_gives_what_the_precise_checks_give(repeated, bad
         cheap = _outcome(call)
         with _precise_only():
             assert cheap == _outcome(call)
+
+
+def test_a_repeated_column_name_is_a_schema_error_naming_it():
+    """Regression: a repeated name used to escape as a KeyError from the column lookups."""
+    group = workload.make_workload(1, 4, seed=0)[0].encode("job", 1)
+    twice = group.append_column("reward", group.column("reward"))
+    for checks in (contextlib.nullcontext(), _precise_only()):
+        with checks, pytest.raises(SchemaError, match="'reward' appears more than once") as info:
+            validate_group(twice, expect=GroupKey("job", 1, 0))
+        assert info.value.column == "reward"
+
+
+@pytest.mark.parametrize("expect", [None, GroupKey("job", 1, 0)], ids=["no-expect", "expect"])
+def test_a_null_key_in_a_schema_that_allows_it_is_a_schema_error_naming_the_row(expect):
+    """Regression: with nullable key columns (a custom schema), a null first key raised a TypeError."""
+    group = workload.make_workload(1, 4, seed=0)[0].encode("job", 1)
+    nullable = TrajectorySchema(
+        tuple(f.with_nullable(True) if f.name == "job_id" else f for f in STANDARD_SCHEMA.fields),
+        STANDARD_SCHEMA.required,
+    )
+    for row in (0, 2):
+        job = pa.array(["job" if i != row else None for i in range(group.num_rows)], pa.string())
+        holed = group.set_column(group.schema.get_field_index("job_id"), "job_id", job)
+        for checks in (contextlib.nullcontext(), _precise_only()):
+            with checks, pytest.raises(SchemaError, match=f"'job_id' row {row} is null") as info:
+                validate_group(holed, nullable, expect=expect)
+            assert info.value.row == row
