@@ -335,14 +335,16 @@ class StorageClient:
             group_batches, _, rows = self._batches(data)
             per_group.append(group_batches)
             rows_of.append(rows)
-        streams: list[list[pa.RecordBatch]]
         if contiguous and len(groups) > 1:
             # One stream of one batch for all groups (one copy here to join them, one into the
             # segment); readers of these groups in this order then get one slice with no copy.
-            joined = pa.Table.from_batches([b for bs in per_group for b in bs], schema).combine_chunks()
-            streams = [joined.to_batches()]
-        else:
-            streams = per_group
+            chunks = pa.Table.from_batches([b for bs in per_group for b in bs], schema).combine_chunks()
+            joined = chunks.to_batches()
+            batch = joined[0] if len(joined) == 1 else pa.concat_batches(joined)
+            keys_rows = [(key, rows) for (key, _), rows in zip(groups, rows_of, strict=True)]
+            self.shm_put_batch(keys_rows, batch, writer=writer, sigs=sigs, ttl=ttl, timeout=timeout)
+            return
+        streams = per_group
         sizes = [_stream_size(schema, bs) for bs in streams]
         local = self._local
         if len(groups) == 1 and local is not None and sizes[0] <= self.inline_put_bytes:
@@ -358,16 +360,59 @@ class StorageClient:
             local.call("shm_put", body, self.timeout if timeout is None else timeout, payload=payload)
             return
         puts = [
-            PutDescriptor(
-                key,
-                writer,
-                None if len(streams) == 1 and len(groups) > 1 else sizes[i],
-                rows_of[i],
-                None if sigs is None else sigs[i],
-            )
+            PutDescriptor(key, writer, sizes[i], rows_of[i], None if sigs is None else sigs[i])
             for i, (key, _) in enumerate(groups)
         ]
-        batch_bytes = sizes[0] if len(streams) == 1 and len(groups) > 1 else None
+        self._reserve_write_publish(puts, streams, sizes, schema, None, writer, ttl, timeout)
+
+    def shm_put_batch(
+        self,
+        groups: Sequence[tuple[GroupKey, int]],
+        batch: pa.RecordBatch,
+        *,
+        writer: str = "",
+        sigs: Sequence[str | None] | None = None,
+        ttl: float | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """Put several groups already joined in one record batch through shared memory, as one segment.
+
+        ``groups`` names each group's ``(key, rows)`` in the batch's row order; the batch's key columns
+        must already hold them (the server checks every row). Written as one IPC stream (one copy, into
+        the segment) and published all together or not at all: a reader of these groups in this order
+        gets them as one slice with no copy. ``batch`` is read, not kept.
+
+        Raises:
+            Like :meth:`shm_put_groups`; InvalidRequestError when the rows do not add up.
+        """
+        if not groups:
+            return
+        if sigs is not None and len(sigs) != len(groups):
+            raise InvalidRequestError(f"shm_put_batch: {len(sigs)} signatures for {len(groups)} groups")
+        if any(rows <= 0 for _, rows in groups) or sum(rows for _, rows in groups) != batch.num_rows:
+            raise InvalidRequestError(
+                f"shm_put_batch: the groups' rows must be > 0 and add up to the batch's {batch.num_rows}"
+            )
+        size = _stream_size(batch.schema, [batch])
+        puts = [
+            PutDescriptor(key, writer, None, rows, None if sigs is None else sigs[i])
+            for i, (key, rows) in enumerate(groups)
+        ]
+        self._reserve_write_publish(puts, [[batch]], [size], batch.schema, size, writer, ttl, timeout)
+
+    def _reserve_write_publish(
+        self,
+        puts: Sequence[PutDescriptor],
+        streams: Sequence[Sequence[pa.RecordBatch]],
+        sizes: Sequence[int],
+        schema: pa.Schema,
+        batch_bytes: int | None,
+        writer: str,
+        ttl: float | None,
+        timeout: float | None,
+    ) -> None:
+        """``shm_reserve``, write each stream into its segment (one shared one with ``batch_bytes``),
+        ``shm_publish``; the reservations are given up on any failure."""
         request = ShmReserveRequest(tuple(puts), writer, ttl, batch_bytes)
         segments = self._action("shm_reserve", encode(request), timeout)["segments"]
         try:

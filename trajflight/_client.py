@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from trajflight._handles import BatchHandle
 from trajflight._lease import LeasedBatch, Renewals
-from trajflight._storage import StoragePool, Transport
+from trajflight._storage import StoragePool, Transport, with_key
 from trajflight.codec import GroupKey, encode_group
 from trajflight.controller import ControllerClient, GroupInfo, JobConfig, OldReady, Partition, PutGrant
 from trajflight.errors import CapacityExceededError, DeadlineExceededError, InvalidRequestError
@@ -225,29 +225,11 @@ def _stored_bytes(batch: pa.RecordBatch) -> int:
 
 
 def _tokens_of(batch: pa.RecordBatch) -> int:
-    if "response_ids" not in batch.schema.names:
+    """Response tokens of a group (for token-budgeted leases), from the offsets with no kernel call."""
+    if "response_ids" not in batch.schema.names or batch.num_rows == 0:
         return 0
-    offsets = batch.column("response_ids").offsets
-    return int(offsets[-1].as_py() - offsets[0].as_py()) if len(offsets) else 0
-
-
-def _with_key(batch: pa.RecordBatch, key: GroupKey) -> pa.RecordBatch:
-    """The batch with its key columns set to ``key`` (built by the writer before the id was known)."""
-    rows = batch.num_rows
-    for name, value, type_ in (
-        ("job_id", key.job_id, pa.string()),
-        ("epoch", key.epoch, pa.int64()),
-        ("group_id", key.group_id, pa.int64()),
-    ):
-        index = batch.schema.get_field_index(name)
-        field = batch.schema.field(index) if index >= 0 else pa.field(name, type_, nullable=False)
-        column = pa.repeat(pa.scalar(value, type=type_), rows)
-        batch = (
-            batch.set_column(index, field.with_type(type_), column)
-            if index >= 0
-            else batch.add_column(0, field, column)
-        )
-    return batch
+    offsets = batch.column("response_ids").offsets.to_numpy(zero_copy_only=False)
+    return int(offsets[-1] - offsets[0])
 
 
 class Writer:
@@ -321,7 +303,7 @@ class Writer:
         nbytes = _stored_bytes(batch)
         grant = self._allocate(nbytes, deadline)
         key = GroupKey(*grant.partition)
-        batch = _with_key(batch, key)
+        batch = with_key(batch, key)
         self.client.storage.put_group(
             grant.location, key, batch, writer=self.writer_id, timeout=max(0.001, deadline - time.monotonic())
         )
@@ -398,20 +380,26 @@ class Writer:
         deadline = time.monotonic() + (self.put_timeout if timeout is None else timeout)
         sizes = [_stored_bytes(batch) for batch in batches]
         grants = self._allocate_many(sizes, deadline)
-        planned = [
-            (grant, _with_key(batch, GroupKey(*grant.partition)), nbytes)
-            for grant, batch, nbytes in zip(grants, batches, sizes, strict=True)
-        ]
+        planned = list(zip(grants, batches, sizes, strict=True))
         by_location: dict[str, list[tuple[GroupKey, pa.RecordBatch]]] = {}
         for grant, batch, _ in planned:
+            # Key columns are set by the storage pool (on the joined batch, where it joins them).
             by_location.setdefault(grant.location, []).append((GroupKey(*grant.partition), batch))
         for location, groups in by_location.items():
             self.client.storage.put_groups(
                 location, groups, writer=self.writer_id, timeout=max(0.001, deadline - time.monotonic())
             )
         # Every group is stored: publish them all in one controller round trip where the host allows it.
+        columns = with_key(batches[0].slice(0, 0), GroupKey(self.job_id, self.epoch, 0)).schema.names
         calls = [
-            ("publish", {"partition": grant.partition, **self._publication(grant, batch, nbytes)})
+            (
+                "publish",
+                {
+                    "partition": grant.partition,
+                    **self._publication(grant, batch, nbytes),
+                    "columns": tuple(columns),
+                },
+            )
             for grant, batch, nbytes in planned
         ]
         infos: list[GroupInfo] = self.client.controller.call_many(calls)
@@ -442,9 +430,13 @@ def _capacity_wait(exc: CapacityExceededError, deadline: float) -> float:
 
 
 def _policy_version(batch: pa.RecordBatch, default: int) -> int:
+    """The oldest weights version of a group's samples (``default`` without the column)."""
     if "policy_version" not in batch.schema.names or batch.num_rows == 0:
         return default
-    return int(pa.compute.min(batch.column("policy_version")).as_py())
+    column = batch.column("policy_version")
+    if column.null_count:
+        return int(pa.compute.min(column).as_py())
+    return int(column.to_numpy(zero_copy_only=False).min())
 
 
 class Trainer:

@@ -24,18 +24,19 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, TypeVar
 
+import numpy as np
 import pyarrow as pa
 
 from trajflight._handles import BatchHandle
 from trajflight.codec import GroupKey
 from trajflight.controller import DeleteWork
-from trajflight.errors import ConfigError, DeadlineExceededError
+from trajflight.errors import ConfigError, DeadlineExceededError, InvalidRequestError
 from trajflight.flight_server import GroupRead, LeaseToken, ShmOpened, StorageClient
 from trajflight.flight_server._shm import host_id
 
 T = TypeVar("T")
 
-__all__ = ["TRANSPORTS", "StoragePool", "Transport", "read_handle"]
+__all__ = ["TRANSPORTS", "StoragePool", "Transport", "joined_with_keys", "read_handle", "with_key"]
 
 Transport = Literal["auto", "shm", "flight"]
 TRANSPORTS: tuple[str, ...] = ("auto", "shm", "flight")
@@ -128,13 +129,29 @@ class StoragePool:
         timeout: float,
     ) -> None:
         """Put several groups on one server in one call, published together: through shared memory as
-        one contiguous segment (read back in order with no copy), or as one Flight stream."""
+        one contiguous segment (read back in order with no copy), or as one Flight stream.
+
+        Each batch's key columns are set to its key here (see :func:`with_key`); on the shared-memory path
+        once, on the joined batch, rather than group by group.
+        """
         client = self.client(location)
+        if self.uses_shm(location) and len(groups) > 1:
+            keys = [key for key, _ in groups]
+            joined = joined_with_keys([batch for _, batch in groups], keys)
+            rows = [batch.num_rows for _, batch in groups]
+            client.shm_put_batch(
+                list(zip(keys, rows, strict=True)),
+                joined,
+                writer=writer,
+                ttl=max(1.0, timeout),
+                timeout=timeout,
+            )
+            return
+        keyed = [(key, with_key(batch, key)) for key, batch in groups]
         if self.uses_shm(location):
-            ttl = max(1.0, timeout)
-            client.shm_put_groups(groups, writer=writer, ttl=ttl, timeout=timeout, contiguous=True)
+            client.shm_put_groups(keyed, writer=writer, ttl=max(1.0, timeout), timeout=timeout)
         else:
-            client.put_groups(groups, writer=writer, timeout=timeout)
+            client.put_groups(keyed, writer=writer, timeout=timeout)
 
     def get(
         self,
@@ -196,6 +213,62 @@ class StoragePool:
                 calls.append(functools.partial(client.advance_generation, reads))
         results = _in_parallel(calls, "trajflight-advance")
         return {loc: got for loc, got in zip(by_location, results, strict=True) if isinstance(got, ShmOpened)}
+
+
+_KEY_TYPES = (("job_id", pa.string()), ("epoch", pa.int64()), ("group_id", pa.int64()))
+
+
+def _set_keys(batch: pa.RecordBatch, values: Sequence[pa.Array]) -> pa.RecordBatch:
+    """``batch`` with its key columns replaced by ``values`` (added in front, in key order, where missing)."""
+    for front, ((name, type_), column) in enumerate(zip(_KEY_TYPES, values, strict=True)):
+        index = batch.schema.get_field_index(name)
+        field = batch.schema.field(index) if index >= 0 else pa.field(name, type_, nullable=False)
+        batch = (
+            batch.set_column(index, field.with_type(type_), column)
+            if index >= 0
+            else batch.add_column(front, field, column)
+        )
+    return batch
+
+
+def with_key(batch: pa.RecordBatch, key: GroupKey) -> pa.RecordBatch:
+    """The group with its key columns set to ``key`` (a writer builds it before the controller names it).
+
+    Other columns are not copied; the key columns are new arrays.
+    """
+    rows = batch.num_rows
+    values = zip(key, _KEY_TYPES, strict=True)
+    return _set_keys(batch, [pa.repeat(pa.scalar(value, type=type_), rows) for value, (_, type_) in values])
+
+
+def joined_with_keys(batches: Sequence[pa.RecordBatch], keys: Sequence[GroupKey]) -> pa.RecordBatch:
+    """The groups as one batch (one copy, to join them), rows in order, key columns set per group.
+
+    The key columns are built once for all groups (vectorised), not group by group.
+
+    Raises:
+        InvalidRequestError: the batches do not share one schema.
+    """
+    try:
+        table = pa.Table.from_batches(batches)
+    except pa.ArrowInvalid as exc:
+        raise InvalidRequestError(
+            f"the groups of one put_many must share one schema ({exc}); put groups of other schemas apart"
+        ) from None
+    joined = table.combine_chunks().to_batches()
+    batch = joined[0] if len(joined) == 1 else pa.concat_batches(joined)
+    rows = np.fromiter((b.num_rows for b in batches), dtype=np.int64, count=len(batches))
+    total = int(rows.sum())
+    job_ids = {k.job_id for k in keys}
+    epochs = {k.epoch for k in keys}
+    if len(job_ids) == 1 and len(epochs) == 1:
+        job_col: pa.Array = pa.repeat(pa.scalar(keys[0].job_id, pa.string()), total)
+        epoch_col: pa.Array = pa.repeat(pa.scalar(keys[0].epoch, pa.int64()), total)
+    else:
+        job_col = pa.array(np.repeat(np.array([k.job_id for k in keys], dtype=object), rows), pa.string())
+        epoch_col = pa.array(np.repeat(np.array([k.epoch for k in keys], dtype=np.int64), rows))
+    group_col = pa.array(np.repeat(np.array([k.group_id for k in keys], dtype=np.int64), rows))
+    return _set_keys(batch, [job_col, epoch_col, group_col])
 
 
 def _by_location(handle: BatchHandle) -> dict[str, list[Any]]:

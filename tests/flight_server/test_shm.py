@@ -434,6 +434,26 @@ def test_reading_back_the_opened_reads_themselves_gives_what_fresh_reads_give():
             client.shm_get(same, columns=["nope"], opened=opened)
 
 
+def test_a_joined_batch_is_put_as_one_segment_and_its_rows_must_add_up():
+    keys = [GroupKey("job-a", 1, g) for g in range(3)]
+    groups = [make_group(k) for k in keys]
+    joined = pa.concat_batches(groups)
+    with shm_serving() as (_, client):
+        with pytest.raises(InvalidRequestError, match="add up"):
+            client.shm_put_batch([(k, 8) for k in keys[:2]], joined)
+        with pytest.raises(InvalidRequestError, match="add up"):
+            client.shm_put_batch([(keys[0], 0), (keys[1], 24)], joined)
+        # Rows that do not carry the key they are announced under are refused by the server, whole.
+        with pytest.raises(SchemaError):
+            client.shm_put_batch([(keys[1], 8), (keys[0], 8), (keys[2], 8)], joined)
+        assert client.stats()["groups"] == 0
+        client.shm_put_batch([(k, 8) for k in keys], joined)
+        table = client.shm_get(keys)
+        assert table.equals(pa.Table.from_batches([joined]))
+        assert table.column("reward").num_chunks == 1  # one segment, one slice
+        assert client.stats()["shm"]["live_segments"] == 1
+
+
 def test_a_restarted_server_replaces_its_fence_board_so_kept_opens_go_back_to_it(tmp_path):
     held = [GroupRead(KEY, LeaseToken(1))]
     with shm_serving(directory=str(tmp_path / "arena")) as (_, client):
