@@ -400,22 +400,26 @@ class GroupStore(ShmStoreMixin):
         try:
             with self._lock:
                 try:
+                    checked: set[str] = set()  # one schema for the call: checked once per job
                     for res in reservations:
                         self._check_epoch(res.key, "put")
-                        self._check_schema(res.key, schema)
+                        if res.key.job_id not in checked:
+                            self._check_schema(res.key, schema)
+                            checked.add(res.key.job_id)
                 except BaseException:
                     for res in reservations:
                         self._release_locked(res)
                         res.done = True
                     raise
+                for job_id in checked:
+                    types = self._job(job_id).column_types
+                    for f in schema:
+                        types.setdefault(f.name, f.type)
                 for res, group in zip(reservations, groups, strict=True):
                     self._groups[res.key] = group
                     if self.board is not None:
                         self.board.install(res.key, self._generation.get(res.key, -1))
                     self._held_bytes += group.nbytes
-                    types = self._job(res.key.job_id).column_types
-                    for f in schema:
-                        types.setdefault(f.name, f.type)
                     self._release_locked(res)
                     res.done = True
         except BaseException:

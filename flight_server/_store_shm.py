@@ -178,8 +178,9 @@ class ShmStoreMixin:
         seg.refs = len(puts)
         deadline = self._clock() + ttl
         out, offset = [], 0
-        for res, (_, rows), share in zip(reservations, puts, shares, strict=True):
-            out.append(ShmPut(uuid.uuid4().hex, res, seg, deadline, writer, rows, offset, share))
+        batch_id = uuid.uuid4().hex  # one random id for the batch (os.urandom per group cost ~2 us each)
+        for i, (res, (_, rows), share) in enumerate(zip(reservations, puts, shares, strict=True)):
+            out.append(ShmPut(f"{batch_id}-{i}", res, seg, deadline, writer, rows, offset, share))
             offset += rows
         with self._lock:
             for put in out:
