@@ -290,6 +290,9 @@ def test_a_restarted_server_sweeps_the_segments_of_its_dead_incarnation(tmp_path
             keys = [GroupKey("job-a", 1, g) for g in range(3)]
             client.shm_put_groups([(k, make_group(k)) for k in keys])
             table = client.shm_get(keys)  # a reader that outlives the server
+            held = [GroupRead(k, LeaseToken(1)) for k in keys]
+            opened = client.shm_open(held)  # and a lease's open, kept across the crash...
+            assert client.shm_get(held, opened=opened).num_rows == 24  # ...with its segments mapped
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
         orphans = [n for n in os.listdir(directory) if n.startswith("seg-")]
@@ -306,6 +309,9 @@ def test_a_restarted_server_sweeps_the_segments_of_its_dead_incarnation(tmp_path
             assert client.stats()["shm"]["swept_at_start"] == 3
             assert [n for n in os.listdir(directory) if n.startswith("seg-")] == []
             assert client.stats()["groups"] == 0
+            client.use_local_channel(client.health()["shm_socket"])
+            with pytest.raises(NotFoundError):  # the new incarnation's board: the kept open is asked again
+                client.shm_get(held, opened=opened)
         assert table.equals(pa.Table.from_batches([make_group(k) for k in keys]))  # still mapped
     finally:
         proc.terminate()
