@@ -7,6 +7,7 @@ These are owned by the ledger and never handed out: callers get the frozen recor
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -237,7 +238,16 @@ def check_columns(values: Iterable[str], what: str) -> frozenset[str]:
     """Column names as a frozenset; a bare string is refused (it would read as its characters)."""
     if isinstance(values, str | bytes) or not isinstance(values, Iterable):
         raise InvalidRequestError(f"{what} must be a list of column names, got {values!r}")
+    if type(values) is tuple and all(type(v) is str for v in values):
+        return _checked_columns(values, what)  # every group of a job publishes the same tuple
     out = frozenset(values)
     for name in out:
         check_name(name, f"a column name in {what}")
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _checked_columns(values: tuple[str, ...], what: str) -> frozenset[str]:
+    for name in values:
+        check_name(name, f"a column name in {what}")
+    return frozenset(values)

@@ -290,6 +290,18 @@ def test_publish_repeat_is_idempotent_and_other_values_refused(world):
         L.publish(grant.partition, **{**kw, "rows": 9})
 
 
+@pytest.mark.parametrize("columns", [("a", ""), ["a", ""], ("a", 3)])
+def test_publish_refuses_bad_column_names_every_time(world, columns):
+    """Column tuples are checked once and remembered; a refusal must not be remembered as a pass."""
+    L = world.ledger
+    grant = L.allocate("j", 1, "w0", nbytes=1000, now=world.now)
+    kw = dict(token=grant.token, rows=8, nbytes=600, tokens=7, policy_version=0, now=world.now)
+    for _ in range(2):
+        with pytest.raises(InvalidRequestError, match="column name"):
+            L.publish(grant.partition, columns=columns, **kw)
+    assert L.publish(grant.partition, columns=("a", "b"), **kw).columns == ("a", "b")
+
+
 def test_publish_with_wrong_token_is_stale(world):
     grant = world.ledger.allocate("j", 1, "w0", nbytes=1000, now=world.now)
     with pytest.raises(StaleFenceError):
