@@ -283,6 +283,7 @@ class LeasedBatch:
         # The remaining transitions in one round trip; each is still a compare-and-set on the controller.
         committed: tuple[Partition, ...] = self.client.controller.call_many([(s, args) for s in steps])[-1]
         self.stage = "COMMITTED"
+        self._opened.clear()  # the groups are gone: let the mappings go with the caller's last tensor
         self.close()
         return committed
 
@@ -290,6 +291,7 @@ class LeasedBatch:
         """Give LEASED/PREPARED groups back to READY, recording columns this holder appended."""
         released = self.client.controller.release(self.token, columns=tuple(columns))
         self.stage = "RELEASED"
+        self._opened.clear()
         self.close()
         return released
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 
@@ -177,3 +178,24 @@ def test_a_lease_reads_through_the_segments_it_opened_and_sees_its_own_appends(s
         table = batch.fetch_table()  # every stored column, the appended one too
         assert table.column("ref_logprob").to_pylist() == [0.25] * 4
     assert shm_cluster.wait_idle(job) == (0, 0)
+
+
+def test_a_committed_lease_kept_by_the_caller_does_not_pin_its_segments(shm_cluster, job):
+    client = shm_cluster.client()
+    client.open_job(job, 1)
+    (g,) = make_workload(1, 4, seed=9, response_median=64)
+    client.writer(job, 1).put(g.encode(job, 1))
+    batch = client.trainer(job).lease(1, wait=5)
+    tensors = batch.fetch(["response_ids"])
+    segments = os.path.join(shm_cluster.shm_dir, "")  # segment files (the fence board is mapped apart)
+    assert _segment_mappings(segments)  # the tensors alias the mapping...
+    batch.commit()
+    del tensors
+    assert not _segment_mappings(segments)  # ...which goes with them, though `batch` lives on
+    assert shm_cluster.wait_idle(job) == (0, 0)
+
+
+def _segment_mappings(directory: str) -> list[str]:
+    """Segment files under ``directory`` that this process maps (not the servers' fence boards)."""
+    with open("/proc/self/maps") as f:
+        return [line for line in f if directory in line and "/seg-" in line]
