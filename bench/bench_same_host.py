@@ -18,9 +18,9 @@ Same run, same machine, the standard workload (``make_workload(64, 8)``, about 9
     the batch put with ``put_many`` and for the groups put one by one; and ``fetch()`` of all 12 stored
     columns (key columns too). The lease is timed too and reported beside it, with "lease + get": a
     lease's fencing call to a same-host server (``shm_open``) also hands over the segments, which the
-    get then reads with no call while the server's fence board shows the lease still valid. "drop" is
-    the release of the committed lease and what its get mapped (timed apart: the kernel frees the
-    segment's pages there when the server has unlinked it);
+    get then reads with no call while the server's fence board shows the lease still valid. "commit"
+    is the lease's commit, after which it lets go of what its get mapped (timed apart: the kernel frees
+    the segment's pages there when the server has unlinked it);
   - small group: put one group of 8 samples, lease it, fetch it to torch: p50 and p99.
 
 Figures are medians with min..max over ``--repeats`` runs (latency: over ``--latency-iters``), with torch
@@ -232,7 +232,7 @@ def bench_trajflight(
             "get_all_columns",
             "get_one_by_one",
             "get_and_touch",
-            "drop",
+            "commit",
         )
         results: dict[str, list[float]] = {k: [] for k in keys}
         for rep in range(args.repeats + 1):  # the first run warms the arena and the caches
@@ -258,11 +258,11 @@ def bench_trajflight(
                     results["get_and_touch"].append(
                         _timed(lambda lease=lease: touch(_tensors(lease.fetch(COLUMNS))))
                     )
-                lease.commit()
                 t0 = time.perf_counter()
-                del lease  # the last reference to what the get mapped: unmapped here (timed apart)
+                lease.commit()  # the lease lets go of what it mapped: unmapped here (timed apart)
+                del lease
                 if name == "put_many" and rep:
-                    results["drop"].append(time.perf_counter() - t0)
+                    results["commit"].append(time.perf_counter() - t0)
                 drain()
                 if rep:
                     results[name].append(took)
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label} get, all 12 columns   {_fmt(t['get_all_columns'], payload)}")
         print(f"{label} get + read every byte {_fmt(t['get_and_touch'], payload)}")
         print(f"{label} get (put one by one)  {_fmt(t['get_one_by_one'], payload)}")
-        print(f"{label} drop a read batch     {_fmt(t['drop'])}")
+        print(f"{label} commit (and unmap)    {_fmt(t['commit'])}")
         print(
             f"{label} small put+lease+get   {_fmt(t['small_put_lease_get'])}  p99 "
             f"{t['small_put_lease_get']['p99'] * 1e3:.3f} ms",
