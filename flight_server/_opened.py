@@ -18,6 +18,7 @@ import pyarrow.ipc as ipc
 
 from trajflight.codec import GroupKey
 from trajflight.errors import SchemaError, TrajflightError
+from trajflight.flight_server._segments import concat_groups
 from trajflight.flight_server._shm import map_segment
 from trajflight.flight_server._wire import GroupRead
 
@@ -183,9 +184,4 @@ class ShmOpened:
         flush()
         if columns is not None:
             tables = [t.select(list(columns)) for t in tables]
-        if len(tables) == 1:
-            return tables[0]
-        try:
-            return pa.concat_tables(tables)
-        except pa.ArrowInvalid:  # groups with different appended columns: missing ones read as nulls
-            return pa.concat_tables(tables, promote_options="default")
+        return concat_groups(tables)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-__all__ = ["Placement", "heap_placement", "open_segment", "serialize_segment"]
+__all__ = ["Placement", "concat_groups", "heap_placement", "open_segment", "serialize_segment"]
 
 Placement = Callable[[int], pa.Buffer]
 """``place(size)`` returns a mutable buffer of exactly ``size`` bytes that the store may keep."""
@@ -47,3 +47,16 @@ def serialize_segment(batches: Sequence[pa.RecordBatch], schema: pa.Schema, allo
 def open_segment(segment: pa.Buffer) -> pa.Table:
     """Open a segment as a table whose columns alias the segment's memory (no copy)."""
     return ipc.open_stream(pa.BufferReader(segment)).read_all()
+
+
+def concat_groups(tables: Sequence[pa.Table]) -> pa.Table:
+    """Groups' tables as one, rows in order, with no copy of their data (chunks are kept).
+
+    Groups whose appended columns differ are joined with the missing columns read as nulls.
+    """
+    if len(tables) == 1:
+        return tables[0]
+    try:
+        return pa.concat_tables(tables)
+    except pa.ArrowInvalid:  # groups with different appended columns: missing ones read as nulls
+        return pa.concat_tables(tables, promote_options="default")

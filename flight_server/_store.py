@@ -44,7 +44,7 @@ from trajflight.errors import (
     StaleFenceError,
 )
 from trajflight.flight_server._fences import FenceBoard
-from trajflight.flight_server._segments import Placement, open_segment, serialize_segment
+from trajflight.flight_server._segments import Placement, concat_groups, open_segment, serialize_segment
 from trajflight.flight_server._shm import Segment, ShmArena
 from trajflight.flight_server._store_shm import ShmPut, ShmStoreMixin, fmt_key, key_fields
 from trajflight.flight_server._wire import GroupRead, LeaseToken, ListCriteria
@@ -595,13 +595,7 @@ class GroupStore(ShmStoreMixin):
         """
         with self._lock:
             groups = self._fenced_reads_locked(reads)
-        tables = [_project(g, columns) for g in groups]
-        if len(tables) == 1:
-            return tables[0]
-        try:
-            return pa.concat_tables(tables)
-        except pa.ArrowInvalid:  # groups with different appended columns: missing ones read as nulls
-            return pa.concat_tables(tables, promote_options="default")
+        return concat_groups([_project(g, columns) for g in groups])
 
     def _raise_locked(self, key: GroupKey, generation: int) -> None:
         """Raise ``key``'s highest generation to ``generation`` (never lowers it), on the board too."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator
+from typing import Any
 
 import pyarrow.flight as flight
 import pytest
@@ -73,13 +74,19 @@ def test_ledger_errors_cross_the_wire_with_their_class(control):
     assert isinstance(client.transport, FlightTransport)
 
 
-def test_many_runs_operations_in_order_in_one_round_trip(control):
+def _job_with_a_writer(control: Any, *, capacity_groups: int) -> Any:
+    """A client of ``control`` with one (fake) server, job ``j`` epoch 1 and writer ``w`` registered."""
     client = connect_control(control.location, timeout=5)
     client.register_server(
-        "s0", node="n", location="grpc://127.0.0.1:1", capacity_bytes=10**6, capacity_groups=10
+        "s0", node="n", location="grpc://127.0.0.1:1", capacity_bytes=10**6, capacity_groups=capacity_groups
     )
     client.open_job("j", 1)
     client.register_writer("j", 1, "w", node="n")
+    return client
+
+
+def test_many_runs_operations_in_order_in_one_round_trip(control):
+    client = _job_with_a_writer(control, capacity_groups=10)
     grant = client.allocate("j", 1, "w", nbytes=100)
     client.publish(
         grant.partition,
@@ -102,12 +109,7 @@ def test_many_runs_operations_in_order_in_one_round_trip(control):
 
 
 def test_batched_allocation_crosses_the_wire_as_typed_grants(control):
-    client = connect_control(control.location, timeout=5)
-    client.register_server(
-        "s0", node="n", location="grpc://127.0.0.1:1", capacity_bytes=10**6, capacity_groups=3
-    )
-    client.open_job("j", 1)
-    client.register_writer("j", 1, "w", node="n")
+    client = _job_with_a_writer(control, capacity_groups=3)
     grants = client.allocate_many("j", 1, "w", nbytes=(100, 200, 300, 400))
     assert isinstance(grants, list)
     assert all(isinstance(g, PutGrant) for g in grants)
