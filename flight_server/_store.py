@@ -65,6 +65,8 @@ class StoredGroup:
         writer: The writer id given at put.
         created: Monotonic publish time.
         segments: The arena segment of each part (empty without an arena).
+        offsets: Per part, its first row in its segment's stream (a batch of groups shares one stream).
+        starts: Per part, the byte offset of its stream in its segment (small groups share a slab).
     """
 
     key: GroupKey
@@ -75,10 +77,15 @@ class StoredGroup:
     created: float = 0.0
     segments: tuple[Segment, ...] = ()
     offsets: tuple[int, ...] = ()
+    starts: tuple[int, ...] = ()
 
     def row_offset(self, part: int) -> int:
         """First row of part ``part`` in its segment's stream (non-zero when a batch shares a segment)."""
         return self.offsets[part] if part < len(self.offsets) else 0
+
+    def start(self, part: int) -> int:
+        """Byte offset of part ``part``'s stream in its segment (non-zero in a slab of small groups)."""
+        return self.starts[part] if part < len(self.starts) else 0
 
     @property
     def nbytes(self) -> int:
@@ -561,6 +568,7 @@ class GroupStore(ShmStoreMixin):
         table = group.table
         for name, column in zip(added.column_names, added.columns, strict=True):
             table = table.append_column(added.schema.field(name), column)
+        kept = range(len(group.parts))  # the old parts keep where they sit in their segments
         new = StoredGroup(
             res.key,
             (*group.parts, added),
@@ -569,6 +577,8 @@ class GroupStore(ShmStoreMixin):
             group.writer,
             group.created,
             (*group.segments, *segs),
+            (*(group.row_offset(i) for i in kept), 0),
+            (*(group.start(i) for i in kept), 0),
         )
         self._groups[res.key] = new
         self._held_bytes += nbytes

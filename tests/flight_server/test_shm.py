@@ -460,6 +460,20 @@ def test_a_joined_batch_is_put_as_one_segment_and_its_rows_must_add_up():
         assert client.stats()["shm"]["live_segments"] == 1
 
 
+def test_a_column_appended_to_a_group_of_a_shared_stream_reads_back_with_that_groups_rows():
+    """Regression: the appended group forgot its first row in the batch's stream and read the first group's."""
+    keys = [GroupKey("job-a", 1, g) for g in range(3)]
+    groups = [make_group(k) for k in keys]
+    extra = pa.table({"ref_logprob": pa.array([float(i) for i in range(8)], pa.float32())})
+    with shm_serving() as (_, client):
+        client.shm_put_groups(list(zip(keys, groups, strict=True)), contiguous=True)
+        client.append_columns(keys[1], extra, LeaseToken(1))
+        for read in (client.shm_get, client.get):
+            table = read([GroupRead(keys[1], LeaseToken(1))])
+            assert table.drop_columns(["ref_logprob"]).equals(pa.Table.from_batches([groups[1]]))
+            assert table.column("ref_logprob").to_pylist() == [float(i) for i in range(8)]
+
+
 def test_a_restarted_server_replaces_its_fence_board_so_kept_opens_go_back_to_it(tmp_path):
     held = [GroupRead(KEY, LeaseToken(1))]
     with shm_serving(directory=str(tmp_path / "arena")) as (_, client):
