@@ -41,6 +41,7 @@ class ShmOpened:
         "_covers",
         "_fences",
         "_groups",
+        "_maps",
         "_segments",
         "_tables",
         "_whole",
@@ -50,7 +51,7 @@ class ShmOpened:
 
     def __init__(
         self,
-        segments: Sequence[tuple[str, int, tuple[str, ...] | None]],
+        segments: Sequence[tuple[str, int, tuple[str, ...] | None, int]],
         groups: Mapping[GroupKey, tuple[int | None, tuple[tuple[int, int, int], ...]]],
         fences: Mapping[GroupKey, tuple[int, int]] | None = None,
         board_path: str | None = None,
@@ -59,6 +60,7 @@ class ShmOpened:
         self._segments = list(segments)
         self._groups = dict(groups)
         self._tables: dict[int, pa.Table] = {}
+        self._maps: dict[str, Any] = {}  # path -> read-only mapping (streams of one slab share it)
         self._fences = dict(fences or {})
         self.board_path = board_path
         self.reads: tuple[GroupRead, ...] = tuple(reads)
@@ -72,7 +74,12 @@ class ShmOpened:
     def from_reply(cls, reads: Sequence[GroupRead], reply: Mapping[str, Any]) -> ShmOpened:
         """Parse a ``shm_open`` reply to ``reads`` (groups answer in the order asked)."""
         segments = [
-            (str(s["path"]), int(s["capacity"]), None if s.get("columns") is None else tuple(s["columns"]))
+            (
+                str(s["path"]),
+                int(s["capacity"]),
+                None if s.get("columns") is None else tuple(s["columns"]),
+                int(s.get("offset", 0)),
+            )
             for s in reply["segments"]
         ]
         answered = reply["groups"]
@@ -134,10 +141,15 @@ class ShmOpened:
     def _stream(self, at: int) -> pa.Table:
         found = self._tables.get(at)
         if found is None:
-            path, capacity, _ = self._segments[at]
-            mm = map_segment(path, capacity)
+            path, capacity, _, start = self._segments[at]
+            mm = self._maps.get(path)
+            if mm is None:
+                mm = self._maps[path] = map_segment(path, capacity)
+            buffer = pa.py_buffer(mm)
             try:
-                found = self._tables[at] = ipc.open_stream(pa.py_buffer(mm)).read_all()
+                found = self._tables[at] = ipc.open_stream(
+                    buffer.slice(start) if start else buffer
+                ).read_all()
             except pa.ArrowInvalid as exc:
                 raise SchemaError(f"shm read: segment {path} is not an IPC stream: {exc}") from None
         return found

@@ -506,18 +506,22 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         opened = store.shm_open(ticket.groups, ticket.columns)
         # Segments are listed once (a batch put together shares one); each group names its parts as
         # [segment index, first row in the segment's stream, rows].
-        index: dict[int, int] = {}
+        # A stream is listed once: a segment, and in a slab of small groups each group's own stream at
+        # its byte "offset" (omitted when 0).
+        index: dict[tuple[int, int], int] = {}
         segments: list[dict[str, Any]] = []
         groups = []
         for g, segs, fence in opened:
             parts = []
             for i, seg in enumerate(segs):
-                at = index.get(id(seg))
+                start = g.start(i)
+                at = index.get((id(seg), start))
                 if at is None:
-                    at = index[id(seg)] = len(segments)
-                    segments.append(
-                        {"path": seg.path, "capacity": seg.capacity, "columns": g.parts[i].column_names}
-                    )
+                    at = index[(id(seg), start)] = len(segments)
+                    entry = {"path": seg.path, "capacity": seg.capacity, "columns": g.parts[i].column_names}
+                    if start:
+                        entry["offset"] = start
+                    segments.append(entry)
                 parts.append([at, g.row_offset(i), g.num_rows])
             groups.append({"num_rows": g.num_rows, "parts": parts, "fence": fence})
         return {

@@ -12,6 +12,11 @@ capacity counts the class size. Fresh tmpfs pages are zeroed by the kernel on fi
 here, against about 12 GB/s into a reused, pre-faulted file), so segments are created pre-faulted
 (``posix_fallocate`` + ``MAP_POPULATE``) and reused.
 
+Small groups (a same-node writer's one-call put, ``shm_put``) are *packed* into slab segments of 4 MiB,
+one IPC stream after another at 64-byte aligned offsets (:meth:`ShmArena.pack`): a reader of many small
+groups maps a few files, not one per group. A slab is one segment for every rule below; it goes back to
+the arena when it is full and its last group is released.
+
 Reuse rule (the safety choice): a released segment goes back to the free pool only if **no process
 other than this server ever mapped it for reading** and no buffer of this server still aliases it (a
 ``do_get`` stream still running keeps it draining until the stream ends). A segment handed to a
@@ -53,6 +58,7 @@ from trajflight.errors import ConfigError, InvalidRequestError, NotFoundError
 
 __all__ = [
     "PAGE",
+    "SLAB_BYTES",
     "Segment",
     "ShmArena",
     "host_id",
@@ -65,6 +71,8 @@ log = logging.getLogger("trajflight.flight_server.shm")
 
 PAGE = mmap.PAGESIZE
 MIN_SEGMENT = 16 * 1024
+SLAB_BYTES = 4 * 2**20  # small groups are packed into slabs of this size (ShmArena.pack)
+SLAB_ALIGN = 64  # streams in a slab start on 64-byte boundaries (Arrow's buffer alignment)
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: fill the page tables in one call
 _PREFIX = "seg-"
 
@@ -114,15 +122,16 @@ class Segment:
     refs: int = 1
     _views: list[weakref.ref[memoryview]] = field(default_factory=list)
 
-    def buffer(self, size: int | None = None) -> pa.Buffer:
-        """A buffer over the first ``size`` bytes of the server's mapping (mutable; aliases the file).
+    def buffer(self, size: int | None = None, start: int = 0) -> pa.Buffer:
+        """A buffer over ``size`` bytes of the server's mapping from ``start`` (mutable; aliases the file).
 
         The arena learns when every such buffer (and every Arrow slice of it, e.g. a running ``do_get``)
         is gone, and only then may reuse the segment.
         """
         if self.mm is None:
             raise NotFoundError(f"segment {self.name} was released")
-        view = memoryview(self.mm) if size is None else memoryview(self.mm)[:size]  # slices stay mutable
+        end = self.capacity if size is None else start + size
+        view = memoryview(self.mm)[start:end]  # slices stay mutable
         self._views.append(weakref.ref(view))
         return pa.py_buffer(view)
 
@@ -142,6 +151,7 @@ class ShmArena:
         pool_bytes: Most bytes of free, pre-faulted segments kept for reuse (beyond it released segments
             are unlinked).
         background: Refill the pool in a background thread after exposed segments are unlinked.
+        slab_bytes: Size of the *slabs* small groups are packed into (:meth:`pack`), one after another.
 
     Raises:
         ConfigError: the directory is in use by a live arena, or cannot be created.
@@ -153,12 +163,16 @@ class ShmArena:
         *,
         pool_bytes: int = 512 * 2**20,
         background: bool = True,
+        slab_bytes: int = SLAB_BYTES,
     ) -> None:
         if directory is None:
             base = "/dev/shm" if os.path.isdir("/dev/shm") else os.environ.get("TMPDIR", "/tmp")
             directory = os.path.join(base, f"trajflight-{uuid.uuid4().hex}")
         self.directory = os.path.abspath(os.fspath(directory))
         self.pool_bytes = pool_bytes
+        self.slab_bytes = size_class(slab_bytes)
+        self._slab: Segment | None = None  # the slab small groups are being packed into
+        self._slab_used = 0
         try:
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
             os.chmod(self.directory, 0o700)
@@ -218,6 +232,7 @@ class ShmArena:
             self._closed = True
             segments = [s for lst in self._free.values() for s in lst] + self._draining
             segments += list(self._live.values())
+            self._slab = None
             self._free.clear()
             self._draining.clear()
             self._live.clear()
@@ -283,6 +298,40 @@ class ShmArena:
         with self._lock:
             self._live[seg.name] = seg
         return seg
+
+    def pack(self, nbytes: int) -> tuple[Segment, int]:
+        """Room for a small stream of ``nbytes`` in the current slab: ``(slab, start)``, 64-byte aligned.
+
+        Small groups share slab segments, one after another, instead of a segment each (a reader of many
+        of them maps one file, not one per group). The caller holds one reference of the slab per stream
+        (release it with :meth:`release`, as a segment); the slab goes back to the arena when its last
+        stream is released and it is full (or the arena closes). Regions are never reused within a slab.
+
+        Raises:
+            InvalidRequestError: ``nbytes`` is larger than a slab. OSError: tmpfs is full.
+        """
+        need = -(-max(nbytes, 1) // SLAB_ALIGN) * SLAB_ALIGN
+        if need > self.slab_bytes:
+            raise InvalidRequestError(f"a packed stream holds at most {self.slab_bytes} bytes, got {nbytes}")
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise NotFoundError("the shared-memory arena is closed")
+                slab = self._slab
+                if slab is not None and self._slab_used + need <= slab.capacity:
+                    start = self._slab_used
+                    self._slab_used += need
+                    slab.refs += 1
+                    return slab, start
+                self._slab = None  # full (or none yet): retire it, its streams keep it alive
+            if slab is not None:
+                self.release(slab)  # the slab's own reference, held while it was being filled
+            fresh = self.acquire(self.slab_bytes)
+            with self._lock:
+                if self._slab is None:
+                    self._slab, self._slab_used = fresh, 0
+                    continue
+            self.release(fresh)  # another thread installed a slab first: give this one back
 
     def place(self, nbytes: int) -> tuple[Segment, pa.Buffer]:
         """A segment for a stream of ``nbytes`` and a mutable buffer of exactly ``nbytes`` over it."""
@@ -362,18 +411,23 @@ class ShmArena:
         return sorted(e.name for e in os.scandir(self.directory) if e.name.startswith(_PREFIX))
 
     def stats(self) -> dict[str, object]:
-        """Counts for the server's ``stats`` action."""
+        """Counts for the server's ``stats`` action (the slab being filled counts as live once it holds
+        a stream)."""
         with self._lock:
+            idle = [self._slab] if self._slab is not None and self._slab.refs == 1 else []
             return {
                 "dir": self.directory,
-                "live_segments": len(self._live),
-                "live_bytes": sum(s.capacity for s in self._live.values()),
+                "live_segments": len(self._live) - len(idle),
+                "live_bytes": sum(s.capacity for s in self._live.values()) - sum(s.capacity for s in idle),
                 "free_segments": sum(len(v) for v in self._free.values()),
                 "free_bytes": self._free_bytes,
                 "draining_segments": len(self._draining),
                 "created": self.created,
                 "reused": self.reused,
                 "swept_at_start": self.swept,
+                # the slab small groups are being packed into: streams held in it, bytes handed out
+                "slab_streams": 0 if self._slab is None else self._slab.refs - 1,
+                "slab_used_bytes": 0 if self._slab is None else self._slab_used,
             }
 
     def __repr__(self) -> str:

@@ -23,7 +23,7 @@ import pyarrow.ipc as ipc
 
 from trajflight.codec import GroupKey, validate_group
 from trajflight.errors import CapacityExceededError, InvalidRequestError, NotFoundError, SchemaError
-from trajflight.flight_server._shm import Segment, ShmArena, size_class
+from trajflight.flight_server._shm import SLAB_ALIGN, Segment, ShmArena, size_class
 from trajflight.flight_server._wire import GroupRead
 
 if TYPE_CHECKING:
@@ -192,24 +192,62 @@ class ShmStoreMixin:
     ) -> StoredGroup:
         """Store one group whose IPC stream the server received whole (a small same-node put).
 
-        The checks of :meth:`begin_shm_put`, one copy of ``data`` into an arena segment (a reused,
-        pre-faulted one when the pool has it; no other process ever maps it for writing, so it stays
-        reusable), then :meth:`publish_shm`'s validation. All or nothing.
+        The checks of :meth:`begin_shm_put`, one copy of ``data`` into the arena's current slab (small
+        groups are packed one after another, :meth:`ShmArena.pack`; a stream larger than a slab gets a
+        segment of its own), then :meth:`publish_shm`'s validation. All or nothing. Capacity counts the
+        stream's size rounded up to 64 bytes.
 
         Raises:
             Like :meth:`begin_shm_put` and :meth:`publish_shm`.
         """
-        put = self.begin_shm_put(key, len(data), writer=writer, num_rows=num_rows)
+        from trajflight.flight_server._store import StoredGroup  # a cycle at import time otherwise
+
+        arena = self._need_arena()
+        if not data:
+            raise InvalidRequestError(f"shm put of group {_fmt(key)}: the payload is empty")
+        need = -(-len(data) // SLAB_ALIGN) * SLAB_ALIGN
+        if need > arena.slab_bytes:  # larger than a slab: a segment of its own
+            put = self.begin_shm_put(key, len(data), writer=writer, num_rows=num_rows)
+            try:
+                whole = put.segment.mm
+                if whole is None:  # pragma: no cover - the segment was just acquired
+                    raise NotFoundError(f"segment {put.segment.name} was released")
+                whole[: len(data)] = data
+            except BaseException:
+                self.abort_shm([put.id])
+                raise
+            (group,) = self.publish_shm([(put.id, len(data))])
+            return group
+        self.sweep_shm()
+        res = self.begin_put(key, None, need)
         try:
-            mm = put.segment.mm
-            if mm is None:  # pragma: no cover - the segment was just acquired
-                raise NotFoundError(f"segment {put.segment.name} was released")
-            mm[: len(data)] = data
-        except BaseException:
-            self.abort_shm([put.id])
+            slab, start = arena.pack(len(data))
+        except BaseException as exc:
+            res.release()
+            if isinstance(exc, OSError):
+                raise CapacityExceededError(
+                    f"shared memory of this node is full ({exc.strerror}); retry after "
+                    f"{self.limits.retry_after:g}s or give /dev/shm more room",
+                    retry_after=self.limits.retry_after,
+                ) from exc
             raise
-        (group,) = self.publish_shm([(put.id, len(data))])
-        return group
+        try:
+            slab.buffer(len(data), start)  # raises if the slab was released (the arena closed)
+            mm = slab.mm
+            if mm is None:  # pragma: no cover - checked just above
+                raise NotFoundError(f"segment {slab.name} was released")
+            mm[start : start + len(data)] = data
+            table = self._open_stream(key, slab, len(data), start, num_rows)
+            for batch in table.to_batches():
+                if batch.num_rows:
+                    validate_group(batch, self.schema, expect=key, full=True)
+        except BaseException:
+            res.release()
+            arena.release(slab)
+            raise
+        group = StoredGroup(key, (table,), (need,), table, writer, self._clock(), (slab,), (0,), (start,))
+        (stored,) = self._commit_puts([res], [group], table.schema)  # on refusal it releases the slab
+        return stored
 
     def _take_shm(self, ids: Sequence[str]) -> list[ShmPut]:
         with self._lock:
@@ -339,13 +377,20 @@ class ShmStoreMixin:
                         validate_group(part, self.schema, expect=p.res.key, full=True)
 
     def _open_written(self, put: ShmPut, size: int) -> pa.Table:
-        key, seg = put.res.key, put.segment
-        if not 0 < size <= seg.capacity:
+        announced = put.num_rows if put.segment.refs == 1 else None  # a shared stream adds up later
+        return self._open_stream(put.res.key, put.segment, size, 0, announced)
+
+    def _open_stream(
+        self, key: GroupKey, seg: Segment, size: int, start: int, num_rows: int | None
+    ) -> pa.Table:
+        """The IPC stream of ``size`` bytes at ``start`` of ``seg`` as a table aliasing it (no copy), with
+        at least one sample and, when given, ``num_rows`` of them."""
+        if not 0 < size <= seg.capacity - start:
             raise InvalidRequestError(
                 f"shm put of group {_fmt(key)}: size {size} is outside the segment (1..{seg.capacity})"
             )
         try:
-            reader = ipc.open_stream(pa.BufferReader(seg.buffer(size)))
+            reader = ipc.open_stream(pa.BufferReader(seg.buffer(size, start)))
             batches = [b for b in reader if b.num_rows]
         except (pa.ArrowInvalid, OSError) as exc:
             raise SchemaError(
@@ -355,9 +400,9 @@ class ShmStoreMixin:
         rows = sum(b.num_rows for b in batches)
         if rows == 0:
             raise InvalidRequestError(f"shm put of group {_fmt(key)}: the stream carried no samples")
-        if put.segment.refs == 1 and put.num_rows is not None and rows != put.num_rows:
+        if num_rows is not None and rows != num_rows:
             raise InvalidRequestError(
-                f"shm put of group {_fmt(key)}: {rows} rows written, {put.num_rows} announced; put it again"
+                f"shm put of group {_fmt(key)}: {rows} rows written, {num_rows} announced; put it again"
             )
         return pa.Table.from_batches(batches, reader.schema)
 

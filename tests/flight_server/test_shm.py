@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,7 +56,8 @@ def shm_serving(
     limits: StoreLimits | None = None, *, directory: str | None = None, **kwargs: object
 ) -> Iterator[tuple[StorageServer, StorageClient]]:
     """A storage server with a fresh arena (or one on ``directory``) and a client; both always closed."""
-    arena = ShmArena(directory)
+    slab = kwargs.pop("slab_bytes", None)
+    arena = ShmArena(directory) if slab is None else ShmArena(directory, slab_bytes=int(slab))  # type: ignore[call-overload]
     with (
         StorageServer(limits=limits, arena=arena, **kwargs) as server,
         StorageClient(server.location, timeout=20) as client,
@@ -460,8 +462,53 @@ def test_a_joined_batch_is_put_as_one_segment_and_its_rows_must_add_up():
         assert client.stats()["shm"]["live_segments"] == 1
 
 
+def _segment_files(directory: str) -> list[str]:
+    return sorted(n for n in os.listdir(directory) if n.startswith("seg-"))
+
+
+def test_small_groups_are_packed_into_slabs_and_read_back_bit_exact_from_a_few_mappings():
+    keys = [GroupKey("job-a", 1, g) for g in range(24)]
+    groups = [make_group(k, seed=g) for g, k in enumerate(keys)]
+    with shm_serving(slab_bytes=64 * 1024) as (server, client):
+        _local(client)
+        for key, group in zip(keys, groups, strict=True):
+            client.shm_put_groups([(key, group)])
+        assert server.arena is not None
+        files = _segment_files(server.arena.directory)
+        assert 1 < len(files) < len(keys) // 2  # several groups per slab, more than one slab
+        held = [GroupRead(k, LeaseToken(1)) for k in keys]
+        opened = client.shm_open(held)
+        table = client.shm_get(held, opened=opened)
+        assert table.equals(pa.Table.from_batches(groups))
+        assert len(opened._maps) == len(files)  # one mapping per slab, not one per group
+        # Deleting some groups leaves the others of their slab readable, with nothing copied.
+        assert client.delete([GroupRead(k, LeaseToken(1)) for k in keys[::2]])["deleted"] == 12
+        assert client.shm_get(keys[1::2]).equals(pa.Table.from_batches(groups[1::2]))
+        assert client.delete([GroupRead(k, LeaseToken(1)) for k in keys[1::2]])["deleted"] == 12
+        stats = client.stats()
+        assert (stats["groups"], stats["bytes"], stats["shm"]["live_segments"]) == (0, 0, 0)
+        # The slabs were handed to a reader: never reused, unlinked; the reader's table is intact.
+        assert set(_segment_files(server.arena.directory)).isdisjoint(files[:-1])
+        assert table.equals(pa.Table.from_batches(groups))
+
+
+def test_concurrent_small_puts_never_share_bytes():
+    keys = [GroupKey("job-a", 1, g) for g in range(32)]
+    groups = [make_group(k, seed=g, response_len=200) for g, k in enumerate(keys)]
+    with shm_serving(slab_bytes=128 * 1024) as (_, client):
+        _local(client)
+
+        def put(i: int) -> None:
+            client.shm_put_groups([(keys[i], groups[i])])
+
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(put, range(len(keys))))
+        for key, group in zip(keys, groups, strict=True):
+            assert client.shm_get([key]).equals(pa.Table.from_batches([group]))
+
+
 def test_a_column_appended_to_a_group_of_a_shared_stream_reads_back_with_that_groups_rows():
-    """Regression: the appended group forgot its first row in the batch's stream and read the first group's."""
+    """Regression: the appended group forgot its first row in the batch's stream (read the first group's)."""
     keys = [GroupKey("job-a", 1, g) for g in range(3)]
     groups = [make_group(k) for k in keys]
     extra = pa.table({"ref_logprob": pa.array([float(i) for i in range(8)], pa.float32())})
@@ -510,7 +557,9 @@ def test_an_inline_put_that_does_not_match_its_body_or_hold_a_group_leaves_nothi
         stats = client.stats()
         assert (stats["groups"], stats["reserved_bytes"], stats["pending_shm_puts"]) == (0, 0, 0)
         assert stats["shm"]["live_segments"] == 0
+        assert stats["shm"]["slab_streams"] == 0  # the slab small groups are packed into holds nothing
         channel.call("shm_put", body(payload.size), 5, payload=payload)  # the right bytes go through
+        assert client.stats()["shm"]["slab_streams"] == 1
         assert client.shm_get([KEY]).equals(pa.Table.from_batches([group]))
         assert server.arena is not None
 
@@ -531,8 +580,8 @@ def test_capacity_refusal_carries_a_retry_hint_and_recovers_after_delete(transpo
     keys = [GroupKey("job-a", 0, g) for g in range(3)]
     groups = [make_group(k, response_len=256, fixed=True) for k in keys]
     with shm_serving() as (_, probe):
-        TRANSPORTS["shm"].put(probe, keys[0], groups[0])
-        segment = probe.stats()["bytes"]
+        transport.put(probe, keys[0], groups[0])  # what one group counts on this path (a packed small
+        segment = probe.stats()["bytes"]  # group: its stream rounded to 64 bytes; else the size class)
     with shm_serving(StoreLimits(capacity_bytes=int(segment * 2.5), retry_after=0.25)) as (_, client):
         transport.put(client, keys[0], groups[0])
         transport.put(client, keys[1], groups[1])
