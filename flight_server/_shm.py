@@ -330,6 +330,9 @@ class ShmArena:
             with self._lock:
                 if self._slab is None:
                     self._slab, self._slab_used = fresh, 0
+                    if not self._free.get(self.slab_bytes):  # have the next slab pre-faulted by then
+                        self._refill.append(self.slab_bytes)
+                        self._wake.notify()
                     continue
             self.release(fresh)  # another thread installed a slab first: give this one back
 
