@@ -13,9 +13,9 @@ stops writing after it published (writers are the deployment's own processes).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from trajflight.flight_server._store import Reservation, StoredGroup
 
 __all__ = ["ShmPut", "ShmStoreMixin", "fmt_key", "key_fields"]
+
+T = TypeVar("T")
 
 
 def fmt_key(key: GroupKey) -> str:
@@ -91,10 +93,14 @@ class ShmStoreMixin:
     board: Any
 
     def _acquire_segment(self, arena: ShmArena, nbytes: int, reservations: Sequence[Reservation]) -> Segment:
-        """A segment of ``nbytes`` from the arena; on failure the reservations are released and a full
-        tmpfs is reported as a capacity refusal."""
+        """A segment of ``nbytes`` from the arena (see :meth:`_from_arena`)."""
+        return self._from_arena(lambda: arena.acquire(nbytes), reservations)
+
+    def _from_arena(self, take: Callable[[], T], reservations: Sequence[Reservation]) -> T:
+        """``take()`` from the arena; on failure the reservations are released and a full tmpfs is
+        reported as a capacity refusal."""
         try:
-            return arena.acquire(nbytes)
+            return take()
         except BaseException as exc:
             for res in reservations:
                 res.release()
@@ -220,17 +226,7 @@ class ShmStoreMixin:
             return group
         self.sweep_shm()
         res = self.begin_put(key, None, need)
-        try:
-            slab, start = arena.pack(len(data))
-        except BaseException as exc:
-            res.release()
-            if isinstance(exc, OSError):
-                raise CapacityExceededError(
-                    f"shared memory of this node is full ({exc.strerror}); retry after "
-                    f"{self.limits.retry_after:g}s or give /dev/shm more room",
-                    retry_after=self.limits.retry_after,
-                ) from exc
-            raise
+        slab, start = self._from_arena(lambda: arena.pack(len(data)), [res])
         try:
             slab.buffer(len(data), start)  # raises if the slab was released (the arena closed)
             mm = slab.mm
