@@ -88,7 +88,9 @@ def check_nulls(batch: pa.RecordBatch, schema: TrajectorySchema) -> None:
     Raises:
         SchemaError: naming the column and its first null row.
     """
-    for name in schema.non_nullable.intersection(batch.schema.names):
+    for name in batch.schema.names:  # in column order: the same column is named on every run
+        if name not in schema.non_nullable:
+            continue
         column = batch.column(name)
         if column.null_count:
             row = _first_false(pc.is_valid(column))

@@ -298,3 +298,18 @@ def test_a_null_key_in_a_schema_that_allows_it_is_a_schema_error_naming_the_row(
             with checks, pytest.raises(SchemaError, match=f"'job_id' row {row} is null") as info:
                 validate_group(holed, nullable, expect=expect)
             assert info.value.row == row
+
+
+def test_nulls_in_several_columns_name_the_first_in_column_order():
+    """Regression: the null check walked a set, so which column an error named could vary by process."""
+    group = workload.make_workload(1, 4, seed=0)[0].encode("job", 1)
+    for name in ("sample_index", "reward"):
+        index = group.schema.get_field_index(name)
+        values = group.column(name).to_pylist()
+        values[1] = None
+        group = group.set_column(
+            index, group.schema.field(index), pa.array(values, group.schema.field(index).type)
+        )
+    for checks in (contextlib.nullcontext(), _precise_only()):
+        with checks, pytest.raises(SchemaError, match="'sample_index' row 1 is null"):
+            validate_group(group, expect=GroupKey("job", 1, 0))
