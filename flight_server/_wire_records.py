@@ -1,0 +1,249 @@
+"""The records of the storage server's wire (descriptors, tickets, action bodies) and their signatures.
+
+Plain frozen dataclasses, validated where they are decoded (:mod:`._wire`, which also encodes them and
+re-exports every name here); :class:`TokenSigner` makes and checks the optional HMAC-SHA256 credentials
+of a deployment with a shared secret. ``docs/wire-format.md`` is the reference.
+
+This module does no I/O and does not validate field values (the decoders do).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+
+from trajflight.codec import GroupKey
+from trajflight.errors import InvalidRequestError
+
+__all__ = [
+    "AppendDescriptor",
+    "DeleteRequest",
+    "FenceRequest",
+    "GenerationRequest",
+    "GetTicket",
+    "GroupRead",
+    "LeaseToken",
+    "ListCriteria",
+    "PutDescriptor",
+    "PutManyDescriptor",
+    "ShmAbortRequest",
+    "ShmPublishRequest",
+    "ShmReserveRequest",
+    "TokenSigner",
+]
+
+
+# --------------------------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseToken:
+    """The fencing token of a lease on one group.
+
+    Attributes:
+        generation: The lease generation; strictly increases per group across re-grants. Servers refuse
+            a token lower than the highest generation they have seen for the group.
+        sig: Hex HMAC-SHA256 from :meth:`TokenSigner.sign_lease`, required where the server has a secret.
+    """
+
+    generation: int
+    sig: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PutDescriptor:
+    """A ``do_put`` of a whole group: the partition plus the writer's credentials.
+
+    Attributes:
+        key: The partition ``(job_id, epoch, group_id)``.
+        writer: Free-form writer id, for logs and stats.
+        nbytes: Announced payload size (``get_total_buffer_size`` of the batches); lets the server refuse
+            an oversized or
+            over-capacity put before any payload arrives. Optional.
+        num_rows: Announced row count; when given, a stream that ends with fewer rows is refused.
+        sig: Hex HMAC from :meth:`TokenSigner.sign_put`, required where the server has a secret.
+    """
+
+    key: GroupKey
+    writer: str = ""
+    nbytes: int | None = None
+    num_rows: int | None = None
+    sig: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PutManyDescriptor:
+    """A ``do_put`` of several whole groups in one stream, published all together or not at all.
+
+    The stream carries the groups in this order, each as one or more batches of its own (no batch holds
+    rows of two groups); ``num_rows`` of every group is required to find the boundaries.
+
+    Attributes:
+        puts: One :class:`PutDescriptor` per group (``num_rows`` required; their ``writer`` is ignored).
+        writer: Free-form writer id.
+    """
+
+    puts: tuple[PutDescriptor, ...]
+    writer: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AppendDescriptor:
+    """A ``do_put`` that adds columns to a stored group, under the holder's lease token.
+
+    Attributes:
+        key: The stored group.
+        token: The holder's lease token; refused when lower than the highest generation seen.
+        nbytes: Announced size of the new columns, optional.
+    """
+
+    key: GroupKey
+    token: LeaseToken
+    nbytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRead:
+    """One group named by a ticket, with the reader's lease token when the group is leased."""
+
+    key: GroupKey
+    token: LeaseToken | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GetTicket:
+    """A ``do_get`` ticket: groups (streamed in this order) and an optional column projection.
+
+    Attributes:
+        groups: The groups; at least one.
+        columns: Column names to stream, in this order; None streams every column.
+    """
+
+    groups: tuple[GroupRead, ...]
+    columns: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ListCriteria:
+    """``list_flights`` filter; None matches everything."""
+
+    job_id: str | None = None
+    epoch: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRequest:
+    """Body of the ``delete`` action: groups with the deleter's lease tokens."""
+
+    groups: tuple[GroupRead, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FenceRequest:
+    """Body of the ``fence`` action: refuse puts of every epoch of ``job_id`` below ``min_epoch``.
+
+    Attributes:
+        purge: Also delete stored groups of the fenced epochs and give their bytes back.
+        sig: Hex HMAC from :meth:`TokenSigner.sign_fence`, required where the server has a secret.
+    """
+
+    job_id: str
+    min_epoch: int
+    purge: bool = False
+    sig: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """Body of the ``advance_generation`` action: the controller raises the fence of groups it re-granted.
+
+    Each entry's token carries the new generation (signed like a lease token).
+    """
+
+    groups: tuple[GroupRead, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ShmReserveRequest:
+    """Body of the ``shm_reserve`` action: a same-node writer asks for segments to write groups into.
+
+    Attributes:
+        puts: One :class:`PutDescriptor` per group; ``nbytes`` (the IPC stream's size) is required.
+        writer: Free-form writer id.
+        ttl: Seconds the writer has to publish before the reservation is dropped (None: the server's).
+        batch_bytes: When given, one segment of this many bytes for all the groups, written as one IPC
+            stream in the listed order (``num_rows`` required per group, ``nbytes`` not); readers of the
+            groups in that order get them with no copy to join them.
+    """
+
+    puts: tuple[PutDescriptor, ...]
+    writer: str = ""
+    ttl: float | None = None
+    batch_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ShmPublishRequest:
+    """Body of the ``shm_publish`` action: ``(reservation, stream size)`` per written group."""
+
+    items: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ShmAbortRequest:
+    """Body of the ``shm_abort`` action: reservations the writer gives up."""
+
+    reservations: tuple[str, ...]
+
+
+# ------------------------------------------------------------------------------------------ signatures
+
+
+class TokenSigner:
+    """HMAC-SHA256 signatures over put credentials, lease tokens and fences.
+
+    The controller and every storage server of a deployment share one secret; writers and trainers only
+    ever see signatures, never the secret. Signatures bind every field that matters (job, epoch, group,
+    generation), so a token for one group cannot be replayed on another.
+
+    Args:
+        secret: The deployment secret (at least 16 bytes).
+
+    Raises:
+        InvalidRequestError: the secret is shorter than 16 bytes.
+    """
+
+    __slots__ = ("_secret",)
+
+    def __init__(self, secret: bytes) -> None:
+        if not isinstance(secret, bytes) or len(secret) < 16:
+            raise InvalidRequestError(
+                "the deployment secret must be at least 16 bytes; generate 32 random bytes"
+            )
+        self._secret = secret
+
+    def _sign(self, *parts: object) -> str:
+        message = "\x1f".join(str(p) for p in parts).encode()
+        return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
+
+    def sign_put(self, key: GroupKey) -> str:
+        """Signature letting a writer put ``key`` (bound to job, epoch and group)."""
+        return self._sign("put", key.job_id, key.epoch, key.group_id)
+
+    def sign_lease(self, key: GroupKey, generation: int) -> str:
+        """Signature of the lease token of ``key`` at ``generation``."""
+        return self._sign("lease", key.job_id, key.epoch, key.group_id, generation)
+
+    def sign_fence(self, job_id: str, min_epoch: int) -> str:
+        """Signature of a fence of ``job_id`` below ``min_epoch``."""
+        return self._sign("fence", job_id, min_epoch)
+
+    def lease_token(self, key: GroupKey, generation: int) -> LeaseToken:
+        """A signed :class:`LeaseToken` for ``key``."""
+        return LeaseToken(generation, self.sign_lease(key, generation))
+
+    @staticmethod
+    def verify(expected: str, given: str | None) -> bool:
+        """Constant-time comparison of a signature; a missing one never verifies."""
+        return given is not None and hmac.compare_digest(expected, given)
