@@ -19,7 +19,9 @@ the group's epoch is fenced). Reads, appends and deletes are fenced by generatio
 job restored from a checkpoint under a new epoch re-offers READY groups of the old epoch under new, higher
 generations, and their new holders must reach them.
 
-This module does not verify signatures (the server does) and does no I/O. It is thread-safe: one lock
+The records (:class:`StoredGroup`, :class:`StoreLimits`, :class:`Reservation`) live in
+:mod:`._store_records` and are re-exported here. This module does not verify signatures (the server does)
+and does no I/O. It is thread-safe: one lock
 guards the maps; serialisation and validation run outside it.
 """
 
@@ -46,127 +48,11 @@ from trajflight.errors import (
 from trajflight.flight_server._fences import FenceBoard
 from trajflight.flight_server._segments import Placement, concat_groups, open_segment, serialize_segment
 from trajflight.flight_server._shm import Segment, ShmArena
+from trajflight.flight_server._store_records import Reservation, StoredGroup, StoreLimits
 from trajflight.flight_server._store_shm import ShmPut, ShmStoreMixin, fmt_key, key_fields
 from trajflight.flight_server._wire import GroupRead, LeaseToken, ListCriteria
 
 __all__ = ["GroupStore", "Reservation", "ShmPut", "StoreLimits", "StoredGroup"]
-
-
-@dataclass(frozen=True, slots=True)
-class StoredGroup:
-    """One published group: immutable; an append publishes a new one.
-
-    Attributes:
-        key: The partition.
-        parts: Tables over the stored buffers; the first holds the put, the rest appended columns.
-        part_bytes: Bytes held by each part (buffer sizes).
-        table: Zero-copy view over the parts (what ``do_get`` streams). Aliases the stored buffers: never
-            write through it (``torch.from_dlpack`` ignores Arrow's read-only flag).
-        writer: The writer id given at put.
-        created: Monotonic publish time.
-        segments: The arena segment of each part (empty without an arena).
-        offsets: Per part, its first row in its segment's stream (a batch of groups shares one stream).
-        starts: Per part, the byte offset of its stream in its segment (small groups share a slab).
-    """
-
-    key: GroupKey
-    parts: tuple[pa.Table, ...]
-    part_bytes: tuple[int, ...]
-    table: pa.Table
-    writer: str = ""
-    created: float = 0.0
-    segments: tuple[Segment, ...] = ()
-    offsets: tuple[int, ...] = ()
-    starts: tuple[int, ...] = ()
-
-    def row_offset(self, part: int) -> int:
-        """First row of part ``part`` in its segment's stream (non-zero when a batch shares a segment)."""
-        return self.offsets[part] if part < len(self.offsets) else 0
-
-    def start(self, part: int) -> int:
-        """Byte offset of part ``part``'s stream in its segment (non-zero in a slab of small groups)."""
-        return self.starts[part] if part < len(self.starts) else 0
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held (sum over parts): what capacity counts."""
-        return sum(self.part_bytes)
-
-    @property
-    def num_rows(self) -> int:
-        """Samples in the group."""
-        return int(self.table.num_rows)
-
-
-@dataclass(frozen=True, slots=True)
-class StoreLimits:
-    """Bounds of one store.
-
-    Attributes:
-        capacity_bytes: Bytes held plus reserved by in-flight puts/appends.
-        capacity_groups: Groups held plus in-flight puts.
-        max_group_bytes: Largest single put or append (refused as invalid: retrying cannot help).
-        retry_after: Hint (seconds) carried by :class:`CapacityExceededError`.
-    """
-
-    capacity_bytes: int = 8 * 2**30
-    capacity_groups: int = 1_000_000
-    max_group_bytes: int = 2**31
-    retry_after: float = 1.0
-
-    def __post_init__(self) -> None:
-        for name in ("capacity_bytes", "capacity_groups", "max_group_bytes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise InvalidRequestError(f"StoreLimits.{name} must be a positive int, got {value!r}")
-        if self.retry_after < 0:
-            raise InvalidRequestError(f"StoreLimits.retry_after must be >= 0, got {self.retry_after!r}")
-
-
-@dataclass(slots=True)
-class Reservation:
-    """Capacity held by one in-flight put or append; release it (context manager) on any failure.
-
-    Attributes:
-        key: The group being written.
-        counts_group: Whether it holds a group slot (a put) or only bytes (an append).
-        reserved: Bytes reserved so far.
-        received: Payload bytes received so far.
-    """
-
-    store: GroupStore
-    key: GroupKey
-    counts_group: bool
-    reserved: int = 0
-    received: int = 0
-    done: bool = False
-
-    def grow(self, nbytes: int) -> None:
-        """Account ``nbytes`` more received; reserves more capacity when needed.
-
-        Raises:
-            InvalidRequestError: the write exceeds ``max_group_bytes``.
-            CapacityExceededError: the store is full (with ``retry_after``); nothing is kept.
-        """
-        self.received += nbytes
-        if self.received > self.reserved:
-            self.store._reserve(self, self.received - self.reserved)
-
-    def reserve(self, nbytes: int) -> None:
-        """Reserve ``nbytes`` up front (a size announced by the writer); raises like :meth:`grow`."""
-        self.store._reserve(self, nbytes)
-
-    def release(self) -> None:
-        """Give the reservation back (idempotent)."""
-        if not self.done:
-            self.done = True
-            self.store._release(self)
-
-    def __enter__(self) -> Reservation:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
 
 @dataclass(slots=True)

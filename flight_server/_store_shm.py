@@ -15,7 +15,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -24,10 +24,8 @@ import pyarrow.ipc as ipc
 from trajflight.codec import GroupKey, validate_group
 from trajflight.errors import CapacityExceededError, InvalidRequestError, NotFoundError, SchemaError
 from trajflight.flight_server._shm import SLAB_ALIGN, Segment, ShmArena, size_class
+from trajflight.flight_server._store_records import Reservation, StoredGroup
 from trajflight.flight_server._wire import GroupRead
-
-if TYPE_CHECKING:
-    from trajflight.flight_server._store import Reservation, StoredGroup
 
 __all__ = ["ShmPut", "ShmStoreMixin", "fmt_key", "key_fields"]
 
@@ -206,8 +204,6 @@ class ShmStoreMixin:
         Raises:
             Like :meth:`begin_shm_put` and :meth:`publish_shm`.
         """
-        from trajflight.flight_server._store import StoredGroup  # a cycle at import time otherwise
-
         arena = self._need_arena()
         if not data:
             raise InvalidRequestError(f"shm put of group {_fmt(key)}: the payload is empty")
@@ -289,8 +285,6 @@ class ShmStoreMixin:
         return self._commit_puts([p.res for p in puts], groups, groups[0].table.schema)
 
     def _read_published(self, puts: Sequence[ShmPut], sizes: Sequence[int]) -> list[StoredGroup]:
-        from trajflight.flight_server._store import StoredGroup  # a cycle at import time otherwise
-
         opened: dict[int, pa.Table] = {}
         users: dict[int, int] = {}
         for put in puts:
