@@ -7,12 +7,15 @@ and reads either over Flight or through shared memory, against the same server (
 from __future__ import annotations
 
 import contextlib
+import itertools
 import multiprocessing
 import os
+import random
 import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -508,6 +511,90 @@ def test_concurrent_small_puts_never_share_bytes():
             list(pool.map(put, range(len(keys))))
         for key, group in zip(keys, groups, strict=True):
             assert client.shm_get([key]).equals(pa.Table.from_batches([group]))
+
+
+def test_concurrent_puts_reads_and_deletes_never_return_another_groups_bytes():
+    """Small puts packed into slabs, reads through kept opens (the fence board) and deletes, all at once for
+    about two seconds: every read is bit-exact or refused (gone, or superseded), never wrong."""
+    expected: dict[GroupKey, pa.Table] = {}
+    lock = threading.Lock()
+    deadline = time.monotonic() + 2.0
+    outcomes = {"read": 0, "refused": 0, "wrong": 0}
+    failures: list[BaseException] = []
+
+    def tally(outcome: str) -> None:
+        with lock:
+            outcomes[outcome] += 1
+
+    def guarded(target: Callable[..., None]) -> Callable[..., None]:
+        def run(*args: object) -> None:
+            try:
+                target(*args)
+            except BaseException as exc:  # any failure of a worker fails the test
+                failures.append(exc)
+
+        return run
+
+    with shm_serving(StoreLimits(capacity_bytes=1 << 30), slab_bytes=96 * 1024) as (server, _):
+
+        def connected() -> StorageClient:
+            client = StorageClient(server.location, timeout=20)
+            return _local(client)
+
+        def writer(wid: int) -> None:
+            with connected() as client:
+                for n in itertools.count():
+                    if time.monotonic() > deadline:
+                        return
+                    key = GroupKey("job-a", 1, wid * 1_000_000 + n)
+                    group = make_group(key, seed=n % 50, response_len=(16, 64, 300)[n % 3])
+                    client.shm_put_groups([(key, group)])
+                    with lock:
+                        expected[key] = pa.Table.from_batches([group])
+
+        def reader(first: int) -> None:
+            rng = random.Random(first)
+            with connected() as client:
+                for generation in itertools.count(first, 2):
+                    if time.monotonic() > deadline:
+                        return
+                    with lock:
+                        keys = rng.sample(sorted(expected), min(8, len(expected)))
+                        want = [expected[k] for k in keys]
+                    if not keys:
+                        continue
+                    reads = [GroupRead(k, LeaseToken(generation)) for k in keys]
+                    try:
+                        opened = client.shm_open(reads)
+                        tables = [client.shm_get(reads, opened=opened) for _ in range(2)]
+                    except (NotFoundError, StaleFenceError):
+                        tally("refused")
+                        continue
+                    whole = pa.concat_tables(want)
+                    tally("read" if all(t.equals(whole) for t in tables) else "wrong")
+
+        def deleter() -> None:
+            rng = random.Random(7)
+            with connected() as client:
+                while time.monotonic() < deadline:
+                    with lock:
+                        keys = rng.sample(sorted(expected), 5) if len(expected) > 20 else []
+                        for k in keys:
+                            del expected[k]
+                    if keys:
+                        client.delete([GroupRead(k, LeaseToken(2**40)) for k in keys])
+                    time.sleep(0.002)
+
+        threads = [threading.Thread(target=guarded(writer), args=(i,)) for i in range(2)]
+        threads += [threading.Thread(target=guarded(reader), args=(i,)) for i in (1, 2)]
+        threads.append(threading.Thread(target=guarded(deleter)))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    assert failures == []
+    assert outcomes["wrong"] == 0
+    assert outcomes["read"] > 0
 
 
 def test_a_column_appended_to_a_group_of_a_shared_stream_reads_back_with_that_groups_rows():
