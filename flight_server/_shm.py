@@ -15,7 +15,9 @@ here, against about 12 GB/s into a reused, pre-faulted file), so segments are cr
 Small groups (a same-node writer's one-call put, ``shm_put``) are *packed* into slab segments of 4 MiB,
 one IPC stream after another at 64-byte aligned offsets (:meth:`ShmArena.pack`): a reader of many small
 groups maps a few files, not one per group. A slab is one segment for every rule below; it goes back to
-the arena when it is full and its last group is released.
+the arena when it is full and its last group is released. Until then the bytes of its released groups
+(and its unused tail) stay in tmpfs: they are reported as ``stranded_bytes`` and counted by the store as
+used capacity, so capacity bounds the arena's memory to within the one slab being filled.
 
 Reuse rule (the safety choice): a released segment goes back to the free pool only if **no process
 other than this server ever mapped it for reading** and no buffer of this server still aliases it (a
@@ -112,6 +114,12 @@ class Segment:
         exposed: Handed to a reader or a writer outside this process: never reused (see module docstring).
         refs: Groups holding it (a batch of groups written as one stream shares one segment); the arena
             takes it back when the last one releases it.
+        slab: Small groups are packed into it (:meth:`ShmArena.pack`); release them with
+            :meth:`ShmArena.release_stream`.
+        packed: As a slab, the bytes handed out to streams so far.
+        freed: As a slab, the bytes of its streams released so far.
+        stranded: As a retired slab (full, no longer packed into), the bytes it holds that no group counts
+            any more: its released streams and its unused tail (see ``ShmArena.release_stream``).
     """
 
     name: str
@@ -120,6 +128,10 @@ class Segment:
     mm: mmap.mmap | None
     exposed: bool = False
     refs: int = 1
+    slab: bool = False
+    packed: int = 0
+    freed: int = 0
+    stranded: int = 0
     _views: list[weakref.ref[memoryview]] = field(default_factory=list)
 
     def buffer(self, size: int | None = None, start: int = 0) -> pa.Buffer:
@@ -173,6 +185,7 @@ class ShmArena:
         self.slab_bytes = size_class(slab_bytes)
         self._slab: Segment | None = None  # the slab small groups are being packed into
         self._slab_used = 0
+        self.stranded_bytes = 0  # see stranded_bytes below (kept under the lock)
         try:
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
             os.chmod(self.directory, 0o700)
@@ -233,6 +246,7 @@ class ShmArena:
             segments = [s for lst in self._free.values() for s in lst] + self._draining
             segments += list(self._live.values())
             self._slab = None
+            self.stranded_bytes = 0
             self._free.clear()
             self._draining.clear()
             self._live.clear()
@@ -321,20 +335,44 @@ class ShmArena:
                 if slab is not None and self._slab_used + need <= slab.capacity:
                     start = self._slab_used
                     self._slab_used += need
+                    slab.packed += need
                     slab.refs += 1
                     return slab, start
                 self._slab = None  # full (or none yet): retire it, its streams keep it alive
+                if slab is not None:  # its released streams and unused tail are held by nobody now
+                    self._strand_locked(slab, slab.freed + slab.capacity - slab.packed)
             if slab is not None:
                 self.release(slab)  # the slab's own reference, held while it was being filled
             fresh = self.acquire(self.slab_bytes)
             with self._lock:
                 if self._slab is None:
+                    fresh.slab = True
                     self._slab, self._slab_used = fresh, 0
                     if not self._free.get(self.slab_bytes):  # have the next slab pre-faulted by then
                         self._refill.append(self.slab_bytes)
                         self._wake.notify()
                     continue
             self.release(fresh)  # another thread installed a slab first: give this one back
+
+    def release_stream(self, slab: Segment, nbytes: int) -> None:
+        """Give back one stream of ``nbytes`` (as :meth:`pack` rounded it) of a slab.
+
+        Until a slab's last stream is released its bytes stay in tmpfs. Once the slab is retired (full),
+        the bytes no group counts any more (released streams, the unused tail) count in
+        ``stranded_bytes``, which the store adds to its used capacity: capacity keeps bounding the arena's
+        memory, to within the one slab being filled, even when one long-lived group keeps a slab alive.
+        """
+        with self._lock:
+            if slab.name in self._live:
+                if slab is self._slab:
+                    slab.freed += nbytes  # counted if and when the slab is retired
+                else:
+                    self._strand_locked(slab, nbytes)
+        self.release(slab)
+
+    def _strand_locked(self, slab: Segment, nbytes: int) -> None:
+        slab.stranded += nbytes
+        self.stranded_bytes += nbytes
 
     def place(self, nbytes: int) -> tuple[Segment, pa.Buffer]:
         """A segment for a stream of ``nbytes`` and a mutable buffer of exactly ``nbytes`` over it."""
@@ -350,6 +388,9 @@ class ShmArena:
             if seg.refs > 0:
                 return  # other groups of its batch still hold it
             del self._live[seg.name]
+            self.stranded_bytes -= seg.stranded  # a slab's stranded bytes leave with it
+            seg.packed = seg.freed = seg.stranded = 0
+            seg.slab = False
             if seg.exposed or self._closed:
                 unlink = True
                 if not self._closed and self._free_bytes + seg.capacity <= self.pool_bytes:
@@ -431,6 +472,7 @@ class ShmArena:
                 # the slab small groups are being packed into: streams held in it, bytes handed out
                 "slab_streams": 0 if self._slab is None else self._slab.refs - 1,
                 "slab_used_bytes": 0 if self._slab is None else self._slab_used,
+                "stranded_bytes": self.stranded_bytes,
             }
 
     def __repr__(self) -> str:

@@ -121,7 +121,10 @@ class GroupStore(ShmStoreMixin):
                 limit=limits.max_group_bytes,
             )
         with self._lock:
-            used = self._held_bytes + self._reserved_bytes
+            # Slab bytes no group counts any more (a slab kept alive by a few of its groups) still
+            # occupy the arena: capacity bounds them too.
+            stranded = self.arena.stranded_bytes if self.arena is not None else 0
+            used = self._held_bytes + self._reserved_bytes + stranded
             if used + nbytes > limits.capacity_bytes:
                 raise CapacityExceededError(
                     f"server full: {format_size(used)} of {format_size(limits.capacity_bytes)} used, "
@@ -358,8 +361,11 @@ class GroupStore(ShmStoreMixin):
         if self.arena is None:
             return
         for group in groups:
-            for seg in group.segments:
-                self.arena.release(seg)
+            for i, seg in enumerate(group.segments):
+                if seg.slab:
+                    self.arena.release_stream(seg, group.part_bytes[i])
+                else:
+                    self.arena.release(seg)
 
     # ----------------------------------------------------------------------------------------- append
 

@@ -235,7 +235,7 @@ class ShmStoreMixin:
                     validate_group(batch, self.schema, expect=key, full=True)
         except BaseException:
             res.release()
-            arena.release(slab)
+            arena.release_stream(slab, need)  # the region stays unused: stranded until the slab goes
             raise
         group = StoredGroup(key, (table,), (need,), table, writer, self._clock(), (slab,), (0,), (start,))
         (stored,) = self._commit_puts([res], [group], table.schema)  # on refusal it releases the slab

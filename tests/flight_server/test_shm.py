@@ -498,6 +498,61 @@ def test_small_groups_are_packed_into_slabs_and_read_back_bit_exact_from_a_few_m
         assert table.equals(pa.Table.from_batches(groups))
 
 
+def test_a_slab_kept_alive_by_one_group_still_counts_against_capacity():
+    """Deleted groups of a full slab that another group keeps alive still occupy tmpfs: capacity counts
+    them (stranded bytes) until the slab's last group goes, so it keeps bounding the arena's memory."""
+    keys = [GroupKey("job-a", 1, g) for g in range(40)]
+    groups = [make_group(k, response_len=64, fixed=True) for k in keys]
+    with shm_serving(slab_bytes=64 * 1024) as (_, client):
+        _local(client)
+        placed = []
+        for key, group in zip(keys, groups, strict=True):
+            client.shm_put_groups([(key, group)])
+            placed.append(key)
+            if client.stats()["shm"]["stranded_bytes"]:  # the first slab was retired (full)
+                break
+        opened = client.shm_open(placed)
+        first = opened._segments[opened._groups[placed[0]][1][0][0]][0]
+        in_first = [k for k in placed if opened._segments[opened._groups[k][1][0][0]][0] == first]
+        assert 2 < len(in_first) < len(placed)
+        tail = client.stats()["shm"]["stranded_bytes"]  # the retired slab's unused tail
+        client.delete([GroupRead(k, LeaseToken(1)) for k in in_first[1:]])  # in_first[0] keeps it alive
+        stats = client.stats()
+        per_group = stats["bytes"] // (len(placed) - len(in_first) + 1)
+        assert stats["shm"]["stranded_bytes"] == tail + per_group * (len(in_first) - 1)
+        client.delete([GroupRead(in_first[0], LeaseToken(1))])  # the slab's last group: all of it goes
+        assert client.stats()["shm"]["stranded_bytes"] == 0
+
+
+def test_stranded_slab_bytes_can_refuse_a_put_until_the_slab_goes():
+    keys = [GroupKey("job-a", 1, g) for g in range(8)]
+    groups = [make_group(k, response_len=64, fixed=True) for k in keys]
+    with shm_serving(slab_bytes=32 * 1024) as (_, probe):
+        _local(probe)
+        probe.shm_put_groups([(keys[0], groups[0])])
+        one = probe.stats()["bytes"]  # what one packed group counts
+    per_slab = (32 * 1024) // one
+    assert per_slab >= 2
+    # Room for exactly one slab's worth of groups plus one.
+    with shm_serving(
+        StoreLimits(capacity_bytes=one * (per_slab + 1), retry_after=0.1), slab_bytes=32 * 1024
+    ) as (
+        _,
+        client,
+    ):
+        _local(client)
+        for key, group in zip(keys[: per_slab + 1], groups, strict=False):  # the last one retires slab 1
+            client.shm_put_groups([(key, group)])
+        client.delete([GroupRead(k, LeaseToken(1)) for k in keys[1:per_slab]])  # keys[0] pins slab 1
+        stats = client.stats()
+        assert stats["bytes"] == 2 * one  # keys[0] and the group in slab 2...
+        assert stats["shm"]["stranded_bytes"] > one  # ...but slab 1's freed space is still in tmpfs
+        with pytest.raises(CapacityExceededError, match="server full"):
+            client.shm_put_groups([(keys[per_slab + 1], groups[per_slab + 1])])
+        client.delete([GroupRead(keys[0], LeaseToken(1))])  # slab 1 goes: its bytes come back
+        client.shm_put_groups([(keys[per_slab + 1], groups[per_slab + 1])])
+
+
 def test_concurrent_small_puts_never_share_bytes():
     keys = [GroupKey("job-a", 1, g) for g in range(32)]
     groups = [make_group(k, seed=g, response_len=200) for g, k in enumerate(keys)]
