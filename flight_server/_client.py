@@ -32,7 +32,7 @@ from trajflight.codec import GroupKey
 from trajflight.errors import DeadlineExceededError, InvalidRequestError, TrajflightError
 from trajflight.flight_server._errors import translate_errors
 from trajflight.flight_server._fences import MappedBoard, read_board
-from trajflight.flight_server._local import LocalChannel
+from trajflight.flight_server._local import MAX_FRAME, LocalChannel
 from trajflight.flight_server._opened import ShmOpened
 from trajflight.flight_server._shm import write_segment
 from trajflight.flight_server._wire import (
@@ -116,8 +116,11 @@ class StorageClient:
     ) -> None:
         if timeout <= 0:
             raise InvalidRequestError(f"timeout must be > 0 seconds, got {timeout!r}")
-        if inline_put_bytes < 0:
-            raise InvalidRequestError(f"inline_put_bytes must be >= 0, got {inline_put_bytes!r}")
+        if not 0 <= inline_put_bytes <= MAX_FRAME // 2:
+            raise InvalidRequestError(
+                f"inline_put_bytes must be between 0 and {MAX_FRAME // 2} (half the same-host channel's "
+                f"largest frame), got {inline_put_bytes!r}"
+            )
         if write_size_limit_bytes is not None and write_size_limit_bytes <= 0:
             raise InvalidRequestError(f"write_size_limit_bytes must be > 0, got {write_size_limit_bytes!r}")
         self.location = location

@@ -36,12 +36,13 @@ import pyarrow.flight as flight
 from trajflight.errors import DeadlineExceededError, TrajflightError, UnavailableError
 from trajflight.flight_server._errors import from_flight_error, server_errors
 
-__all__ = ["LocalChannel", "LocalChannelServer"]
+__all__ = ["MAX_FRAME", "LocalChannel", "LocalChannelServer"]
 
 log = logging.getLogger("trajflight.flight_server")
 
 _LEN = struct.Struct(">I")
-_MAX_FRAME = 16 * 2**20
+MAX_FRAME = 16 * 2**20
+"""Largest frame either side accepts (a ``shm_put`` payload included)."""
 Handler = Callable[[str, bytes, bytes], bytes]
 """``handler(action name, body, payload) -> result JSON bytes``; raises Flight errors (see
 ``server_errors``)."""
@@ -61,8 +62,8 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 def _recv_frame(sock: socket.socket) -> bytes:
     (n,) = _LEN.unpack(_recv_exact(sock, 4))
-    if n > _MAX_FRAME:
-        raise ConnectionError(f"frame of {n} bytes is larger than the {_MAX_FRAME} allowed")
+    if n > MAX_FRAME:
+        raise ConnectionError(f"frame of {n} bytes is larger than the {MAX_FRAME} allowed")
     return _recv_exact(sock, n)
 
 

@@ -679,6 +679,12 @@ def test_a_restarted_server_replaces_its_fence_board_so_kept_opens_go_back_to_it
         client.shm_get(held, opened=opened)
 
 
+@pytest.mark.parametrize("size", [-1, 2**30])
+def test_an_inline_put_limit_the_channel_cannot_carry_is_refused_up_front(size):
+    with pytest.raises(InvalidRequestError, match="inline_put_bytes must be between 0 and"):
+        StorageClient("grpc://127.0.0.1:1", inline_put_bytes=size)
+
+
 def test_an_inline_put_that_does_not_match_its_body_or_hold_a_group_leaves_nothing():
     group = make_group(KEY)
     with shm_serving() as (server, client):
