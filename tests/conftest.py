@@ -3,15 +3,22 @@
 * ``gpu`` tests skip where torch sees no CUDA device.
 * ``ray`` tests skip where ray is not installed and share one local runtime bound to loopback
   (starting Ray costs about 7 s here; starting it per test would blow CI's budget).
+* Helpers shared by several test folders (``procmaps``) are importable by name.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:  # --import-mode=importlib does not put test folders on sys.path
+    sys.path.insert(0, _HERE)
 
 
 def _cuda_available() -> bool:

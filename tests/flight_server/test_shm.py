@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 from flight_testkit import make_group
+from procmaps import inside, mapped_ranges
 from shm_testkit import killed_writer
 
 from trajflight.codec import GroupKey, decode
@@ -66,21 +67,6 @@ def shm_serving(
         StorageClient(server.location, timeout=20) as client,
     ):
         yield server, client
-
-
-def mapped_ranges(directory: str) -> list[tuple[int, int]]:
-    """Address ranges of this process's mappings of files in ``directory`` (from /proc/self/maps)."""
-    out = []
-    with open("/proc/self/maps") as f:
-        for line in f:
-            if directory in line:
-                lo, hi = line.split()[0].split("-")
-                out.append((int(lo, 16), int(hi, 16)))
-    return out
-
-
-def inside(address: int, ranges: list[tuple[int, int]]) -> bool:
-    return any(lo <= address < hi for lo, hi in ranges)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 import pytest
+from procmaps import inside, mapped_ranges
 
 import trajflight
 from trajflight._lease import fetch_table
@@ -26,21 +27,6 @@ def shm_cluster() -> Iterator[trajflight.LocalCluster]:
         yield c
 
 
-def mapped_ranges(directory: str) -> list[tuple[int, int]]:
-    """Address ranges of this process's mappings of files under ``directory``."""
-    out = []
-    with open("/proc/self/maps") as f:
-        for line in f:
-            if directory in line:
-                lo, hi = line.split()[0].split("-")
-                out.append((int(lo, 16), int(hi, 16)))
-    return out
-
-
-def _inside(address: int, ranges: list[tuple[int, int]]) -> bool:
-    return any(lo <= address < hi for lo, hi in ranges)
-
-
 def test_same_host_put_and_fetch_go_through_shared_memory_bit_exact_and_zero_copy(shm_cluster, job):
     client = shm_cluster.client()
     client.open_job(job, 1)
@@ -52,9 +38,9 @@ def test_same_host_put_and_fetch_go_through_shared_memory_bit_exact_and_zero_cop
         ranges = mapped_ranges(shm_cluster.shm_dir)
         for name, expected in (("response_ids", g.response_values), ("response_logprobs", g.logprobs)):
             values = tensors.tensors[name].values()
-            assert _inside(values.data_ptr(), ranges), f"{name} was copied"
+            assert inside(values.data_ptr(), ranges), f"{name} was copied"
             assert np.array_equal(values.numpy(), expected)
-        assert _inside(tensors.tensors["advantage"].data_ptr(), ranges)
+        assert inside(tensors.tensors["advantage"].data_ptr(), ranges)
         assert np.array_equal(tensors.tensors["advantage"].numpy(), g.advantage)
     assert shm_cluster.wait_idle(job) == (0, 0)
     stats = client.storage.client(meta.location).stats()
@@ -154,7 +140,7 @@ def test_put_many_lands_as_one_segment_and_a_lease_in_order_decodes_with_no_copy
         with client.trainer("j").lease(6, wait=5) as batch:
             tensors = batch.fetch(["response_ids"])
             values = tensors.tensors["response_ids"].values()
-            assert _inside(values.data_ptr(), mapped_ranges(cluster.shm_dir))
+            assert inside(values.data_ptr(), mapped_ranges(cluster.shm_dir))
             leased = [g.partition.group_id for g in batch.handle.groups]
             by_id = {i.partition.group_id: g for i, g in zip(infos, groups, strict=True)}
             expected = np.concatenate([by_id[i].response_values for i in leased])
@@ -187,15 +173,10 @@ def test_a_committed_lease_kept_by_the_caller_does_not_pin_its_segments(shm_clus
     client.writer(job, 1).put(g.encode(job, 1))
     batch = client.trainer(job).lease(1, wait=5)
     tensors = batch.fetch(["response_ids"])
-    segments = os.path.join(shm_cluster.shm_dir, "")  # segment files (the fence board is mapped apart)
-    assert _segment_mappings(segments)  # the tensors alias the mapping...
+    directory = os.path.join(shm_cluster.shm_dir, "")
+    # Segment files only: each client also maps the servers' fence boards, apart from any lease.
+    assert mapped_ranges(directory, name_part="/seg-")  # the tensors alias the mapping...
     batch.commit()
     del tensors
-    assert not _segment_mappings(segments)  # ...which goes with them, though `batch` lives on
+    assert not mapped_ranges(directory, name_part="/seg-")  # ...which goes with them, though `batch` lives on
     assert shm_cluster.wait_idle(job) == (0, 0)
-
-
-def _segment_mappings(directory: str) -> list[str]:
-    """Segment files under ``directory`` that this process maps (not the servers' fence boards)."""
-    with open("/proc/self/maps") as f:
-        return [line for line in f if directory in line and "/seg-" in line]
