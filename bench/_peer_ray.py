@@ -34,12 +34,13 @@ def ensure_ray() -> Any:
         SystemUnavailable: Ray is not installed.
     """
     global _STARTED_HERE
+    # Before the import: Ray reads it then, and without it advertises the machine's network address.
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     try:
         import ray
     except ImportError as exc:
         raise SystemUnavailable("ray is not installed", RAY_HINT) from exc
     if not ray.is_initialized():
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         ray.init(
             address="local",
             _node_ip_address="127.0.0.1",

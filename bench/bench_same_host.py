@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -47,6 +46,7 @@ from typing import Any
 import numpy as np
 
 import trajflight
+from trajflight.bench._system import SystemUnavailable
 from trajflight.workload import SyntheticGroup, make_workload
 
 COLUMNS = ("prompt_ids", "response_ids", "response_logprobs", "loss_mask", "reward", "advantage")
@@ -152,20 +152,9 @@ def touch(tensors: dict[str, Any]) -> float:
 
 
 def bench_ray(args: argparse.Namespace) -> dict[str, Any]:
-    import warnings
+    from trajflight.bench._peer_ray import ensure_ray, shutdown_ray
 
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import ray
-    ray.init(
-        address="local",
-        _node_ip_address="127.0.0.1",
-        include_dashboard=False,
-        num_cpus=4,
-        log_to_driver=False,
-        namespace="trajflight-bench-same-host",
-    )
+    ray = ensure_ray()  # on loopback, as the harness starts it (SystemUnavailable without ray)
     try:
         producer = ray.remote(num_cpus=0)(BatchProducer).remote(args.groups, args.samples, args.seed)
         puts, roundtrips, gets, touched = [], [], [], []
@@ -185,7 +174,7 @@ def bench_ray(args: argparse.Namespace) -> dict[str, Any]:
             "get_and_touch": _stats(touched[1:]),
         }
     finally:
-        ray.shutdown()
+        shutdown_ray()
 
 
 # ------------------------------------------------------------------------------------ trajflight
@@ -325,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_ray:
         try:
             report["ray"] = bench_ray(args)
-        except ImportError:
+        except SystemUnavailable:
             print("ray: not installed (pip install 'trajflight[ray]'); skipped", flush=True)
         else:
             r = report["ray"]
