@@ -34,6 +34,7 @@ from trajflight.flight_server._errors import translate_errors
 from trajflight.flight_server._fences import MappedBoard, read_board
 from trajflight.flight_server._local import MAX_FRAME, LocalChannel
 from trajflight.flight_server._opened import ShmOpened
+from trajflight.flight_server._segments import join_batches
 from trajflight.flight_server._shm import write_segment
 from trajflight.flight_server._wire import (
     AppendDescriptor,
@@ -341,9 +342,7 @@ class StorageClient:
         if contiguous and len(groups) > 1:
             # One stream of one batch for all groups (one copy here to join them, one into the
             # segment); readers of these groups in this order then get one slice with no copy.
-            chunks = pa.Table.from_batches([b for bs in per_group for b in bs], schema).combine_chunks()
-            joined = chunks.to_batches()
-            batch = joined[0] if len(joined) == 1 else pa.concat_batches(joined)
+            batch = join_batches([b for bs in per_group for b in bs], schema)
             keys_rows = [(key, rows) for (key, _), rows in zip(groups, rows_of, strict=True)]
             self.shm_put_batch(keys_rows, batch, writer=writer, sigs=sigs, ttl=ttl, timeout=timeout)
             return

@@ -16,7 +16,14 @@ from collections.abc import Callable, Sequence
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-__all__ = ["Placement", "concat_groups", "heap_placement", "open_segment", "serialize_segment"]
+__all__ = [
+    "Placement",
+    "concat_groups",
+    "heap_placement",
+    "join_batches",
+    "open_segment",
+    "serialize_segment",
+]
 
 Placement = Callable[[int], pa.Buffer]
 """``place(size)`` returns a mutable buffer of exactly ``size`` bytes that the store may keep."""
@@ -60,3 +67,13 @@ def concat_groups(tables: Sequence[pa.Table]) -> pa.Table:
         return pa.concat_tables(tables)
     except pa.ArrowInvalid:  # groups with different appended columns: missing ones read as nulls
         return pa.concat_tables(tables, promote_options="default")
+
+
+def join_batches(batches: Sequence[pa.RecordBatch], schema: pa.Schema | None = None) -> pa.RecordBatch:
+    """Record batches of one schema as one record batch, rows in order (one copy of their buffers).
+
+    Raises:
+        pyarrow.ArrowInvalid: the batches do not share one schema.
+    """
+    chunks = pa.Table.from_batches(batches, schema).combine_chunks().to_batches()
+    return chunks[0] if len(chunks) == 1 else pa.concat_batches(chunks)

@@ -32,6 +32,7 @@ from trajflight.codec import GroupKey
 from trajflight.controller import DeleteWork
 from trajflight.errors import ConfigError, DeadlineExceededError, InvalidRequestError
 from trajflight.flight_server import GroupRead, LeaseToken, ShmOpened, StorageClient
+from trajflight.flight_server._segments import join_batches
 from trajflight.flight_server._shm import host_id
 
 T = TypeVar("T")
@@ -250,13 +251,11 @@ def joined_with_keys(batches: Sequence[pa.RecordBatch], keys: Sequence[GroupKey]
         InvalidRequestError: the batches do not share one schema.
     """
     try:
-        table = pa.Table.from_batches(batches)
+        batch = join_batches(batches)
     except pa.ArrowInvalid as exc:
         raise InvalidRequestError(
             f"the groups of one put_many must share one schema ({exc}); put groups of other schemas apart"
         ) from None
-    joined = table.combine_chunks().to_batches()
-    batch = joined[0] if len(joined) == 1 else pa.concat_batches(joined)
     rows = np.fromiter((b.num_rows for b in batches), dtype=np.int64, count=len(batches))
     total = int(rows.sum())
     job_ids = {k.job_id for k in keys}
