@@ -495,11 +495,14 @@ class StorageClient:
         if found is None or path is None:
             return False
         board = self._boards.get(path)
-        if board is None or not board.current():
-            try:
-                board = self._boards[path] = MappedBoard(path)
-            except (OSError, ValueError):
-                return False
+        if board is not None and read_board(board, *found):  # read_board checks the file is current
+            return True
+        if board is not None and board.current():
+            return False  # the board itself says no: ask the server
+        try:  # first use, or a restarted server replaced the file: map the current one
+            board = self._boards[path] = MappedBoard(path)
+        except (OSError, ValueError):
+            return False
         return read_board(board, *found)
 
     # ------------------------------------------------------------------------------------------- reads
