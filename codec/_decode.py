@@ -140,8 +140,9 @@ def _flat(name: str, array: pa.Array, fill_nulls: Mapping[str, Any]) -> _Flat:
     return _Flat(_aligned(array))
 
 
-def _rebased(array: pa.Array) -> tuple[pa.Array, pa.Array, int]:
-    """(values, offsets, longest row) of a list array, offsets starting at zero and values sliced to match.
+def _rebased(array: pa.Array, *, longest: bool = False) -> tuple[pa.Array, pa.Array, int]:
+    """(values, offsets, longest row or 0) of a list array, offsets starting at zero and values sliced to
+    match; the longest row is measured only when asked (it reads every offset).
 
     Reads the offsets through a numpy view (no copy): cheaper than pyarrow scalars and compute kernels
     at the sizes of a training batch, where decode's fixed cost per column is what counts.
@@ -149,11 +150,11 @@ def _rebased(array: pa.Array) -> tuple[pa.Array, pa.Array, int]:
     offsets = array.offsets
     view = offsets.to_numpy(zero_copy_only=False)  # a view unless the buffer is misaligned
     start, end = int(view[0]), int(view[-1])
-    longest = int(np.diff(view).max()) if len(view) > 1 else 0
+    longest_row = int(np.diff(view).max()) if longest and len(view) > 1 else 0
     values = array.values.slice(start, end - start)
     if start:
         offsets = pc.subtract(offsets, pa.scalar(start, type=offsets.type))
-    return values, _aligned(offsets), longest
+    return values, _aligned(offsets), longest_row
 
 
 def _no_nulls(name: str, array: pa.Array, what: str) -> None:
@@ -173,7 +174,7 @@ def _plan(name: str, array: pa.Array, fill_nulls: Mapping[str, Any]) -> _Plan:
         return _flat(name, array, fill_nulls)
     if _is_list(type_) and _is_numeric(type_.value_type):
         _no_nulls(name, array, "row")
-        values, offsets, max_len = _rebased(array)
+        values, offsets, max_len = _rebased(array, longest=True)
         _no_nulls(name, values, "value")
         return _List(_aligned(values), offsets, max_len)
     if _is_list(type_) and _is_list(type_.value_type) and _is_numeric(type_.value_type.value_type):
