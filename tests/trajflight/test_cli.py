@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+from typing import Any
 
 import trajflight
 
@@ -25,14 +26,7 @@ def test_up_then_connect_put_and_stats_then_sigterm():
         with trajflight.connect(address, timeout=20) as client:
             client.open_job("cli-job", 1)
             put_groups(client.writer("cli-job", 1), 2)
-        out = subprocess.run(
-            [sys.executable, "-m", "trajflight", "stats", address, "--job", "cli-job", "--json"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        ).stdout
-        stats = json.loads(out)
+        stats = _stats(address)
         assert stats["controller"]["counters"]["groups_published"] == 2
         assert stats["counts"]["READY"] == 2
         assert sum(s["groups"] for s in stats["servers"].values()) == 2
@@ -42,14 +36,7 @@ def test_up_then_connect_put_and_stats_then_sigterm():
             client.trainer("cli-job").lease(2, wait=5) as b,
         ):
             b.fetch(["reward"])
-        out = subprocess.run(
-            [sys.executable, "-m", "trajflight", "stats", address, "--job", "cli-job", "--json"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        ).stdout
-        after = json.loads(out)
+        after = _stats(address)
         assert sum(s["groups_read"] for s in after["servers"].values()) == 2  # gets are counted
         assert after["controller"]["counters"]["leases_granted"] == 1
         assert after["controller"]["counters"]["commits"] == 2
@@ -78,3 +65,16 @@ def test_stats_of_nothing_says_it_cannot_connect():
     )
     assert result.returncode == 2
     assert "trajflight stats:" in result.stderr
+
+
+def _stats(address: str) -> dict[str, Any]:
+    """What `trajflight stats ADDRESS --job cli-job --json` prints, parsed."""
+    out = subprocess.run(
+        [sys.executable, "-m", "trajflight", "stats", address, "--job", "cli-job", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    result: dict[str, Any] = json.loads(out)
+    return result
