@@ -317,13 +317,8 @@ def _reads(body: Mapping[str, Any], what: str) -> tuple[GroupRead, ...]:
         if "groups" in body:
             raise InvalidRequestError(f"{what}: give 'groups' or 'batch', not both", field="batch")
         return _batch_reads(body["batch"], what)
-    groups = _field(body, "groups", list, what)
-    if not groups:
-        raise InvalidRequestError(f"{what}: 'groups' must name at least one group", field="groups")
     out = []
-    for i, entry in enumerate(groups):
-        if not isinstance(entry, dict):
-            raise InvalidRequestError(f"{what}: groups[{i}] must be an object, got {type(entry).__name__}")
+    for i, entry in enumerate(_objects(body, "groups", what, noun="group")):
         # Fast path for well-formed entries (a lease of many groups on the same-host path); anything
         # else takes the checked path below, which names the offending field. ``type(x) is int``
         # refuses booleans, as _field does.
@@ -398,15 +393,8 @@ def decode_descriptor(
         return _decode_put(body, what)
     if kind == "put_many":
         writer = _field(body, "writer", str, what, required=False) or ""
-        groups = _field(body, "groups", list, what)
-        if not groups:
-            raise InvalidRequestError(f"{what}: 'groups' must name at least one group", field="groups")
         puts = []
-        for i, entry in enumerate(groups):
-            if not isinstance(entry, dict):
-                raise InvalidRequestError(
-                    f"{what}: groups[{i}] must be an object, got {type(entry).__name__}"
-                )
+        for i, entry in enumerate(_objects(body, "groups", what, noun="group")):
             puts.append(_decode_put(entry, f"{what} groups[{i}]", writer))
         if len({p.key for p in puts}) != len(puts):
             raise InvalidRequestError(f"{what}: a group is named twice", field="groups")
@@ -452,10 +440,11 @@ def decode_criteria(data: bytes) -> ListCriteria:
     )
 
 
-def _objects(body: Mapping[str, Any], name: str, what: str) -> list[dict[str, Any]]:
+def _objects(body: Mapping[str, Any], name: str, what: str, *, noun: str = "entry") -> list[dict[str, Any]]:
+    """The non-empty list of objects ``body[name]``; a typed error names the field or entry otherwise."""
     entries = _field(body, name, list, what)
     if not entries:
-        raise InvalidRequestError(f"{what}: {name!r} must name at least one entry", field=name)
+        raise InvalidRequestError(f"{what}: {name!r} must name at least one {noun}", field=name)
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
             raise InvalidRequestError(f"{what}: {name}[{i}] must be an object, got {type(entry).__name__}")
