@@ -3,7 +3,7 @@
 * ``gpu`` tests skip where torch sees no CUDA device.
 * ``ray`` tests skip where ray is not installed and share one local runtime bound to loopback
   (starting Ray costs about 7 s here; starting it per test would blow CI's budget).
-* Helpers shared by several test folders (``procmaps``) are importable by name.
+* Helpers shared by several test folders (``tests/helpers``: ``procmaps``) are importable by name.
 """
 
 from __future__ import annotations
@@ -16,9 +16,12 @@ from pathlib import Path
 
 import pytest
 
-_HERE = str(Path(__file__).resolve().parent)
-if _HERE not in sys.path:  # --import-mode=importlib does not put test folders on sys.path
-    sys.path.insert(0, _HERE)
+# Helpers shared by several test folders, importable by name. Only this folder goes on sys.path: the test
+# folders themselves are named like the packages they test (``trajflight``, ``codec``, ...), so putting
+# ``tests/`` there would shadow the real packages. (--import-mode=importlib adds no test folder itself.)
+_HELPERS = str(Path(__file__).resolve().parent / "helpers")
+if _HELPERS not in sys.path:
+    sys.path.insert(0, _HELPERS)
 
 
 def _cuda_available() -> bool:
