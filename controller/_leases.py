@@ -1,5 +1,5 @@
-"""The lease state machine on top of :class:`~._core.LedgerCore`: acquire, the forward steps, release,
-and the operator's resolve.
+"""The lease state machine on top of :class:`~._partitions.PartitionLedger`: acquire, the forward steps,
+release, and the operator's resolve.
 
 Per group: ``READY -> LEASED -> PREPARED -> TRAINING -> TRAINED -> COMMITTED``, plus ``UNKNOWN``.
 ``acquire`` leases READY groups under one fencing token; ``prepare`` gathers some LEASED groups of the
@@ -25,7 +25,6 @@ from trajflight.errors import (
     StaleFenceError,
 )
 
-from ._core import LedgerCore
 from ._entries import (
     COMMITTED,
     DROPPED,
@@ -42,6 +41,7 @@ from ._entries import (
     check_name,
     check_partitions,
 )
+from ._partitions import PartitionLedger
 from ._records import (
     GroupState,
     Lease,
@@ -52,7 +52,7 @@ from ._records import (
 __all__ = ["LeaseMachine"]
 
 
-class LeaseMachine(LedgerCore):
+class LeaseMachine(PartitionLedger):
     """Leases, batches, release and resolve; :class:`~._ledger.Ledger` adds GC, queries and checkpoints."""
 
     # ------------------------------------------------------------------ leases

@@ -1,6 +1,7 @@
 """The ledger: the public state machine. Layers, bottom up:
 
-* :mod:`._core` — jobs and epochs, storage servers and placement, policy versions, put grants;
+* :mod:`._core` — jobs and epochs, storage servers, policy versions;
+* :mod:`._partitions` — placement and capacity, put grants, publishing;
 * :mod:`._leases` — the lease path ``READY -> LEASED -> PREPARED -> TRAINING -> TRAINED -> COMMITTED``
   (+ ``UNKNOWN``), release for pipeline stages, the operator's resolve;
 * this module — the GC list (commit and drop put groups on it; capacity comes back only when the host
