@@ -49,6 +49,7 @@ MUTATING = frozenset(
         "allocate",
         "allocate_many",
         "publish",
+        "publish_many",
         "acquire",
         "renew",
         "prepare",

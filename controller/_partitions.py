@@ -37,9 +37,12 @@ from ._entries import (
     check_int,
     check_partition,
 )
-from ._records import GroupInfo, Partition, PutGrant
+from ._records import GroupInfo, Partition, Publication, PutGrant
 
 __all__ = ["PartitionLedger"]
+
+_Sizes = tuple[int, int, int, int]
+"""``(rows, nbytes, tokens, policy_version)`` of a publication."""
 
 
 class PartitionLedger(LedgerCore):
@@ -216,6 +219,7 @@ class PartitionLedger(LedgerCore):
 
         Raises:
             StaleFenceError: the epoch is fenced, or ``token`` is not the grant's token.
+            NotFoundError: the job/epoch is not open, or the partition was never allocated (or is deleted).
             LeaseExpiredError: the grant expired; the partition is being garbage-collected.
             AlreadyExistsError: the partition was already published (with other values).
             InvalidRequestError: ``nbytes`` exceeds the reservation, or a value is invalid.
@@ -223,6 +227,87 @@ class PartitionLedger(LedgerCore):
         self._advance(now)
         key = check_partition(partition)
         job = self._job_epoch(key.job_id, key.epoch)
+        g = self._granted(key, token)
+        sizes = (rows, nbytes, tokens, policy_version)
+        if g.state is not ALLOCATED:
+            _check_repeat(key, self._published_sizes(key, g), sizes)
+            return self._info(g)
+        self._check_publication(job, key, g, sizes)
+        cols = check_columns(columns, "columns")
+        self._make_published(job, g, sizes, cols, self._columns(cols))
+        return self._info(g)
+
+    def publish_many(self, items: Sequence[Publication], *, now: float) -> list[GroupInfo]:
+        """Make several stored groups READY in one operation: :meth:`publish` for each item, in order.
+
+        Each item is checked exactly as :meth:`publish` checks it (the same errors, with the same
+        messages), an item repeating a publication already made (by an earlier call or an earlier item
+        of this one) returns the group as it is, and the groups become READY in the order of ``items``
+        with their unused reservations given back, as repeated :meth:`publish` calls at the same ``now``
+        would leave them. All or nothing: every item is checked before any is applied, so when one is
+        refused the call raises what :meth:`publish` would have raised for it and publishes none of the
+        items (not even those before it); a refused call changes nothing but lazy expiry, and repeating
+        a successful call returns the same answer.
+
+        Args:
+            items: One :class:`~trajflight.controller.Publication` per stored group (a non-empty list);
+                they may belong to several jobs.
+
+        Returns:
+            One :class:`~trajflight.controller.GroupInfo` per item, in the order of ``items``.
+
+        Raises:
+            InvalidRequestError: ``items`` is empty or not a list, an item is not a ``Publication``
+                (the message names its index), or as :meth:`publish` refuses an item.
+            StaleFenceError, NotFoundError, LeaseExpiredError, AlreadyExistsError: as :meth:`publish`
+                refuses the first item it refuses; nothing was published.
+        """
+        self._advance(now)
+        if isinstance(items, str | bytes) or not isinstance(items, Sequence):
+            raise InvalidRequestError(
+                f"items must be a list of Publication records (one per stored group), got "
+                f"{type(items).__name__}; call publish for a single group"
+            )
+        if not items:
+            raise InvalidRequestError("items is empty; pass one Publication per stored group (at least one)")
+        jobs: dict[tuple[str, int], _Job] = {}
+        columns: dict[tuple[str, ...], tuple[frozenset[str], tuple[str, ...]]] = {}
+        planned: dict[Partition, _Sizes] = {}  # partitions this call publishes -> their sizes
+        apply: list[tuple[_Job, _Group, _Sizes, frozenset[str], tuple[str, ...]]] = []
+        groups: list[_Group] = []
+        for i, item in enumerate(items):
+            if not isinstance(item, Publication):
+                raise InvalidRequestError(
+                    f"items[{i}] must be a Publication, got {type(item).__name__}; build one per stored group"
+                )
+            key = check_partition(item.partition)
+            job = jobs.get((key.job_id, key.epoch))
+            if job is None:
+                job = jobs[key.job_id, key.epoch] = self._job_epoch(key.job_id, key.epoch)
+            g = self._granted(key, item.token)
+            groups.append(g)
+            sizes = (item.rows, item.nbytes, item.tokens, item.policy_version)
+            prior = planned.get(key)
+            if prior is None and g.state is not ALLOCATED:
+                prior = self._published_sizes(key, g)
+            if prior is not None:
+                _check_repeat(key, prior, sizes)
+                continue
+            self._check_publication(job, key, g, sizes)
+            cols = columns.get(item.columns) if type(item.columns) is tuple else None
+            if cols is None:
+                colset = check_columns(item.columns, "columns")
+                cols = (colset, self._columns(colset))
+                if type(item.columns) is tuple:
+                    columns[item.columns] = cols
+            planned[key] = sizes
+            apply.append((job, g, sizes, *cols))
+        for job, g, sizes, colset, names in apply:
+            self._make_published(job, g, sizes, colset, names)
+        return [self._info(g) for g in groups]
+
+    def _granted(self, key: Partition, token: int) -> _Group:
+        """The group of ``key`` if ``token`` is its grant's token; else raise."""
         g = self._groups.get(key)
         if g is None:
             raise NotFoundError(f"partition {tuple(key)} was never allocated (or is deleted); allocate first")
@@ -230,40 +315,49 @@ class PartitionLedger(LedgerCore):
             raise StaleFenceError(
                 f"token {token} is not the put grant of {tuple(key)}; use the grant's token"
             )
-        if g.state is not ALLOCATED:
-            if g.state is DROPPED and g.rows == 0:
-                raise LeaseExpiredError(
-                    f"the put grant of {tuple(key)} expired before publish; the partition is being garbage-"
-                    "collected; allocate a new partition and put again",
-                )
-            if (g.rows, g.nbytes, g.tokens, g.policy_version) == (rows, nbytes, tokens, policy_version):
-                return self._info(g)
-            raise AlreadyExistsError(
-                f"partition {tuple(key)} is already published; groups are never overwritten"
+        return g
+
+    @staticmethod
+    def _published_sizes(key: Partition, g: _Group) -> _Sizes:
+        """What a group that is no longer ALLOCATED was published with; raise if its grant expired."""
+        if g.state is DROPPED and g.rows == 0:
+            raise LeaseExpiredError(
+                f"the put grant of {tuple(key)} expired before publish; the partition is being garbage-"
+                "collected; allocate a new partition and put again",
             )
+        return (g.rows, g.nbytes, g.tokens, g.policy_version)
+
+    @staticmethod
+    def _check_publication(job: _Job, key: Partition, g: _Group, sizes: _Sizes) -> None:
+        """Check the sizes of a first publication of the ALLOCATED group ``g`` (of ``key``)."""
+        rows, nbytes, tokens, policy_version = sizes
         check_int(rows, "rows")
         check_int(nbytes, "nbytes")
         check_int(tokens, "tokens")
         check_int(policy_version, "policy_version")
         if nbytes > g.nbytes:
             raise InvalidRequestError(
-                f"published nbytes={nbytes} exceeds the {g.nbytes} bytes reserved for {tuple(key)}; allocate "
-                "with nbytes at least the group's size"
+                f"published nbytes={nbytes} exceeds the {g.nbytes} bytes reserved for {tuple(key)}; "
+                "allocate with nbytes at least the group's size"
             )
         if policy_version > job.policy_version:
             raise InvalidRequestError(
                 f"policy_version {policy_version} was never announced for job {key.job_id!r} "
                 f"(current {job.policy_version})"
             )
-        cols = check_columns(columns, "columns")
+
+    def _make_published(
+        self, job: _Job, g: _Group, sizes: _Sizes, colset: frozenset[str], columns: tuple[str, ...]
+    ) -> None:
+        """Publish the checked group ``g``: give back its unused reservation, record it, make it READY."""
+        rows, nbytes, tokens, policy_version = sizes
         giveback = g.nbytes - nbytes
         server = self._servers[g.server_id]
         server.used_bytes -= giveback
         job.used_bytes -= giveback
         g.nbytes, g.rows, g.tokens, g.policy_version = nbytes, rows, tokens, policy_version
-        g.colset, g.columns = cols, self._columns(cols)
+        g.colset, g.columns = colset, columns
         self._make_ready(g, front=False)
-        return self._info(g)
 
     def group(self, partition: Partition | Sequence[Any]) -> GroupInfo:
         """What the ledger knows of one group.
@@ -275,3 +369,9 @@ class PartitionLedger(LedgerCore):
         if g is None:
             raise NotFoundError(f"no group {tuple(partition)} (never allocated, or already deleted)")
         return self._info(g)
+
+
+def _check_repeat(key: Partition, published: _Sizes, sizes: _Sizes) -> None:
+    """A publish of a group already published: an idempotent repeat, or refused."""
+    if published != sizes:
+        raise AlreadyExistsError(f"partition {tuple(key)} is already published; groups are never overwritten")

@@ -28,6 +28,7 @@ __all__ = [
     "OldReady",
     "Partition",
     "PolicyStatus",
+    "Publication",
     "PutGrant",
     "ResolveAction",
     "ServerInfo",
@@ -258,6 +259,31 @@ class PutGrant:
     token: int
     nbytes: int
     expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Publication:
+    """One stored group to make READY with ``publish_many``: the arguments of ``publish`` for it.
+
+    The ledger checks every field when it is published (this record does not validate itself).
+
+    Attributes:
+        partition: The group's partition, from its grant.
+        token: The grant's fencing token.
+        rows: Samples in the group.
+        nbytes: Bytes stored; at most the bytes the grant reserved.
+        tokens: Token count (for token budgets and per-rank balancing).
+        policy_version: Weights version that generated it (an announced one).
+        columns: Names of the columns the group carries.
+    """
+
+    partition: Partition
+    token: int
+    rows: int
+    nbytes: int
+    tokens: int
+    policy_version: int
+    columns: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)

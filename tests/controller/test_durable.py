@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from trajflight.controller import GroupState, write_checkpoint
+from trajflight.controller import GroupState, Publication, write_checkpoint
 from trajflight.controller._durable import HostCore
-from trajflight.errors import CheckpointError, InvalidRequestError
+from trajflight.errors import CheckpointError, InvalidRequestError, StaleFenceError
 
 
 class Clock:
@@ -133,4 +133,30 @@ def test_batched_allocation_is_journaled_and_replayed_after_a_crash(tmp_path):
         GroupState.ALLOCATED,
     ]
     assert [again.ledger.group(g.partition).generation for g in grants] == [g.token for g in grants]
+    again.close()
+
+
+def test_batched_publication_is_journaled_and_replayed_after_a_crash(tmp_path):
+    """A refused batch publishes nothing and is not journaled; an accepted one replays to the same groups."""
+    clock = Clock()
+    core = HostCore(clock=clock, state_dir=tmp_path)
+    _open(core)
+    grants = core.apply(
+        "allocate_many", {"job_id": "j", "epoch": 1, "writer_id": "w", "nbytes": [10, 20, 30]}
+    )
+    items = [Publication(g.partition, g.token, 1, g.nbytes - 1, 5, 0, ("a",)) for g in grants]
+    size = _journal(tmp_path).stat().st_size
+    wrong = Publication(grants[2].partition, grants[2].token + 1, 1, 1, 5, 0, ("a",))
+    with pytest.raises(StaleFenceError):  # refused: nothing published, nothing journaled
+        core.apply("publish_many", {"items": [*items[:2], wrong]})
+    assert _journal(tmp_path).stat().st_size == size
+    assert core.ledger.counts("j")["READY"] == 0
+    infos = core.apply("publish_many", {"items": items[:2]})
+    core.close()  # the process dies: the next start replays the journal
+
+    again = HostCore(clock=clock, state_dir=tmp_path)
+    assert [again.ledger.group(g.partition) for g in grants[:2]] == infos
+    assert again.ledger.group(grants[2].partition).state is GroupState.ALLOCATED
+    assert again.ledger.usage("j") == (9 + 19 + 30, 3)  # the unused reservations stay given back
+    assert again.apply("publish_many", {"items": items})[:2] == infos  # a retry after the crash is answered
     again.close()

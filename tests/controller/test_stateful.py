@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from trajflight.controller import JobConfig, Ledger, Partition
+from trajflight.controller import JobConfig, Ledger, Partition, Publication
 from trajflight.controller._durable import MUTATING
 from trajflight.errors import CapacityExceededError, TrajflightError
 
@@ -149,7 +149,8 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule(sizes=st.lists(st.integers(1, 100), min_size=1, max_size=6))
     def put_many(self, sizes):
-        """One batched allocation: the longest prefix of ``sizes`` that fits is granted, then published."""
+        """One batched allocation: the longest prefix of ``sizes`` that fits is granted, then published in
+        one batched publication."""
         self._expire()
         used, groups, fits = sum(self.size[k] for k in self.state), len(self.state), 0
         for nbytes in sizes:
@@ -162,18 +163,11 @@ class LedgerMachine(RuleBasedStateMachine):
             assert fits == 0
             return
         assert [g.nbytes for g in grants] == sizes[:fits]
+        items = [Publication(g.partition, g.token, 1, g.nbytes, g.nbytes, 0, ("a",)) for g in grants]
+        infos = self.L.publish_many(items, now=self.now)
+        assert [i.partition for i in infos] == [g.partition for g in grants]
         for grant in grants:
             self._new_token(grant.token)
-            self.L.publish(
-                grant.partition,
-                token=grant.token,
-                rows=1,
-                nbytes=grant.nbytes,
-                tokens=grant.nbytes,
-                policy_version=0,
-                columns=("a",),
-                now=self.now,
-            )
             key = grant.partition
             self.state[key], self.gen[key], self.size[key] = "READY", grant.token, grant.nbytes
 
