@@ -31,6 +31,7 @@ from ._records import (
     OldReady,
     Partition,
     PolicyStatus,
+    Publication,
     PutGrant,
     ServerInfo,
 )
@@ -376,6 +377,27 @@ class ControllerClient:
             "publish", timeout, partition=partition, token=token, rows=rows, nbytes=nbytes, tokens=tokens,
             policy_version=policy_version, columns=tuple(columns),
         )  # fmt: skip
+        return out
+
+    def publish_many(self, items: Sequence[Publication], *, timeout: float | None = None) -> list[GroupInfo]:
+        """Make several stored groups READY in one controller operation (``Ledger.publish_many``).
+
+        Each item is published as :meth:`publish` publishes it, in order. All or nothing: when the host
+        refuses an item it raises what :meth:`publish` would raise for it and publishes none of the items.
+        Repeating a call that succeeded returns the same groups, so it is safe to retry after a deadline.
+
+        Args:
+            items: One :class:`~trajflight.controller.Publication` per stored group; a non-empty list.
+
+        Returns:
+            One :class:`~trajflight.controller.GroupInfo` per item, in order.
+
+        Raises:
+            InvalidRequestError: ``items`` is empty, an item is not a ``Publication``, or as :meth:`publish`.
+            StaleFenceError, NotFoundError, LeaseExpiredError, AlreadyExistsError: as :meth:`publish`;
+                nothing was published.
+        """
+        out: list[GroupInfo] = self._call("publish_many", timeout, items=items)
         return out
 
     def group(self, partition: Partition, *, timeout: float | None = None) -> GroupInfo:

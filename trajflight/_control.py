@@ -38,6 +38,7 @@ from trajflight.controller import (
     OldReady,
     Partition,
     PolicyStatus,
+    Publication,
     PutGrant,
     ResolveAction,
     ServerInfo,
@@ -56,6 +57,7 @@ _rpc.register(
     OldReady,
     Partition,
     PolicyStatus,
+    Publication,
     PutGrant,
     ResolveAction,
     ServerInfo,
@@ -72,6 +74,7 @@ CALLS = frozenset(
         "allocate",
         "allocate_many",
         "publish",
+        "publish_many",
         "group",
         "renew",
         "prepare",
@@ -90,7 +93,13 @@ CALLS = frozenset(
 """Controller operations a remote client may call (the methods of ``ControllerClient``)."""
 
 # Calls whose success is an outcome worth counting for ``trajflight stats``.
-_COUNTED = {"publish": "groups_published", "commit": "commits", "release": "releases", "resolve": "resolves"}
+_COUNTED = {
+    "publish": "groups_published",
+    "publish_many": "groups_published",
+    "commit": "commits",
+    "release": "releases",
+    "resolve": "resolves",
+}
 
 
 def host_identity() -> str:
@@ -194,9 +203,11 @@ class ControlServer(flight.FlightServerBase):
             raise InvalidRequestError(f"unknown controller operation {method!r}; known: {sorted(CALLS)}")
         result = self.controller.call(method, kwargs, timeout=timeout)
         if method in _COUNTED:
-            self._count(_COUNTED[method], len(result) if isinstance(result, tuple) else 1)
+            self._count(_COUNTED[method], len(result) if isinstance(result, tuple | list) else 1)
         if method == "publish":
             self._count("bytes_published", result.nbytes)
+        elif method == "publish_many":
+            self._count("bytes_published", sum(info.nbytes for info in result))
         return result
 
 

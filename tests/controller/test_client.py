@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from trajflight.controller import ControllerClient, Partition
+from trajflight.controller import ControllerClient, Partition, Publication
 
 
 class RecordingTransport:
@@ -58,6 +58,7 @@ ARGS = {
     "source": b"",
     "config": None,
     "calls": [("counts", {"job_id": "j"})],
+    "items": [Publication(Partition("j", 1, 0), 1, 1, 1, 1, 0, ())],
 }
 
 OPERATIONS = sorted(

@@ -7,12 +7,13 @@ import time
 
 import pytest
 
-from trajflight.controller import ControllerClient, GroupState, JobConfig, LocalController
+from trajflight.controller import ControllerClient, GroupState, JobConfig, LocalController, Publication
 from trajflight.errors import (
     CapacityExceededError,
     DeadlineExceededError,
     InvalidRequestError,
     LeaseExpiredError,
+    NotFoundError,
     StaleFenceError,
     UnavailableError,
 )
@@ -306,3 +307,27 @@ def test_batched_allocation_through_the_in_process_client_stops_at_capacity_and_
     rest = client.allocate_many("j", 1, "w0", nbytes=[300, 300])
     assert [g.partition.group_id for g in rest] == [3, 4]
     host.close()
+
+
+def test_batched_publication_through_the_in_process_client_wakes_a_waiting_trainer():
+    with LocalController() as host:
+        client = ControllerClient(host, timeout=5.0)
+        _setup(client)
+        grants = client.allocate_many("j", 1, "w0", nbytes=[1000, 1000, 1000])
+        items = [Publication(g.partition, g.token, 8, 900, 10, 0, ("a",)) for g in grants]
+        with pytest.raises(NotFoundError):  # one unknown partition: nothing is published
+            client.publish_many([*items[:2], Publication(("j", 1, 99), 1, 8, 900, 10, 0, ("a",))])
+        assert client.counts("j")["READY"] == 0
+        leased = []
+        waiter = threading.Thread(
+            target=lambda: leased.append(client.acquire("j", "t", max_groups=3, wait=5))
+        )
+        waiter.start()
+        time.sleep(0.05)  # the trainer is long-polling; publish_many wakes it
+        infos = client.publish_many(items)
+        waiter.join(5)
+        assert [i.partition for i in infos] == [g.partition for g in grants]
+        assert client.usage("j") == (2700, 3)
+        (lease,) = leased
+        assert lease is not None
+        assert lease.partitions == tuple(g.partition for g in grants)

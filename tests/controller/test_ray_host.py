@@ -7,8 +7,9 @@ import uuid
 
 import pytest
 
-from trajflight.controller import ControllerClient, GroupState, connect_ray, start_ray_controller
+from trajflight.controller import ControllerClient, GroupState, Publication, connect_ray, start_ray_controller
 from trajflight.errors import (
+    AlreadyExistsError,
     DeadlineExceededError,
     InvalidRequestError,
     LeaseExpiredError,
@@ -180,3 +181,18 @@ def test_batched_allocation_is_one_actor_call_with_typed_refusals(controller):
     with pytest.raises(InvalidRequestError, match="nbytes is empty"):
         controller.allocate_many("j", 1, "w0", nbytes=[])
     assert controller.usage("j") == (60, 3)
+
+
+def test_batched_publication_is_one_actor_call_with_typed_refusals(controller):
+    grants = controller.allocate_many("j", 1, "w0", nbytes=[100, 100])
+    items = [Publication(g.partition, g.token, 8, 60, 10, 0, ("a",)) for g in grants]
+    infos = controller.publish_many(items)
+    assert [(i.partition, i.state, i.nbytes) for i in infos] == [
+        (g.partition, GroupState.READY, 60) for g in grants
+    ]
+    assert controller.publish_many(items) == infos  # a retry is answered the same
+    with pytest.raises(AlreadyExistsError):
+        controller.publish_many([Publication(grants[0].partition, grants[0].token, 9, 60, 10, 0, ("a",))])
+    with pytest.raises(InvalidRequestError, match="items is empty"):
+        controller.publish_many([])
+    assert controller.usage("j") == (120, 2)

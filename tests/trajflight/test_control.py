@@ -11,8 +11,16 @@ import pytest
 
 from trajflight import _rpc
 from trajflight._control import CALLS, ControlServer, FlightTransport, connect_control
-from trajflight.controller import ControllerClient, LocalController, Partition, PutGrant
-from trajflight.errors import CapacityExceededError, InvalidRequestError, NotFoundError
+from trajflight.controller import (
+    ControllerClient,
+    GroupInfo,
+    GroupState,
+    LocalController,
+    Partition,
+    Publication,
+    PutGrant,
+)
+from trajflight.errors import CapacityExceededError, InvalidRequestError, NotFoundError, StaleFenceError
 from trajflight.flight_server._errors import translate_errors
 
 
@@ -121,6 +129,21 @@ def test_batched_allocation_crosses_the_wire_as_typed_grants(control):
     assert err.value.retry_after > 0
     with pytest.raises(InvalidRequestError, match=r"nbytes\[0\] must be an int >= 1"):
         client.allocate_many("j", 1, "w", nbytes=[-1])
+
+
+def test_batched_publication_crosses_the_wire_as_typed_records_and_is_counted(control):
+    client = _job_with_a_writer(control, capacity_groups=3)
+    grants = client.allocate_many("j", 1, "w", nbytes=(100, 200, 300))
+    items = [Publication(g.partition, g.token, 2, g.nbytes - 10, 7, 0, ("a", "b")) for g in grants]
+    with pytest.raises(StaleFenceError):  # a wrong token: nothing published, nothing counted
+        client.publish_many([*items[:2], Publication(grants[2].partition, 1, 2, 1, 7, 0, ("a",))])
+    infos = client.publish_many(items)
+    assert all(isinstance(i, GroupInfo) and i.state is GroupState.READY for i in infos)
+    assert [(i.partition, i.nbytes, i.columns) for i in infos] == [
+        (g.partition, g.nbytes - 10, ("a", "b")) for g in grants
+    ]
+    counters = client.transport.info(5)["counters"]
+    assert (counters["groups_published"], counters["bytes_published"]) == (3, 570)
 
 
 def test_every_controller_call_of_the_client_is_served():
