@@ -26,7 +26,15 @@ from trajflight._handles import BatchHandle
 from trajflight._lease import LeasedBatch, Renewals
 from trajflight._storage import StoragePool, Transport, with_key
 from trajflight.codec import GroupKey, encode_group
-from trajflight.controller import ControllerClient, GroupInfo, JobConfig, OldReady, Partition, PutGrant
+from trajflight.controller import (
+    ControllerClient,
+    GroupInfo,
+    JobConfig,
+    OldReady,
+    Partition,
+    Publication,
+    PutGrant,
+)
 from trajflight.errors import CapacityExceededError, DeadlineExceededError, InvalidRequestError
 
 __all__ = ["Client", "Trainer", "Writer", "connect"]
@@ -369,10 +377,10 @@ class Writer:
         trainers commit, but one larger than the whole capacity waits until its deadline). The groups
         bound for one storage server are then sent in one call (through shared memory on this host: one
         segment, so a trainer leasing them in order reads them with no copy to join them; over Flight: one
-        stream, published all together). Groups become READY only after every storage call succeeded; if
-        one fails, or the deadline passes first, none of this call is published, and groups already stored
-        are deleted when their unpublished allocations expire (as for a failed :meth:`put`): put the batch
-        again.
+        stream, published all together). Groups become READY only after every storage call succeeded, all
+        in one controller operation that publishes every group or none; if a storage call fails, or the
+        deadline passes first, none of this call is published, and groups already stored are deleted when
+        their unpublished allocations expire (as for a failed :meth:`put`): put the batch again.
 
         Raises:
             Like :meth:`put`.
@@ -389,21 +397,13 @@ class Writer:
             self.client.storage.put_groups(
                 location, groups, writer=self.writer_id, timeout=max(0.001, deadline - time.monotonic())
             )
-        # Every group is stored: publish them all in one controller round trip where the host allows it.
-        columns = with_key(batches[0].slice(0, 0), GroupKey(self.job_id, self.epoch, 0)).schema.names
-        calls = [
-            (
-                "publish",
-                {
-                    "partition": grant.partition,
-                    **self._publication(grant, batch, nbytes),
-                    "columns": tuple(columns),
-                },
-            )
+        # Every group is stored: publish them all in one controller operation (all of them or none).
+        columns = tuple(with_key(batches[0].slice(0, 0), GroupKey(self.job_id, self.epoch, 0)).schema.names)
+        items = [
+            Publication(grant.partition, **{**self._publication(grant, batch, nbytes), "columns": columns})
             for grant, batch, nbytes in planned
         ]
-        infos: list[GroupInfo] = self.client.controller.call_many(calls)
-        return infos
+        return self.client.controller.publish_many(items)
 
     async def put_many_async(
         self, batches: Sequence[pa.RecordBatch], *, timeout: float | None = None

@@ -333,15 +333,20 @@ def test_a_lease_that_stops_renewing_is_lost_and_refuses_transitions(cluster, jo
 
 
 def test_put_many_from_another_process_view_publishes_every_group_in_order(cluster, job):
-    """Through the controller's Flight endpoint (a rollout worker's view) the publishes of a batch go in
-    one round trip; every group comes back READY, in the order given."""
+    """Through the controller's Flight endpoint (a rollout worker's view) a batch is published in one
+    controller operation (publish_many); every group comes back READY, in the order given, and the
+    control server's stats count each group and its bytes."""
     cluster.client().open_job(job, 1)
     with trajflight.connect(cluster.address, timeout=20) as remote:
+        before = remote.controller.transport.info(5)["counters"]
         groups = trajflight.workload.make_workload(5, 4, response_median=64)
         infos = remote.writer(job, 1).put_many([g.encode(job, 1) for g in groups])
         assert [i.rows for i in infos] == [4] * 5
         assert all(i.state == "READY" for i in infos)
-        assert len({i.partition for i in infos}) == 5
+        assert [i.partition.group_id for i in infos] == sorted({i.partition.group_id for i in infos})
+        after = remote.controller.transport.info(5)["counters"]
+        published = {k: after.get(k, 0) - before.get(k, 0) for k in ("groups_published", "bytes_published")}
+        assert published == {"groups_published": 5, "bytes_published": sum(i.nbytes for i in infos)}
         with remote.trainer(job).lease(5, wait=5) as batch:
             assert batch.fetch_table(["reward"]).num_rows == 20
     assert cluster.wait_idle(job) == (0, 0)
