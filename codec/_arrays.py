@@ -18,6 +18,12 @@ arrays that alias their memory (the Arrow array keeps the source alive). A dtype
 padded array or concatenating per-sample arrays costs one copy of the payload. Offsets are converted
 to int32 (a copy of ``rows + 1`` integers, not of payload). CUDA tensors must have been staged to host
 memory first (:mod:`trajflight.codec._device`).
+
+Each builder has two tiers, as :mod:`trajflight.codec._validate` does: a cheap one (``_fast_*``) that
+wraps known-good numpy memory with ``pa.Array.from_buffers`` and lets Arrow's own offset validation
+accept it, and the precise one (numpy checks, ``pyarrow.array``), run whenever the cheap one is not sure.
+The cheap tier never refuses: it returns None and the precise tier builds the same array or words the
+error, so results and errors are those of the precise tier alone.
 """
 
 from __future__ import annotations
@@ -145,9 +151,122 @@ def _offsets_int32(offsets: np.ndarray, num_values: int, *, column: str) -> np.n
 def _list_from_values(
     values: np.ndarray, offsets: np.ndarray, value_type: pa.DataType, *, column: str
 ) -> pa.ListArray:
-    offsets = _offsets_int32(as_numpy(offsets, column=column), len(values), column=column)
+    offsets = as_numpy(offsets, column=column)
+    fast = _fast_ragged(values, offsets, value_type)
+    if fast is not None:
+        return fast
+    offsets = _offsets_int32(offsets, len(values), column=column)
     converted = _convert_values(values, value_type, column=column, offsets=offsets)
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(converted, type=value_type))
+
+
+# --- The cheap tier ------------------------------------------------------------------------------------
+#
+# Each _fast_* function returns what its precise counterpart would build, or None where it is not sure;
+# it never raises a SchemaError of its own. Arrow's validation stands in for the numpy offset checks:
+# for one row or more, from_buffers refuses a negative first offset and a first or last one past the
+# values, validate(full=True) offsets that decrease: with int32 offsets, exactly what _offsets_int32
+# accepts.
+
+# Arrow types that numpy holds in the same layout (fixed width, native byte order): pyarrow.array wraps
+# such numpy arrays without a copy, as from_buffers does. Not bool (Arrow packs bits) nor temporal types.
+_FAST_DTYPES: dict[int, np.dtype] = {
+    t.id: np.dtype(t.to_pandas_dtype())
+    for t in (
+        pa.int8(),
+        pa.int16(),
+        pa.int32(),
+        pa.int64(),
+        pa.uint8(),
+        pa.uint16(),
+        pa.uint32(),
+        pa.uint64(),
+        pa.float32(),
+        pa.float64(),
+    )
+}
+_INT64_ID = pa.int64().id
+_OFFSET_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))  # native order; int64 is narrowed when it fits
+_NULL_LIST = pa.list_(pa.null())
+# list<T> of the types above, by T's id: pa.list_() costs ~0.3 us a call.
+_LIST_TYPES: dict[int, pa.ListType] = {
+    t.id: pa.list_(t) for t in (pa.from_numpy_dtype(d) for d in _FAST_DTYPES.values())
+}
+
+
+def _fast_numpy(values: np.ndarray, value_type: pa.DataType) -> np.ndarray | None:
+    """Cheap tier of :func:`_convert_values` for 1-D arrays: the same result, or None where it would raise.
+
+    The result is ``values`` itself when it is contiguous and of the exact dtype (so Arrow aliases it),
+    otherwise :func:`_convert_values`' one copy.
+    """
+    dtype = _FAST_DTYPES.get(value_type.id)
+    if dtype is None or values.ndim != 1:
+        return None
+    if values.dtype == dtype and values.flags.c_contiguous:
+        return values  # what _convert_values returns for it, for a third of the cost
+    try:
+        return _convert_values(values, value_type, column="")
+    except SchemaError:
+        return None  # the precise tier words it, after the checks that come first there
+
+
+def _fast_values(values: np.ndarray, value_type: pa.DataType) -> pa.Array | None:
+    """Cheap tier of ``pa.array(_convert_values(values, value_type), type=value_type)`` (aliasing alike)."""
+    converted = _fast_numpy(values, value_type)
+    if converted is None:
+        return None
+    buffers = [None, pa.py_buffer(converted)]
+    return pa.Array.from_buffers(value_type, len(converted), buffers, null_count=0)
+
+
+def _fast_list(child: pa.Array, offsets: np.ndarray, list_type: pa.DataType) -> pa.ListArray | None:
+    """Cheap tier of ``pa.ListArray.from_arrays(pa.array(_offsets_int32(offsets, len(child))), child)``.
+
+    Zero rows are left to the precise tier: Arrow does not bound the one offset of an empty list array.
+    """
+    if offsets.ndim != 1 or offsets.size < 2 or not offsets.flags.c_contiguous:
+        return None
+    if offsets.dtype not in _OFFSET_DTYPES:
+        return None
+    if offsets.dtype != np.int32:
+        narrow = offsets.astype(np.int32)
+        if not np.array_equal(narrow, offsets):
+            return None  # past int32: the precise tier names the problem
+        offsets = narrow
+    rows, buffers = offsets.size - 1, [None, pa.py_buffer(offsets)]
+    try:
+        array = pa.Array.from_buffers(list_type, rows, buffers, null_count=0, children=[child])
+        # Full validation recurses into the child: a nested child (already validated when it was built,
+        # its offsets one per token) is stood in for by nulls of its length, so only these offsets are read.
+        probe = array if not child.type.num_fields else _null_list(rows, buffers, len(child))
+        probe.validate(full=True)
+    except pa.ArrowInvalid:
+        return None
+    return array
+
+
+def _null_list(rows: int, buffers: list[pa.Buffer | None], length: int) -> pa.ListArray:
+    return pa.Array.from_buffers(_NULL_LIST, rows, buffers, null_count=0, children=[pa.nulls(length)])
+
+
+def _fast_ragged(values: np.ndarray, offsets: np.ndarray, value_type: pa.DataType) -> pa.ListArray | None:
+    """Cheap tier of :func:`_list_from_values` (after its ``as_numpy``)."""
+    list_type = _LIST_TYPES.get(value_type.id)
+    if list_type is None or offsets.dtype not in _OFFSET_DTYPES or not offsets.flags.c_contiguous:
+        return None  # checked before any conversion of the values is paid for
+    child = _fast_values(values, value_type)
+    return None if child is None else _fast_list(child, offsets, list_type)
+
+
+def _fast_int64(value: int, rows: int) -> pa.Array | None:
+    """Cheap tier of ``pa.repeat(pa.scalar(value, pa.int64()), rows)`` for a Python int."""
+    values = np.empty(rows, dtype=np.int64)
+    try:
+        values.fill(value)
+    except OverflowError:
+        return None
+    return pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(values)], null_count=0)
 
 
 def _pack_padded(padded: Padded[Any], value_type: pa.DataType, *, column: str) -> pa.ListArray:
@@ -279,7 +398,11 @@ def doubly_ragged_array(obj: Any, value_type: pa.DataType, *, column: str) -> pa
         inner = _list_from_values(
             as_numpy(obj.values, column=column), obj.inner_offsets, value_type, column=column
         )
-        outer = _offsets_int32(as_numpy(obj.outer_offsets, column=column), len(inner), column=column)
+        outer = as_numpy(obj.outer_offsets, column=column)
+        fast = _fast_list(inner, outer, list_type)
+        if fast is not None:
+            return fast
+        outer = _offsets_int32(outer, len(inner), column=column)
         return pa.ListArray.from_arrays(pa.array(outer), inner)
     if isinstance(obj, Sequence) and not isinstance(obj, str | bytes):
         return _from_python(obj, list_type, column=column)
@@ -300,6 +423,10 @@ def scalar_array(obj: Any, type_: pa.DataType, *, column: str, rows: int) -> pa.
     Raises:
         SchemaError: wrong dtype, out-of-range value or a length other than ``rows``.
     """
+    if type(obj) is int and type_.id == _INT64_ID:  # a Python int takes the last branch below
+        fast = _fast_int64(obj, rows)
+        if fast is not None:
+            return fast
     if isinstance(obj, pa.Array | pa.ChunkedArray):
         array = _from_arrow(obj, type_, column=column)
     elif isinstance(obj, np.ndarray) or is_tensor(obj):
@@ -311,6 +438,9 @@ def scalar_array(obj: Any, type_: pa.DataType, *, column: str, rows: int) -> pa.
                 f"column {column!r}: expected one value per sample (1-D), got shape {values.shape}",
                 column=column,
             )
+        fast = _fast_values(values, type_) if len(values) == rows else None
+        if fast is not None:
+            return fast
         if pa.types.is_primitive(type_) and not pa.types.is_boolean(type_):
             array = pa.array(_convert_values(values, type_, column=column), type=type_)
         else:
