@@ -1,7 +1,7 @@
 """encode_group's cheap tier against its precise one: the same batch, buffer for buffer, and the same error.
 
 encode_group wraps known-good numpy memory with ``pa.Array.from_buffers`` and lets Arrow's own offset
-validation accept it (the ``_fast_*`` builders of codec/_arrays.py); where they are
+validation accept it (the ``_fast_*`` builders of codec/_arrays.py and codec/_encode.py); where they are
 not sure they step aside and the precise builders (numpy checks, ``pyarrow.array``) build the column or
 word the error. These tests generate groups in every accepted input form (lists, per-sample arrays and
 tensors, (values, offsets) with int32 or int64 offsets not starting at 0, Ragged, Padded, nested and 2-D
@@ -385,6 +385,9 @@ def test_the_standard_workload_takes_the_cheap_tier(top_p):
     group = workload.make_workload(1, 8, seed=0, top_p=top_p)[0]
     with _precise_builders_forbidden():
         batch = group.encode("job", 1, policy_version=3)
+    key = _encode.GroupKey("job", 1, group.group_id)
+    assert _encode._fast_sample_ids(key, 8) is not None
+    assert _arrays._fast_repeated_row(group.prompt, pa.int32(), 8, column="prompt_ids") is not None
     assert batch.column("response_ids").values.buffers()[1].address == group.response_values.ctypes.data
     assert batch.column("loss_mask").offsets.buffers()[1].address == group.response_offsets.ctypes.data
     assert batch.column("sample_index").to_pylist() == list(range(8))
