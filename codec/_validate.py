@@ -17,7 +17,7 @@ logprobs are legal data and round-trip unchanged.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple
@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from trajflight.codec._schema import KEY_COLUMNS, RAGGED_TOKEN_COLUMNS, STANDARD_SCHEMA, TrajectorySchema
 from trajflight.errors import SchemaError
 
-__all__ = ["GroupKey", "check_nulls", "check_ragged_lengths", "validate_group"]
+__all__ = ["GroupKey", "check_nulls", "check_ragged_lengths", "ragged_columns_agree", "validate_group"]
 
 
 class GroupKey(NamedTuple):
@@ -131,6 +131,21 @@ def check_ragged_lengths(batch: pa.RecordBatch) -> None:
     # encode_group calls this on batches whose per-token columns share response_ids' offsets buffer.
     if not _ragged_agree(columns, pair, try_shared=True):
         _check_ragged_precisely(batch)
+
+
+def ragged_columns_agree(columns: Mapping[str, pa.Array]) -> bool:
+    """The cheap tier of :func:`check_ragged_lengths` over a group's columns by name, before the batch.
+
+    True only where the per-token columns certainly agree (the zero-copy encode path: one offsets buffer
+    shared by all of them); False means "not sure": run :func:`check_ragged_lengths` on the batch.
+    """
+    if "response_ids" not in columns:
+        return True  # nothing to compare, as check_ragged_lengths finds
+    present = [columns[n] for n in RAGGED_TOKEN_COLUMNS if n in columns]
+    pair = None
+    if "top_p_ids" in columns and "top_p_probs" in columns:
+        pair = (columns["top_p_ids"], columns["top_p_probs"])
+    return _ragged_agree(present, pair, try_shared=True)
 
 
 def _has_candidates(names: Sequence[str]) -> bool:

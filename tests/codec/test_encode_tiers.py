@@ -58,6 +58,7 @@ def _precise_only() -> Iterator[None]:
             for name in dir(module):
                 if name.startswith("_fast_"):
                     stack.enter_context(mock.patch.object(module, name, return_value=None))
+        stack.enter_context(mock.patch.object(_encode, "ragged_columns_agree", return_value=False))
         yield
 
 
@@ -283,6 +284,15 @@ def test_cheap_and_precise_tiers_build_the_same_batch(kwargs: dict[str, Any]):
     assert batch.column("sample_id").to_pylist() == ids
 
 
+def test_a_user_column_of_another_type_under_the_same_names_gets_its_own_schema(simple_group):
+    """The Arrow schema is memoised by column names, then the types compared: a new type is not missed."""
+    floats = encode_group(**simple_group, extra={"score": np.arange(3, dtype=np.float64)})
+    ints = encode_group(**simple_group, extra={"score": np.arange(3, dtype=np.int64)})
+    assert floats.schema.field("score").type == pa.float64()
+    assert ints.schema.field("score").type == pa.int64()
+    assert ints.column("score").to_pylist() == [0, 1, 2]
+
+
 # One unusual or broken input each: the cheap tier steps aside; the precise one builds it or words the error.
 _IDS = np.arange(11, dtype=np.int32)
 _CANDIDATES = np.arange(12, dtype=np.int32)  # one candidate per token
@@ -374,6 +384,8 @@ def _precise_builders_forbidden() -> Iterator[None]:
         for module, name in (
             (_arrays, "_offsets_int32"),
             (_arrays, "_from_python"),
+            (_encode, "check_ragged_lengths"),
+            (_encode, "check_nulls"),
         ):
             stack.enter_context(mock.patch.object(module, name, refuse))
         yield
@@ -381,7 +393,7 @@ def _precise_builders_forbidden() -> Iterator[None]:
 
 @pytest.mark.parametrize("top_p", [False, True], ids=["plain", "top_p"])
 def test_the_standard_workload_takes_the_cheap_tier(top_p):
-    """What keeps encode_group cheap per group: no numpy offset pass."""
+    """What keeps encode_group cheap per group: no numpy offset pass and no batch-level ragged check."""
     group = workload.make_workload(1, 8, seed=0, top_p=top_p)[0]
     with _precise_builders_forbidden():
         batch = group.encode("job", 1, policy_version=3)
