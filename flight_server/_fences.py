@@ -25,6 +25,7 @@ import contextlib
 import mmap
 import os
 import secrets
+import sys
 from collections.abc import Hashable, Sequence
 
 import numpy as np
@@ -33,6 +34,7 @@ __all__ = ["BOARD_FILE", "FenceBoard", "MappedBoard", "read_board"]
 
 BOARD_FILE = "fences"
 _WORDS = 2  # tag, generation
+_SCALAR_READS = 8 if sys.byteorder == "little" else 0  # reads checked word by word (the board is "<i8")
 
 
 class FenceBoard:
@@ -124,6 +126,7 @@ class MappedBoard:
         finally:
             os.close(fd)
         self.words = np.frombuffer(mm, dtype="<i8").reshape(size // (8 * _WORDS), _WORDS)
+        self.flat = memoryview(mm).cast("q")  # the same words, read one by one without numpy
 
     def current(self) -> bool:
         """Whether the path still names this file (a restarted server replaces it)."""
@@ -141,6 +144,15 @@ def read_board(board: MappedBoard, entries: Sequence[tuple[int, int]], generatio
     """
     if not entries or not board.current():
         return False
+    if len(entries) <= _SCALAR_READS:  # a few groups: plain reads beat numpy's fixed costs (~30 us)
+        words, rows = board.flat, len(board.words)
+        for (slot, tag), generation in zip(entries, generations, strict=True):
+            if not 0 <= slot < rows:
+                return False
+            at = slot * _WORDS
+            if words[at] != tag or words[at + 1] != generation or words[at] != tag:
+                return False
+        return True
     slots = np.fromiter((s for s, _ in entries), dtype=np.int64, count=len(entries))
     if slots.min() < 0 or slots.max() >= len(board.words):
         return False

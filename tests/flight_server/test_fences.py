@@ -65,3 +65,29 @@ def test_a_replaced_or_closed_board_matches_nothing(tmp_path):
     second.close()
     assert not os.path.exists(os.path.join(str(tmp_path), BOARD_FILE))
     first.close()
+
+
+@pytest.mark.parametrize("scalar_reads", [0, 64])
+def test_the_word_by_word_and_the_vectorised_reads_agree(tmp_path, monkeypatch, scalar_reads):
+    """A few reads are checked word by word, many with numpy: both give the same answers."""
+    from trajflight.flight_server import _fences
+
+    monkeypatch.setattr(_fences, "_SCALAR_READS", scalar_reads)
+    board = FenceBoard(str(tmp_path), slots=16)
+    try:
+        for i in range(12):
+            board.install(i, i + 1)
+        reader = MappedBoard(board.path)
+        entries = [board.entry(i) for i in range(12)]
+        generations = [i + 1 for i in range(12)]
+        assert read_board(reader, entries, generations)  # type: ignore[arg-type]
+        assert read_board(reader, entries[:3], generations[:3])  # type: ignore[arg-type]
+        board.raise_to(7, 99)
+        assert not read_board(reader, entries, generations)  # type: ignore[arg-type]
+        assert read_board(reader, entries[:7], generations[:7])  # type: ignore[arg-type]
+        board.remove(2)
+        assert not read_board(reader, entries[:7], generations[:7])  # type: ignore[arg-type]
+        assert not read_board(reader, [(16, entries[0][1])], [1])  # type: ignore[index]
+        assert not read_board(reader, [(-1, entries[0][1])], [1])  # type: ignore[index]
+    finally:
+        board.close()
