@@ -262,6 +262,30 @@ def decode_numpy(
     return out
 
 
+class _SharedOffsets:
+    """Offsets of the list columns decoded so far, to give columns of equal row lengths one tensor.
+
+    torch's jagged tensors are compatible for elementwise operations (``logprobs * loss_mask``) only when
+    they share their offsets tensor; equal values in two tensors are refused.
+    """
+
+    def __init__(self) -> None:
+        self._seen: list[tuple[np.ndarray, int]] = []
+
+    def find(self, offsets: pa.Array) -> int | None:
+        """The host slot of earlier offsets equal to ``offsets``, or None."""
+        if not self._seen:
+            return None
+        view = offsets.to_numpy(zero_copy_only=False)
+        for earlier, at in self._seen:
+            if len(earlier) == len(view) and np.array_equal(earlier, view):
+                return at
+        return None
+
+    def add(self, offsets: pa.Array, at: int) -> None:
+        self._seen.append((offsets.to_numpy(zero_copy_only=False), at))
+
+
 def _pad_torch(values: torch.Tensor, offsets: torch.Tensor, max_len: int, pad: Any) -> Padded[torch.Tensor]:
     import torch
 
@@ -301,6 +325,9 @@ def decode(
             ``"ragged"``: as :class:`Ragged` values plus int32 offsets tensors in ``.ragged`` (the same
             memory, without any nested-tensor construction cost, ~15 us per column);
             ``"padded"``: as :class:`Padded` (``[rows, max_len]`` tensor plus int64 lengths, one copy).
+            With ``"jagged"`` and ``"ragged"``, list columns whose rows have the same lengths (a group's
+            response ids, logprobs and loss mask) share one offsets tensor, so that torch accepts
+            elementwise operations between their jagged tensors (``logprobs * loss_mask``).
         device: ``None``/``"cpu"`` keeps tensors on the host, aliasing Arrow; a CUDA device moves every
             tensor through one pinned staging buffer with one non-blocking copy on a side stream (the
             caller's current stream is made to wait for it).
@@ -328,19 +355,26 @@ def decode(
     # Host tensors first (zero-copy views of Arrow), in a flat list so a device move is one copy.
     host: list[torch.Tensor] = []
     slots: dict[str, tuple[int, ...]] = {}
+    shared = _SharedOffsets()
     arrow: dict[str, pa.Array] = {}
     max_lens: dict[str, int] = {}
     for name, plan in plans.items():
         if isinstance(plan, _Flat):
             pieces: tuple[torch.Tensor, ...] = (from_dlpack(plan.values),)
         elif isinstance(plan, _List):
-            values, offsets = from_dlpack(plan.values), from_dlpack(plan.offsets)
+            values = from_dlpack(plan.values)
             if layout == "padded":
-                padded = _pad_torch(values, offsets, plan.max_len, padding_value)
+                padded = _pad_torch(values, from_dlpack(plan.offsets), plan.max_len, padding_value)
                 pieces = (padded.values, padded.lengths)
             else:
-                pieces = (values, offsets)
-            max_lens[name] = plan.max_len
+                max_lens[name] = plan.max_len
+                at = shared.find(plan.offsets)
+                if at is not None:  # the same rows as an earlier column: one offsets tensor for both
+                    slots[name] = (len(host), at)
+                    host.append(values)
+                    continue
+                shared.add(plan.offsets, len(host) + 1)
+                pieces = (values, from_dlpack(plan.offsets))
         elif isinstance(plan, _List2):
             pieces = tuple(from_dlpack(a) for a in (plan.values, plan.outer, plan.inner))
         else:

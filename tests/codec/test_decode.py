@@ -254,3 +254,18 @@ def test_large_padded_batches_use_the_dense_kernel_and_match_the_small_path():
         assert (padded.values[i, len(row) :] == -1).all()
     small = decode(batch.slice(0, 5), layout="padded", padding_value=-1).padded["ids"]  # the mask path
     assert torch.equal(small.values, padded.values[:5, : small.values.shape[1]])
+
+
+@pytest.mark.parametrize("layout", ["jagged", "ragged"])
+def test_list_columns_of_equal_row_lengths_share_one_offsets_tensor(simple_group, layout):
+    out = decode(encode_group(**simple_group), layout=layout)
+
+    def offsets(name):
+        return out.tensors[name].offsets() if layout == "jagged" else out.ragged[name].offsets
+
+    assert offsets("response_logprobs") is offsets("response_ids")
+    assert offsets("loss_mask") is offsets("response_ids")
+    assert offsets("prompt_ids") is not offsets("response_ids")  # other row lengths: its own
+    if layout == "jagged":  # torch accepts elementwise operations between them only so
+        masked = out.tensors["response_logprobs"] * out.tensors["loss_mask"]
+        assert torch.equal(masked.values(), out.tensors["response_logprobs"].values() * 1)
