@@ -235,11 +235,17 @@ def _set_keys(batch: pa.RecordBatch, values: Sequence[pa.Array]) -> pa.RecordBat
 def with_key(batch: pa.RecordBatch, key: GroupKey) -> pa.RecordBatch:
     """The group with its key columns set to ``key`` (a writer builds it before the controller names it).
 
-    Other columns are not copied; the key columns are new arrays.
+    Other columns are not copied; the key columns are new arrays (the job's and epoch's are shared by the
+    groups of one size, Arrow arrays being immutable).
     """
     rows = batch.num_rows
-    values = zip(key, _KEY_TYPES, strict=True)
-    return _set_keys(batch, [pa.repeat(pa.scalar(value, type=type_), rows) for value, (_, type_) in values])
+    job_col, epoch_col = _constant_keys(key.job_id, key.epoch, rows)
+    return _set_keys(batch, [job_col, epoch_col, pa.repeat(pa.scalar(key.group_id, pa.int64()), rows)])
+
+
+@functools.lru_cache(maxsize=64)
+def _constant_keys(job_id: str, epoch: int, rows: int) -> tuple[pa.Array, pa.Array]:
+    return pa.repeat(pa.scalar(job_id, pa.string()), rows), pa.repeat(pa.scalar(epoch, pa.int64()), rows)
 
 
 def joined_with_keys(batches: Sequence[pa.RecordBatch], keys: Sequence[GroupKey]) -> pa.RecordBatch:
