@@ -331,12 +331,13 @@ class StorageClient:
         schema = groups[0][1].schema
         per_group: list[list[pa.RecordBatch]] = []
         rows_of: list[int] = []
+        nbytes = 0
         for key, data in groups:
             if not data.schema.equals(schema):
                 raise InvalidRequestError(
                     f"shm_put_groups: group {key.group_id} has another schema than the first group"
                 )
-            group_batches, _, rows = self._batches(data)
+            group_batches, nbytes, rows = self._batches(data)
             per_group.append(group_batches)
             rows_of.append(rows)
         if contiguous and len(groups) > 1:
@@ -347,20 +348,19 @@ class StorageClient:
             self.shm_put_batch(keys_rows, batch, writer=writer, sigs=sigs, ttl=ttl, timeout=timeout)
             return
         streams = per_group
-        sizes = [_stream_size(schema, bs) for bs in streams]
         local = self._local
-        if len(groups) == 1 and local is not None and sizes[0] <= self.inline_put_bytes:
+        payload = None
+        if len(groups) == 1 and local is not None and nbytes <= self.inline_put_bytes:
+            payload = _inline_stream(schema, streams[0], nbytes)
+        if local is not None and payload is not None and payload.size <= self.inline_put_bytes:
             # A small group: its bytes ride in the one call that reserves, validates and publishes it
             # (one copy through the socket costs less here than a second round trip).
             key = groups[0][0]
-            put = PutDescriptor(key, writer, sizes[0], rows_of[0], None if sigs is None else sigs[0])
-            payload = pa.allocate_buffer(sizes[0])
-            with pa.FixedSizeBufferWriter(payload) as out, ipc.new_stream(out, schema) as stream_writer:
-                for batch in streams[0]:
-                    stream_writer.write_batch(batch)
+            put = PutDescriptor(key, writer, payload.size, rows_of[0], None if sigs is None else sigs[0])
             body = encode(ShmReserveRequest((put,), writer, ttl, None))
             local.call("shm_put", body, self.timeout if timeout is None else timeout, payload=payload)
             return
+        sizes = [_stream_size(schema, bs) for bs in streams]
         puts = [
             PutDescriptor(key, writer, sizes[i], rows_of[i], None if sigs is None else sigs[i])
             for i, (key, _) in enumerate(groups)
@@ -610,6 +610,30 @@ class StorageClient:
             return [
                 (a.type, a.description) for a in self._client.list_actions(options=self._options(timeout))
             ]
+
+
+def _inline_stream(schema: pa.Schema, batches: Sequence[pa.RecordBatch], nbytes: int) -> pa.Buffer:
+    """``batches`` as one IPC stream, written in one pass into a buffer sized from their buffers' bytes
+    (``nbytes``) plus room for the messages' metadata; sized exactly first where that room is short."""
+    try:
+        return _write_stream(schema, batches, nbytes + _STREAM_ROOM)
+    except OSError:  # "write out of bounds": many columns or batches; measure the stream, write it again
+        return _write_stream(schema, batches, _stream_size(schema, batches))
+
+
+def _write_stream(schema: pa.Schema, batches: Sequence[pa.RecordBatch], room: int) -> pa.Buffer:
+    buffer = pa.allocate_buffer(room)
+    with pa.FixedSizeBufferWriter(buffer) as out:
+        with ipc.new_stream(out, schema) as writer:
+            for batch in batches:
+                writer.write_batch(batch)
+        size = out.tell()
+    return buffer.slice(0, size)
+
+
+_STREAM_ROOM = 64 * 1024
+"""Bytes an IPC stream may need beyond its buffers' (schema and batch metadata, padding) before
+:func:`_inline_stream` sizes it exactly."""
 
 
 def _stream_size(schema: pa.Schema, batches: Sequence[pa.RecordBatch]) -> int:

@@ -818,3 +818,20 @@ def test_a_batch_with_one_bad_group_is_refused_whole_naming_the_group():
         assert client.stats()["groups"] == 0
         client.shm_put_groups(list(zip(keys, groups, strict=True)), contiguous=True)
         assert client.shm_get(keys).equals(pa.Table.from_batches(groups))
+
+
+def test_an_inline_put_whose_metadata_outgrows_the_room_left_for_it_is_measured_and_sent(monkeypatch):
+    """The inline stream is written in one pass into its buffers' bytes plus room for the metadata; a
+    stream needing more (many columns, say) is sized exactly and written again, bytes unchanged."""
+    from trajflight.flight_server import _client
+
+    measured = []
+    sized = _client._stream_size
+    monkeypatch.setattr(_client, "_STREAM_ROOM", 0)
+    monkeypatch.setattr(_client, "_stream_size", lambda *a: measured.append(1) or sized(*a))
+    group = make_group(KEY)
+    with shm_serving() as (_server, client):
+        _inline_put(client, KEY, group)
+        assert measured == [1]  # the first pass ran out of room
+        assert client.stats()["shm"]["slab_streams"] == 1  # it went inline, packed into the slab
+        assert client.shm_get([KEY]).equals(pa.Table.from_batches([group]))
