@@ -380,11 +380,14 @@ class Writer:
         stream, published all together). Groups become READY only after every storage call succeeded, all
         in one controller operation that publishes every group or none; if a storage call fails, or the
         deadline passes first, none of this call is published, and groups already stored are deleted when
-        their unpublished allocations expire (as for a failed :meth:`put`): put the batch again.
+        their unpublished allocations expire (as for a failed :meth:`put`): put the batch again. The
+        deadline covers the publication too. An empty list stores nothing and returns ``[]``.
 
         Raises:
             Like :meth:`put`.
         """
+        if not batches:
+            return []
         deadline = time.monotonic() + (self.put_timeout if timeout is None else timeout)
         sizes = [_stored_bytes(batch) for batch in batches]
         grants = self._allocate_many(sizes, deadline)
@@ -403,7 +406,7 @@ class Writer:
             Publication(grant.partition, **{**self._publication(grant, batch, nbytes), "columns": columns})
             for grant, batch, nbytes in planned
         ]
-        return self.client.controller.publish_many(items)
+        return self.client.controller.publish_many(items, timeout=max(0.001, deadline - time.monotonic()))
 
     async def put_many_async(
         self, batches: Sequence[pa.RecordBatch], *, timeout: float | None = None

@@ -352,6 +352,13 @@ def test_put_many_from_another_process_view_publishes_every_group_in_order(clust
     assert cluster.wait_idle(job) == (0, 0)
 
 
+def test_put_many_of_no_groups_stores_nothing_and_returns_nothing(cluster, job):
+    client = cluster.client()
+    client.open_job(job, 1)
+    assert client.writer(job, 1).put_many([]) == []
+    assert client.trainer(job).try_lease(4, wait=0.0) is None
+
+
 def test_put_many_larger_than_free_capacity_completes_as_a_trainer_commits(cluster, job):
     """A batch needing more than the free capacity takes what fits, waits, and asks for the rest as the
     trainer's commits free capacity; every group is published, in order."""
