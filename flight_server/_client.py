@@ -29,7 +29,7 @@ import pyarrow.flight as flight
 import pyarrow.ipc as ipc
 
 from trajflight.codec import GroupKey
-from trajflight.errors import DeadlineExceededError, InvalidRequestError, TrajflightError
+from trajflight.errors import DeadlineExceededError, InvalidRequestError, TrajflightError, UnavailableError
 from trajflight.flight_server._errors import translate_errors
 from trajflight.flight_server._fences import MappedBoard, read_board
 from trajflight.flight_server._local import MAX_FRAME, LocalChannel
@@ -487,7 +487,21 @@ class StorageClient:
         # which refuses a re-granted lease or a deleted group with the precise error.
         if opened is None or not opened.covers(reads, columns) or not self._board_allows(opened, reads):
             opened = self.shm_open(reads, columns=columns, timeout=timeout)
-        return opened.read(reads, columns)
+        for _ in range(_REOPENS):
+            mapped = opened.mapped
+            table = opened.read(reads, columns)
+            if opened.mapped == mapped or self._board_allows(opened, reads):
+                return table
+            # A segment mapped just now was locked against reuse only then: the groups must still be
+            # stored after that. The board could not say so: ask the server, which refuses a deleted or
+            # re-granted group; the same segments mean the groups outlived the lock (their bytes).
+            again = self.shm_open(reads, columns=columns, timeout=timeout)
+            if again.same_parts(opened, reads):
+                return table
+            opened = again
+        raise UnavailableError(
+            f"shm read: the segments of {len(reads)} groups changed on every try ({_REOPENS}); read again"
+        )
 
     def _board_allows(self, opened: ShmOpened, reads: Sequence[GroupRead]) -> bool:
         found = opened.board_entries(reads)
@@ -610,6 +624,9 @@ class StorageClient:
             return [
                 (a.type, a.description) for a in self._client.list_actions(options=self._options(timeout))
             ]
+
+
+_REOPENS = 3  # reads of groups whose segments change under them (appends) before shm_get gives up
 
 
 def _inline_stream(schema: pa.Schema, batches: Sequence[pa.RecordBatch], nbytes: int) -> pa.Buffer:

@@ -30,10 +30,11 @@ class ShmOpened:
 
     Holds, per group, its lease generation and its parts (segment, first row, rows), and the column names
     of each segment. Segments are mapped read-only on first read and the mappings kept while this object
-    lives (a segment handed to a reader is never reused by the server, so a mapping stays valid). The
-    server checked the tokens when it answered; :meth:`StorageClient.shm_get` checks every later read on
-    the server's fence board (each group's ``[slot, tag]`` from the answer; see ``_fences``) and opens
-    again when anything changed: a re-granted lease, a delete, an append.
+    lives (each mapping locks its segment against reuse while it lives, see :func:`~._shm.map_segment`).
+    The server checked the tokens when it answered; :meth:`StorageClient.shm_get` checks every later
+    read, and every read that mapped a segment (``mapped`` counts them), on the server's fence board
+    (each group's ``[slot, tag]`` from the answer; see ``_fences``) and opens again when anything
+    changed: a re-granted lease, a delete, an append.
     """
 
     __slots__ = (
@@ -46,6 +47,7 @@ class ShmOpened:
         "_tables",
         "_whole",
         "board_path",
+        "mapped",
         "reads",
     )
 
@@ -61,6 +63,8 @@ class ShmOpened:
         self._groups = dict(groups)
         self._tables: dict[int, pa.Table] = {}
         self._maps: dict[str, Any] = {}  # path -> read-only mapping (streams of one slab share it)
+        self.mapped = 0
+        """Segments mapped so far (a read that maps one must be checked after it, not only before)."""
         self._fences = dict(fences or {})
         self.board_path = board_path
         self.reads: tuple[GroupRead, ...] = tuple(reads)
@@ -115,6 +119,21 @@ class ShmOpened:
             generations.append(r.token.generation)
         return entries, generations
 
+    def same_parts(self, other: ShmOpened, reads: Sequence[GroupRead]) -> bool:
+        """Whether ``other`` (a later open) holds every read group in the same segments and places."""
+
+        def parts(opened: ShmOpened, key: GroupKey) -> list[tuple[str, int, int, int]] | None:
+            found = opened._groups.get(key)
+            if found is None:
+                return None
+            return [(opened._segments[at][0], opened._segments[at][3], o, n) for at, o, n in found[1]]
+
+        for r in reads:
+            mine = parts(self, r.key)
+            if mine is None or mine != parts(other, r.key):
+                return False
+        return True
+
     def covers(self, reads: Sequence[GroupRead], columns: Sequence[str] | None) -> bool:
         """Whether every read (same key and generation) and every named column is in this open."""
         if reads is self.reads:
@@ -145,6 +164,7 @@ class ShmOpened:
             mm = self._maps.get(path)
             if mm is None:
                 mm = self._maps[path] = map_segment(path, capacity)
+                self.mapped += 1
             buffer = pa.py_buffer(mm)
             try:
                 found = self._tables[at] = ipc.open_stream(

@@ -19,13 +19,17 @@ the arena when it is full and its last group is released. Until then the bytes o
 (and its unused tail) stay in tmpfs: they are reported as ``stranded_bytes`` and counted by the store as
 used capacity, so capacity bounds the arena's memory to within the one slab being filled.
 
-Reuse rule (the safety choice): a released segment goes back to the free pool only if **no process
-other than this server ever mapped it for reading** and no buffer of this server still aliases it (a
-``do_get`` stream still running keeps it draining until the stream ends). A segment handed to a
-same-node reader is never reused: on release it is unlinked (the reader's mapping stays valid until it
-drops it; the kernel frees the pages then) and a fresh, pre-faulted segment of the same class is created
-in the background. A segment given to a writer whose put never completed (it died or timed out) is
-unlinked too: the writer may still be writing into it.
+Reuse rule (the safety choice): a released segment goes back to the free pool only when no buffer of
+this server still aliases it (a ``do_get`` stream still running keeps it draining until the stream ends)
+and **no same-node reader still maps it**. Readers say so with the file itself: :func:`map_segment`
+holds a shared ``flock`` on the segment for as long as its mapping lives (the lock goes with the last
+buffer over the mapping, or with the reader's process), and the arena reuses a segment handed to readers
+only once it can take the exclusive lock itself (it lets go at once). A reader therefore checks that its
+group is still stored (the fence board) *after* it has locked and mapped the segment: a segment the
+arena took back before that check can only hold another group, and the check refuses it. Until its
+readers let go, a released segment drains; a fresh, pre-faulted one of its class is created in the
+background meanwhile. A segment given to a writer whose put never completed (it died or timed out) is
+unlinked, never reused: the writer may still be writing into it.
 
 On start the arena takes an exclusive ``flock`` on ``<dir>/.lock`` and sweeps every segment file left in
 the directory by a previous, dead incarnation; a directory locked by a live process is refused.
@@ -75,6 +79,7 @@ PAGE = mmap.PAGESIZE
 MIN_SEGMENT = 16 * 1024
 SLAB_BYTES = 4 * 2**20  # small groups are packed into slabs of this size (ShmArena.pack)
 SLAB_ALIGN = 64  # streams in a slab start on 64-byte boundaries (Arrow's buffer alignment)
+RECLAIM_EVERY = 0.5  # seconds between the background's looks at segments draining from readers
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: fill the page tables in one call
 _PREFIX = "seg-"
 
@@ -111,7 +116,9 @@ class Segment:
             files).
         path: Absolute path.
         capacity: File size (its size class); what capacity counts.
-        exposed: Handed to a reader or a writer outside this process: never reused (see module docstring).
+        exposed: Handed to a writer outside this process that has not published: never reused (see the
+            module docstring).
+        readers: Handed to same-node readers (``shm_open``): reused only once no reader holds its lock.
         refs: Groups holding it (a batch of groups written as one stream shares one segment); the arena
             takes it back when the last one releases it.
         slab: Small groups are packed into it (:meth:`ShmArena.pack`); release them with
@@ -127,6 +134,7 @@ class Segment:
     capacity: int
     mm: mmap.mmap | None
     exposed: bool = False
+    readers: bool = False
     refs: int = 1
     slab: bool = False
     packed: int = 0
@@ -151,6 +159,23 @@ class Segment:
         """True when no buffer of :meth:`buffer` is alive any more."""
         self._views = [v for v in self._views if v() is not None]
         return not self._views
+
+    def unread(self) -> bool:
+        """True when no same-node reader maps the file: the exclusive ``flock`` can be taken (and is let
+        go at once). Always true for a segment never handed to readers."""
+        if not self.readers:
+            return True
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False  # a reader holds its shared lock
+        finally:
+            os.close(fd)  # closing lets go of the lock
+        return True
 
 
 class ShmArena:
@@ -216,6 +241,7 @@ class ShmArena:
         self._wake = threading.Condition(self._lock)
         self.created = 0
         self.reused = 0
+        self.reclaimed = 0  # segments readers had mapped, back in the pool once they let go
         self._thread: threading.Thread | None = None
         if background:
             self._thread = threading.Thread(
@@ -391,36 +417,51 @@ class ShmArena:
             self.stranded_bytes -= seg.stranded  # a slab's stranded bytes leave with it
             seg.packed = seg.freed = seg.stranded = 0
             seg.slab = False
-            if seg.exposed or self._closed:
-                unlink = True
-                if not self._closed and self._free_bytes + seg.capacity <= self.pool_bytes:
-                    self._refill.append(seg.capacity)
-                    self._wake.notify()
-            else:
-                unlink = False
+            unlink = seg.exposed or self._closed
+            # Readers that let go already: back in the pool now; else it drains until they do.
+            waits = not unlink and not self._reclaim_one_locked(seg)
+            if waits:
                 self._draining.append(seg)
+            gone = unlink or (waits and seg.readers)  # for good, or until its readers let go
+            if gone and not self._closed and self._free_bytes + seg.capacity <= self.pool_bytes:
+                self._refill.append(seg.capacity)
+                self._wake.notify()
         if unlink:
             _unlink(seg)
+
+    def reclaim(self) -> int:
+        """Take back released segments that nothing maps any more (readers that let go); returns how many
+        still drain. Runs on every reservation and in the background every ``RECLAIM_EVERY`` seconds."""
+        with self._lock:
+            self._reclaim_locked()
+            return len(self._draining)
 
     def _reclaim_locked(self) -> None:
         if not self._draining:
             return
-        keep = []
-        for seg in self._draining:
-            if not seg.quiet():
-                keep.append(seg)
-            elif self._free_bytes + seg.capacity <= self.pool_bytes:
-                self._free.setdefault(seg.capacity, []).append(seg)
-                self._free_bytes += seg.capacity
-            else:
-                _unlink(seg)
-        self._draining = keep
+        self._draining = [seg for seg in self._draining if not self._reclaim_one_locked(seg)]
+
+    def _reclaim_one_locked(self, seg: Segment) -> bool:
+        """Take a released segment back (into the pool, or unlinked beyond ``pool_bytes``) when nothing
+        aliases it any more; False while it must keep draining."""
+        if not seg.quiet() or not seg.unread():
+            return False
+        if self._free_bytes + seg.capacity <= self.pool_bytes:
+            if seg.readers:
+                self.reclaimed += 1
+            seg.readers = False
+            self._free.setdefault(seg.capacity, []).append(seg)
+            self._free_bytes += seg.capacity
+        else:
+            _unlink(seg)
+        return True
 
     def _run_refill(self) -> None:
         while True:
             with self._lock:
                 while not self._refill and not self._closed:
-                    self._wake.wait()
+                    if not self._wake.wait(RECLAIM_EVERY if self._draining else None):
+                        self._reclaim_locked()  # readers let go of segments since the last look
                 if self._closed:
                     return
                 capacity = self._refill.pop()
@@ -468,6 +509,7 @@ class ShmArena:
                 "draining_segments": len(self._draining),
                 "created": self.created,
                 "reused": self.reused,
+                "reclaimed": self.reclaimed,
                 "swept_at_start": self.swept,
                 # the slab small groups are being packed into: streams held in it, bytes handed out
                 "slab_streams": 0 if self._slab is None else self._slab.refs - 1,
@@ -490,11 +532,13 @@ def _unlink(seg: Segment) -> None:
 
 
 def map_segment(path: str, size: int, *, writable: bool = False) -> mmap.mmap:
-    """Map a segment file of this host (read-only unless ``writable``), page tables pre-filled.
+    """Map a segment file of this host (read-only unless ``writable``).
 
-    The mapping aliases the server's segment. Read-only mappings of a segment stay valid after the server
-    deletes the group (the file is unlinked, never reused); they are unmapped when the last buffer over
-    them is dropped.
+    The mapping aliases the server's segment. A read-only mapping holds a shared ``flock`` on the file
+    for as long as it lives, which keeps the server from reusing the segment (see the module docstring):
+    its bytes stay as they are after the server deletes the group, until the last buffer over the
+    mapping is dropped. A reader must check that its group is still stored *after* mapping (the segment
+    may have been reused for another group before it was locked).
 
     Raises:
         NotFoundError: the file is gone (the group was deleted, or the server restarted).
@@ -512,9 +556,17 @@ def map_segment(path: str, size: int, *, writable: bool = False) -> mmap.mmap:
         # (with the kernel's fault-around) cost less here than MAP_POPULATE: 12 MB read in 1.9 ms lazily
         # against 0.9 ms to populate plus 1.2 ms to read.
         flags = mmap.MAP_SHARED | (_POPULATE if writable else 0)
-        return mmap.mmap(fd, size, flags=flags, prot=prot)
-    finally:
+        if not writable:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # waits out the arena's (instant) check, if it runs now
+        mm = mmap.mmap(fd, size, flags=flags, prot=prot)
+    except BaseException:
         os.close(fd)
+        raise
+    if writable:
+        os.close(fd)
+    else:
+        weakref.finalize(mm, os.close, fd)  # the lock goes with the mapping's last buffer
+    return mm
 
 
 def write_segment(path: str, capacity: int, schema: pa.Schema, batches: Sequence[pa.RecordBatch]) -> int:

@@ -422,8 +422,9 @@ class ShmStoreMixin:
         """Hand the segments of groups to a same-node reader, under the same checks as :meth:`read`.
 
         A read carrying a token is fenced and raises the group's highest generation. The segments are
-        marked exposed: from now on they are unlinked, never reused, when the group is deleted, so the
-        reader's read-only mappings stay valid for as long as it keeps them.
+        marked as handed to readers: once the group is deleted they are reused only when no reader maps
+        them any more (each mapping holds a shared lock on its file, see :func:`~._shm.map_segment`), so
+        a reader's mappings keep their bytes for as long as it keeps them.
 
         Returns:
             ``(group, segments, fence)`` per read, in order; each segment holds one part (an IPC stream);
@@ -450,6 +451,6 @@ class ShmStoreMixin:
             found = self._fenced_reads_locked(reads)
             for group in found:
                 for seg in group.segments:
-                    seg.exposed = True
+                    seg.readers = True
             board = self.board
             return [(g, g.segments, None if board is None else board.entry(g.key)) for g in found]

@@ -280,18 +280,20 @@ class LeasedBatch:
         if self.batch_id is None:
             self.batch_id = f"batch-{uuid.uuid4().hex[:12]}"
         args = {"token": self.token, "batch_id": self.batch_id}
+        # Let go of the mappings first (they live on in the caller's tensors, if any): a segment nobody
+        # maps when its groups are deleted goes straight back to the server's pool of warm segments.
+        self._opened.clear()
         # The remaining transitions in one round trip; each is still a compare-and-set on the controller.
         committed: tuple[Partition, ...] = self.client.controller.call_many([(s, args) for s in steps])[-1]
         self.stage = "COMMITTED"
-        self._opened.clear()  # the groups are gone: let the mappings go with the caller's last tensor
         self.close()
         return committed
 
     def release(self, columns: Iterable[str] = ()) -> tuple[Partition, ...]:
         """Give LEASED/PREPARED groups back to READY, recording columns this holder appended."""
+        self._opened.clear()
         released = self.client.controller.release(self.token, columns=tuple(columns))
         self.stage = "RELEASED"
-        self._opened.clear()
         self.close()
         return released
 

@@ -7,6 +7,7 @@ and reads either over Flight or through shared memory, against the same server (
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import multiprocessing
 import os
@@ -152,18 +153,81 @@ def test_many_groups_in_one_reservation_projection_and_flight_puts_land_in_the_a
             client.shm_get(keys, columns=["nope"])
 
 
-def test_readers_mappings_survive_delete_and_segments_they_saw_are_never_reused():
-    group = make_group(KEY, response_len=256)
+def test_a_segment_readers_map_keeps_its_bytes_after_delete_and_is_reused_once_they_let_go():
+    group = make_group(KEY, response_len=256, fixed=True)
     with shm_serving() as (_, client):
         client.shm_put_groups([(KEY, group)])
         table = client.shm_get([GroupRead(KEY, LeaseToken(1))])
         path = client._action("shm_open", encode_ticket(KEY), None)["segments"][0]["path"]
         client.delete([GroupRead(KEY, LeaseToken(1))])
-        assert not os.path.exists(path), "a segment handed to a reader is unlinked on delete"
-        for g in range(20):  # new puts never land in the reader's segment
+        for g in range(20):  # while the reader maps it, new puts of its size never land in it
             other = GroupKey("job-a", 1, 100 + g)
-            client.shm_put_groups([(other, make_group(other, response_len=256))])
+            client.shm_put_groups([(other, make_group(other, response_len=256, fixed=True))])
+            client.delete([GroupRead(other, LeaseToken(1))])
         assert table.equals(pa.Table.from_batches([group]))
+        assert client.stats()["shm"]["reclaimed"] == 0
+        assert os.path.exists(path)  # draining, not unlinked: the reader's lock keeps it
+        del table
+        gc.collect()  # the reader's last buffer goes: its mapping, and its lock, with it
+        key = GroupKey("job-a", 1, 200)  # the next put's reservation takes back what drained
+        client.shm_put_groups([(key, make_group(key, response_len=256, fixed=True))])
+        shm = client.stats()["shm"]
+        assert (shm["reclaimed"], shm["draining_segments"]) == (1, 0)
+        assert os.path.exists(path)  # back in the pool, pre-faulted, for a later put of its size
+
+
+def test_a_reader_killed_while_it_maps_a_segment_lets_the_server_reuse_it():
+    """A reader's lock goes with its process: a SIGKILLed reader leaves nothing pinned."""
+    group = make_group(KEY, response_len=256, fixed=True)
+    with shm_serving() as (server, client):
+        client.shm_put_groups([(KEY, group)])
+        segment = client._action("shm_open", encode_ticket(KEY), None)["segments"][0]
+        code = (
+            "import sys, time\n"
+            "from trajflight.flight_server._shm import map_segment\n"
+            "mm = map_segment(sys.argv[1], int(sys.argv[2]))\n"
+            "print('mapped', flush=True)\n"
+            "time.sleep(60)\n"
+        )
+        argv = [sys.executable, "-c", code, segment["path"], str(segment["capacity"])]
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as reader:
+            try:
+                assert reader.stdout is not None
+                assert reader.stdout.readline().strip() == "mapped"
+                client.delete([GroupRead(KEY, LeaseToken(1))])
+                assert server.arena is not None
+                assert server.arena.reclaim() == 1  # the live reader's lock keeps it draining
+            finally:
+                reader.send_signal(signal.SIGKILL)
+                reader.wait(timeout=10)
+        assert server.arena.reclaim() == 0
+        assert client.stats()["shm"]["reclaimed"] == 1
+        assert os.path.exists(segment["path"])  # in the pool for the next put of its size
+
+
+def test_a_segment_reused_before_a_reader_mapped_it_is_never_read_as_its_old_group(monkeypatch):
+    """The race the reader's check after mapping closes: the board said yes, then the group was deleted
+    and its segment reused for another group before the reader locked and mapped it."""
+    group = make_group(KEY, response_len=256, fixed=True)
+    with shm_serving() as (_, client):
+        client.shm_put_groups([(KEY, group)])
+        read = [GroupRead(KEY, LeaseToken(1))]
+        opened = client.shm_open(read)  # handed over, not mapped yet
+        client.delete(read)
+        other = GroupKey("job-a", 1, 7)
+        client.shm_put_groups([(other, make_group(other, response_len=256, fixed=True))])
+        assert client.stats()["shm"]["reclaimed"] == 1  # the old group's segment holds the new one now
+        checks = []
+        real = client._board_allows
+
+        def stale_then_real(*args: object) -> bool:
+            checks.append(1)
+            return True if len(checks) == 1 else real(*args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(client, "_board_allows", stale_then_real)
+        with pytest.raises(NotFoundError):
+            client.shm_get(read, opened=opened)
+        assert len(checks) == 2  # checked again after mapping, which sent it to the server
 
 
 def encode_ticket(key: GroupKey) -> bytes:
@@ -476,12 +540,19 @@ def test_small_groups_are_packed_into_slabs_and_read_back_bit_exact_from_a_few_m
         assert client.delete([GroupRead(k, LeaseToken(1)) for k in keys[1::2]])["deleted"] == 12
         stats = client.stats()
         assert (stats["groups"], stats["bytes"], stats["shm"]["live_segments"]) == (0, 0, 0)
-        # The full slabs were handed to a reader: never reused, unlinked; the reader's table is intact.
+        # The full slabs were handed to a reader that still maps them: they drain, kept as they are and
+        # not reused; the reader's table is intact. Once it lets go, a put takes them back.
         current = server.arena._slab
         full = [name for name in slabs if current is None or name != current.name]
         assert len(full) >= 1
-        assert set(_segment_files(server.arena.directory)).isdisjoint(full)
+        assert set(full) <= set(_segment_files(server.arena.directory))
+        assert stats["shm"]["draining_segments"] >= len(full)
         assert table.equals(pa.Table.from_batches(groups))
+        del table, opened
+        gc.collect()
+        assert server.arena.reclaim() == 0  # (the arena's background also looks every half second)
+        shm = client.stats()["shm"]
+        assert (shm["draining_segments"], shm["reclaimed"] >= len(full)) == (0, True)
 
 
 def test_a_slab_kept_alive_by_one_group_still_counts_against_capacity():
