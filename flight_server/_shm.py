@@ -80,6 +80,7 @@ MIN_SEGMENT = 16 * 1024
 SLAB_BYTES = 4 * 2**20  # small groups are packed into slabs of this size (ShmArena.pack)
 SLAB_ALIGN = 64  # streams in a slab start on 64-byte boundaries (Arrow's buffer alignment)
 RECLAIM_EVERY = 0.5  # seconds between the background's looks at segments draining from readers
+_ASKS_PER_RESERVATION = 4  # readers' segments a reservation asks about (oldest first)
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: fill the page tables in one call
 _PREFIX = "seg-"
 
@@ -325,7 +326,9 @@ class ShmArena:
         with self._lock:
             if self._closed:
                 raise NotFoundError("the shared-memory arena is closed")
-            self._reclaim_locked()
+            # A reservation asks a few readers' segments (the background asks the rest): it does not pay
+            # a system call for every segment a trainer still maps.
+            self._reclaim_locked(asks=_ASKS_PER_RESERVATION)
             free = self._free.get(capacity)
             if free:
                 seg = free.pop()
@@ -431,15 +434,30 @@ class ShmArena:
 
     def reclaim(self) -> int:
         """Take back released segments that nothing maps any more (readers that let go); returns how many
-        still drain. Runs on every reservation and in the background every ``RECLAIM_EVERY`` seconds."""
+        still drain. Runs in the background every ``RECLAIM_EVERY`` seconds while some drain, and in
+        part on every reservation."""
         with self._lock:
             self._reclaim_locked()
             return len(self._draining)
 
-    def _reclaim_locked(self) -> None:
+    def _reclaim_locked(self, *, asks: int | None = None) -> None:
+        """Take back what drained, asking at most ``asks`` files whether readers still map them (a system
+        call each; None: every file); the files asked in vain go to the back of the line."""
         if not self._draining:
             return
-        self._draining = [seg for seg in self._draining if not self._reclaim_one_locked(seg)]
+        keep: list[Segment] = []
+        asked: list[Segment] = []
+        for seg in self._draining:
+            if asks is not None and seg.readers and seg.quiet():
+                if asks <= 0:
+                    keep.append(seg)
+                    continue
+                asks -= 1
+                if not self._reclaim_one_locked(seg):
+                    asked.append(seg)
+            elif not self._reclaim_one_locked(seg):
+                keep.append(seg)
+        self._draining = keep + asked
 
     def _reclaim_one_locked(self, seg: Segment) -> bool:
         """Take a released segment back (into the pool, or unlinked beyond ``pool_bytes``) when nothing
