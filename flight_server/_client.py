@@ -488,16 +488,15 @@ class StorageClient:
         if opened is None or not opened.covers(reads, columns) or not self._board_allows(opened, reads):
             opened = self.shm_open(reads, columns=columns, timeout=timeout)
         for _ in range(_REOPENS):
-            mapped = opened.mapped
-            table = opened.read(reads, columns)
-            if opened.mapped == mapped or self._board_allows(opened, reads):
-                return table
-            # A segment mapped just now was locked against reuse only then: the groups must still be
-            # stored after that. The board could not say so: ask the server, which refuses a deleted or
-            # re-granted group; the same segments mean the groups outlived the lock (their bytes).
+            # A segment is locked against reuse only once mapped: the groups must still be stored after
+            # that, or it may already hold another group. Map first, check, and only then parse.
+            if not opened.map(reads) or self._board_allows(opened, reads):
+                return opened.read(reads, columns)
+            # The board could not say so: ask the server, which refuses a deleted or re-granted group;
+            # the same segments mean the groups outlived the lock (their bytes are in the mappings).
             again = self.shm_open(reads, columns=columns, timeout=timeout)
             if again.same_parts(opened, reads):
-                return table
+                return opened.read(reads, columns)
             opened = again
         raise UnavailableError(
             f"shm read: the segments of {len(reads)} groups changed on every try ({_REOPENS}); read again"

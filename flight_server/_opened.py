@@ -32,9 +32,9 @@ class ShmOpened:
     of each segment. Segments are mapped read-only on first read and the mappings kept while this object
     lives (each mapping locks its segment against reuse while it lives, see :func:`~._shm.map_segment`).
     The server checked the tokens when it answered; :meth:`StorageClient.shm_get` checks every later
-    read, and every read that mapped a segment (``mapped`` counts them), on the server's fence board
-    (each group's ``[slot, tag]`` from the answer; see ``_fences``) and opens again when anything
-    changed: a re-granted lease, a delete, an append.
+    read, and every read after :meth:`map` mapped a segment for it, on the server's fence board (each
+    group's ``[slot, tag]`` from the answer; see ``_fences``) and opens again when anything changed: a
+    re-granted lease, a delete, an append.
     """
 
     __slots__ = (
@@ -157,15 +157,35 @@ class ShmOpened:
                     return False
         return True
 
+    def map(self, reads: Sequence[GroupRead]) -> int:
+        """Map (and so lock against reuse) every segment the reads need; returns how many were mapped now.
+
+        Nothing is parsed: a segment mapped now may hold another group (see ``StorageClient.shm_get``),
+        which the caller rules out before :meth:`read`.
+
+        Raises:
+            NotFoundError: a segment file is gone (the group was deleted, or its server restarted).
+        """
+        before = self.mapped
+        for r in reads:
+            found = self._groups.get(r.key)
+            for at, _, _ in () if found is None else found[1]:
+                self._mapping(at)
+        return self.mapped - before
+
+    def _mapping(self, at: int) -> Any:
+        path, capacity, _, _ = self._segments[at]
+        mm = self._maps.get(path)
+        if mm is None:
+            mm = self._maps[path] = map_segment(path, capacity)
+            self.mapped += 1
+        return mm
+
     def _stream(self, at: int) -> pa.Table:
         found = self._tables.get(at)
         if found is None:
-            path, capacity, _, start = self._segments[at]
-            mm = self._maps.get(path)
-            if mm is None:
-                mm = self._maps[path] = map_segment(path, capacity)
-                self.mapped += 1
-            buffer = pa.py_buffer(mm)
+            path, _, _, start = self._segments[at]
+            buffer = pa.py_buffer(self._mapping(at))
             try:
                 found = self._tables[at] = ipc.open_stream(
                     buffer.slice(start) if start else buffer

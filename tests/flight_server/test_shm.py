@@ -625,9 +625,11 @@ def test_concurrent_small_puts_never_share_bytes():
             assert client.shm_get([key]).equals(pa.Table.from_batches([group]))
 
 
-def test_concurrent_puts_reads_and_deletes_never_return_another_groups_bytes():
-    """Small puts packed into slabs, reads through kept opens (the fence board) and deletes, all at once for
-    about two seconds: every read is bit-exact or refused (gone, or superseded), never wrong."""
+@pytest.mark.parametrize("inline", [True, False], ids=["slabs", "segments"])
+def test_concurrent_puts_reads_and_deletes_never_return_another_groups_bytes(inline: bool):
+    """Small puts (packed into slabs, or each in a segment of its own), reads through kept opens (the fence
+    board) and deletes, all at once for about two seconds, with segments reused as soon as no reader maps
+    them: every read is bit-exact or refused (gone, or superseded), never wrong."""
     expected: dict[GroupKey, pa.Table] = {}
     lock = threading.Lock()
     deadline = time.monotonic() + 2.0
@@ -650,7 +652,7 @@ def test_concurrent_puts_reads_and_deletes_never_return_another_groups_bytes():
     with shm_serving(StoreLimits(capacity_bytes=1 << 30), slab_bytes=96 * 1024) as (server, _):
 
         def connected() -> StorageClient:
-            client = StorageClient(server.location, timeout=20)
+            client = StorageClient(server.location, timeout=20, inline_put_bytes=256 * 1024 if inline else 0)
             return _local(client)
 
         def writer(wid: int) -> None:
@@ -707,6 +709,8 @@ def test_concurrent_puts_reads_and_deletes_never_return_another_groups_bytes():
     assert failures == []
     assert outcomes["wrong"] == 0
     assert outcomes["read"] > 0
+    assert server.arena is not None
+    assert server.arena.reclaimed > 0  # segments readers had mapped were reused meanwhile
 
 
 def test_a_column_appended_to_a_group_of_a_shared_stream_reads_back_with_that_groups_rows():
