@@ -29,7 +29,13 @@ import pyarrow.flight as flight
 import pyarrow.ipc as ipc
 
 from trajflight.codec import GroupKey
-from trajflight.errors import DeadlineExceededError, InvalidRequestError, TrajflightError, UnavailableError
+from trajflight.errors import (
+    DeadlineExceededError,
+    InvalidRequestError,
+    NotFoundError,
+    TrajflightError,
+    UnavailableError,
+)
 from trajflight.flight_server._errors import translate_errors
 from trajflight.flight_server._fences import MappedBoard, read_board
 from trajflight.flight_server._local import MAX_FRAME, LocalChannel
@@ -485,19 +491,30 @@ class StorageClient:
         # Segments opened before are read again with no call when the server's fence board still shows
         # every group unchanged at the lease's generation; anything else is opened again, by the server,
         # which refuses a re-granted lease or a deleted group with the precise error.
-        if opened is None or not opened.covers(reads, columns) or not self._board_allows(opened, reads):
+        fresh = opened is None or not opened.covers(reads, columns)
+        if opened is None or fresh:
             opened = self.shm_open(reads, columns=columns, timeout=timeout)
         for _ in range(_REOPENS):
-            # A segment is locked against reuse only once mapped: the groups must still be stored after
-            # that, or it may already hold another group. Map first, check, and only then parse.
-            if not opened.map(reads) or self._board_allows(opened, reads):
+            # One look at the server's fence board per read, after mapping: a segment is locked against
+            # reuse only once mapped, so the groups must still be stored after that (else it may hold
+            # another group already), and a kept open must still match them at the lease's generation.
+            # Only then are the segments parsed.
+            try:
+                mapped_now = opened.map(reads)
+            except NotFoundError:
+                if fresh:
+                    raise
+                allowed = False  # a kept open's segment is gone: the server says why
+            else:
+                allowed = (fresh and not mapped_now) or self._board_allows(opened, reads)
+            if allowed:
                 return opened.read(reads, columns)
-            # The board could not say so: ask the server, which refuses a deleted or re-granted group;
-            # the same segments mean the groups outlived the lock (their bytes are in the mappings).
+            # Ask the server, which refuses a deleted or re-granted group with the precise error; the same
+            # segments mean the groups outlived the lock (their bytes are in the mappings).
             again = self.shm_open(reads, columns=columns, timeout=timeout)
             if again.same_parts(opened, reads):
                 return opened.read(reads, columns)
-            opened = again
+            opened, fresh = again, True
         raise UnavailableError(
             f"shm read: the segments of {len(reads)} groups changed on every try ({_REOPENS}); read again"
         )
