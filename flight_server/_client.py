@@ -488,9 +488,8 @@ class StorageClient:
         reads = (
             groups if opened is not None and groups is opened.reads else tuple(_as_read(g) for g in groups)
         )
-        # Segments opened before are read again with no call when the server's fence board still shows
-        # every group unchanged at the lease's generation; anything else is opened again, by the server,
-        # which refuses a re-granted lease or a deleted group with the precise error.
+        # A kept open is read again with no call while the server's fence board shows every group
+        # unchanged at the lease's generation; anything else is opened again, by the server.
         fresh = opened is None or not opened.covers(reads, columns)
         if opened is None or fresh:
             opened = self.shm_open(reads, columns=columns, timeout=timeout)
