@@ -50,6 +50,8 @@ from trajflight.flight_server._wire import (
     PutDescriptor,
     PutManyDescriptor,
     ShmAbortRequest,
+    ShmBatchPublishRequest,
+    ShmBatchReserveRequest,
     ShmPublishRequest,
     ShmReserveRequest,
     TokenSigner,
@@ -87,13 +89,17 @@ ACTIONS: dict[str, str] = {
         '"shm_dir",...}; host_id and shm_dir let a client on the same host choose shared memory.'
     ),
     "shm_reserve": (
-        'Same-node put, step 1 (servers with an arena). Body {"v":1,"writer"?,"ttl"?,"groups":[{"job_id",'
-        '"epoch","group_id","nbytes","num_rows"?,"sig"?}]}: the checks of a put, then one segment per '
-        'group. Result {"segments":[{"reservation","path","capacity"}]}.'
+        'Same-node put, step 1 (servers with an arena). Body {"v":1,"writer"?,"ttl"?,"batch_bytes"?,'
+        '"groups":[{"job_id","epoch","group_id","nbytes","num_rows"?,"sig"?}]}: the checks of a put, then '
+        'one segment per group (one shared one with batch_bytes). Result {"segments":[{"reservation",'
+        '"path","capacity"}]}. Compact batch form: {"v":1,"writer"?,"ttl"?,"batch_bytes","batch":{"job_id",'
+        '"epoch","group_ids":[...],"rows":[...],"sigs"?:[...]}}, result {"batch":{"reservation","path",'
+        '"capacity"}}: one segment and one reservation for the whole batch.'
     ),
     "shm_publish": (
-        'Same-node put, step 2. Body {"v":1,"groups":[{"reservation","size"}]}: validates each segment\'s '
-        'IPC stream as do_put does and publishes all or none. Result {"published","bytes"}.'
+        'Same-node put, step 2. Body {"v":1,"groups":[{"reservation","size"}]}, or {"v":1,"batch":'
+        '{"reservation","size"}} for a batch reserved in the compact form: validates each segment\'s IPC '
+        'stream as do_put does and publishes all or none. Result {"published","bytes"}.'
     ),
     "shm_put": (
         "Same-node put of one small group in one call, on the same-host channel only (its Unix socket "
@@ -255,7 +261,10 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
     # --------------------------------------------------------------------------------------- checks
 
     def _verify_put(self, put: PutDescriptor) -> None:
-        if self._signer is not None and not self._signer.verify(self._signer.sign_put(put.key), put.sig):
+        self._verify_put_key(put.key, put.sig)
+
+    def _verify_put_key(self, key: GroupKey, sig: str | None) -> None:
+        if self._signer is not None and not self._signer.verify(self._signer.sign_put(key), sig):
             raise InvalidRequestError(
                 "put credential does not verify for this group; writers get credentials from the "
                 "controller of this deployment (check the shared secret)"
@@ -385,7 +394,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         ticket = flight.Ticket(encode(GetTicket((GroupRead(group.key),))))
         endpoint = flight.FlightEndpoint(ticket, [self._location])
         return flight.FlightInfo(
-            group.table.schema, group_descriptor(group.key), [endpoint], group.num_rows, group.nbytes
+            group.schema, group_descriptor(group.key), [endpoint], group.num_rows, group.nbytes
         )
 
     def list_flights(self, context: flight.ServerCallContext, criteria: bytes) -> Iterator[flight.FlightInfo]:
@@ -416,7 +425,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
     ) -> flight.SchemaResult:
         """The stored schema of one group."""
         with server_errors("get_schema"):
-            return flight.SchemaResult(self._group_of(descriptor).table.schema)
+            return flight.SchemaResult(self._group_of(descriptor).schema)
 
     # ---------------------------------------------------------------------------------------- actions
 
@@ -447,7 +456,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
                     "fence signature does not verify; only the controller may fence a job"
                 )
             return self.store.fence(body.job_id, body.min_epoch, purge=body.purge)
-        if isinstance(body, ShmReserveRequest | ShmPublishRequest | ShmAbortRequest) or name == "shm_open":
+        if name.startswith("shm_"):  # shm_reserve, shm_publish, shm_abort, shm_open (decoded above)
             return self._shm_action(body)
         if name == "stats":
             return self.store.stats()
@@ -468,6 +477,23 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
 
     def _shm_action(self, body: Any) -> dict[str, Any]:
         store = self.store
+        if isinstance(body, ShmBatchReserveRequest):
+            keys = body.keys()
+            if self._signer is not None:
+                for key, sig in zip(keys, body.sigs or [None] * len(keys), strict=True):
+                    self._verify_put_key(key, sig)
+            batch = store.reserve_shm_batch(
+                keys,
+                body.rows,
+                body.batch_bytes,
+                writer=body.writer,
+                ttl=self.shm_ttl if body.ttl is None else body.ttl,
+            )
+            seg = batch.segment
+            return {"batch": {"reservation": batch.id, "path": seg.path, "capacity": seg.capacity}}
+        if isinstance(body, ShmBatchPublishRequest):
+            groups = store.publish_shm_batch(body.reservation, body.size)
+            return {"published": len(groups), "bytes": sum(g.nbytes for g in groups)}
         if isinstance(body, ShmReserveRequest):
             ttl = self.shm_ttl if body.ttl is None else body.ttl
             puts = []

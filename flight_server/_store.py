@@ -49,10 +49,10 @@ from trajflight.flight_server._fences import FenceBoard
 from trajflight.flight_server._segments import Placement, concat_groups, open_segment, serialize_segment
 from trajflight.flight_server._shm import Segment, ShmArena
 from trajflight.flight_server._store_records import Reservation, StoredGroup, StoreLimits
-from trajflight.flight_server._store_shm import ShmPut, ShmStoreMixin, fmt_key, key_fields
+from trajflight.flight_server._store_shm import ShmBatch, ShmPut, ShmStoreMixin, fmt_key, key_fields
 from trajflight.flight_server._wire import GroupRead, LeaseToken, ListCriteria
 
-__all__ = ["GroupStore", "Reservation", "ShmPut", "StoreLimits", "StoredGroup"]
+__all__ = ["GroupStore", "Reservation", "ShmBatch", "ShmPut", "StoreLimits", "StoredGroup"]
 
 
 @dataclass(slots=True)
@@ -93,6 +93,7 @@ class GroupStore(ShmStoreMixin):
         self._place = place
         self.arena = arena
         self._shm_puts: dict[str, ShmPut] = {}  # same-node puts reserved, not yet published, by id
+        self._shm_batches: dict[str, ShmBatch] = {}  # same-node batches reserved as one, by id
         self._clock = clock
         self._lock = threading.Lock()
         self._groups: dict[GroupKey, StoredGroup] = {}
@@ -111,6 +112,15 @@ class GroupStore(ShmStoreMixin):
     # ------------------------------------------------------------------------------------- accounting
 
     def _reserve(self, res: Reservation, nbytes: int) -> None:
+        with self._lock:
+            # Slab bytes no group counts any more (a slab kept alive by a few of its groups) still
+            # occupy the arena: capacity bounds them too.
+            stranded = self.arena.stranded_bytes if self.arena is not None else 0
+            self._reserve_locked(res, nbytes, stranded)
+
+    def _reserve_locked(self, res: Reservation, nbytes: int, stranded: int) -> None:
+        """Reserve ``nbytes`` more for ``res`` (caller holds the lock); ``stranded``: the arena's
+        stranded bytes, which count as used."""
         limits = self.limits
         if res.reserved + nbytes > limits.max_group_bytes:
             raise InvalidRequestError(
@@ -120,22 +130,18 @@ class GroupStore(ShmStoreMixin):
                 nbytes=res.reserved + nbytes,
                 limit=limits.max_group_bytes,
             )
-        with self._lock:
-            # Slab bytes no group counts any more (a slab kept alive by a few of its groups) still
-            # occupy the arena: capacity bounds them too.
-            stranded = self.arena.stranded_bytes if self.arena is not None else 0
-            used = self._held_bytes + self._reserved_bytes + stranded
-            if used + nbytes > limits.capacity_bytes:
-                raise CapacityExceededError(
-                    f"server full: {format_size(used)} of {format_size(limits.capacity_bytes)} used, "
-                    f"{format_size(nbytes)} more needed for group {_fmt(res.key)}; retry after "
-                    f"{limits.retry_after:g}s (trainers free space as they commit)",
-                    retry_after=limits.retry_after,
-                    needed_bytes=nbytes,
-                    free_bytes=max(0, limits.capacity_bytes - used),
-                )
-            self._reserved_bytes += nbytes
-            res.reserved += nbytes
+        used = self._held_bytes + self._reserved_bytes + stranded
+        if used + nbytes > limits.capacity_bytes:
+            raise CapacityExceededError(
+                f"server full: {format_size(used)} of {format_size(limits.capacity_bytes)} used, "
+                f"{format_size(nbytes)} more needed for group {_fmt(res.key)}; retry after "
+                f"{limits.retry_after:g}s (trainers free space as they commit)",
+                retry_after=limits.retry_after,
+                needed_bytes=nbytes,
+                free_bytes=max(0, limits.capacity_bytes - used),
+            )
+        self._reserved_bytes += nbytes
+        res.reserved += nbytes
 
     def _release(self, res: Reservation) -> None:
         with self._lock:
@@ -220,27 +226,7 @@ class GroupStore(ShmStoreMixin):
             self.schema.check(schema)
         res = Reservation(self, key, counts_group=True)
         with self._lock:
-            self._check_epoch(key, "put")
-            if schema is not None:
-                self._check_schema(key, schema)
-            if key in self._groups or key in self._pending:
-                state = "stored" if key in self._groups else "being written by another put"
-                raise AlreadyExistsError(
-                    f"group {_fmt(key)} is already {state}; trajflight never overwrites a group: "
-                    "use a new group_id",
-                    job_id=key.job_id,
-                    epoch=key.epoch,
-                    group_id=key.group_id,
-                )
-            groups = len(self._groups) + self._pending_groups
-            if groups >= self.limits.capacity_groups:
-                raise CapacityExceededError(
-                    f"server full: {groups} of {self.limits.capacity_groups} groups held or in flight; "
-                    f"retry after {self.limits.retry_after:g}s",
-                    retry_after=self.limits.retry_after,
-                )
-            self._pending[key] = res
-            self._pending_groups += 1
+            self._admit_locked(res, schema)
         try:
             if announced_bytes:
                 res.reserve(announced_bytes)
@@ -248,6 +234,93 @@ class GroupStore(ShmStoreMixin):
             res.release()
             raise
         return res
+
+    def _admit_locked(self, res: Reservation, schema: pa.Schema | None) -> None:
+        """:meth:`begin_put`'s checks of ``res.key`` but the bytes (caller holds the lock), then ``res``
+        holds the key and a group slot."""
+        key = res.key
+        self._check_epoch(key, "put")
+        if schema is not None:
+            self._check_schema(key, schema)
+        if key in self._groups or key in self._pending:
+            state = "stored" if key in self._groups else "being written by another put"
+            raise AlreadyExistsError(
+                f"group {_fmt(key)} is already {state}; trajflight never overwrites a group: "
+                "use a new group_id",
+                job_id=key.job_id,
+                epoch=key.epoch,
+                group_id=key.group_id,
+            )
+        groups = len(self._groups) + self._pending_groups
+        if groups >= self.limits.capacity_groups:
+            raise CapacityExceededError(
+                f"server full: {groups} of {self.limits.capacity_groups} groups held or in flight; "
+                f"retry after {self.limits.retry_after:g}s",
+                retry_after=self.limits.retry_after,
+            )
+        self._pending[key] = res
+        self._pending_groups += 1
+
+    def begin_puts(self, keys: Sequence[GroupKey], announced: Sequence[int]) -> list[Reservation]:
+        """:meth:`begin_put` of each key (schema None) with its announced bytes, all or none.
+
+        The checks, their order and their errors are :meth:`begin_put`'s, group by group in the order
+        given (the first group refused is the one named). They run under one hold of the lock, so a batch
+        is admitted whole or not at all; and when every group passes (checked for the batch at once: its
+        epochs, its keys, its slots and its bytes in total), nothing runs per group but making its
+        reservation.
+
+        Raises:
+            StaleFenceError, AlreadyExistsError, CapacityExceededError, InvalidRequestError; nothing stays
+            reserved.
+        """
+        if len(keys) != len(announced):
+            raise InvalidRequestError(f"begin_puts: {len(announced)} sizes for {len(keys)} groups")
+        if not keys:
+            return []
+        with self._lock:
+            stranded = self.arena.stranded_bytes if self.arena is not None else 0
+            if self._admits_all_locked(keys, announced, stranded):
+                out = [
+                    Reservation(self, key, True, nbytes) for key, nbytes in zip(keys, announced, strict=True)
+                ]
+                pending = self._pending
+                for res in out:
+                    pending[res.key] = res
+                self._pending_groups += len(out)
+                self._reserved_bytes += sum(announced)
+                return out
+            # Some group is refused: admit them one by one as begin_put would, so the error is its own.
+            out = []
+            try:
+                for key, nbytes in zip(keys, announced, strict=True):
+                    res = Reservation(self, key, counts_group=True)
+                    self._admit_locked(res, None)
+                    out.append(res)
+                    if nbytes:
+                        self._reserve_locked(res, nbytes, stranded)
+            except BaseException:
+                for res in out:
+                    self._release_locked(res)
+                    res.done = True
+                raise
+            return out  # pragma: no cover - the check for the batch refuses only what one of these does
+
+    def _admits_all_locked(self, keys: Sequence[GroupKey], announced: Sequence[int], stranded: int) -> bool:
+        """True when :meth:`begin_puts` admits every group: no epoch fenced, no key stored, being put or
+        named twice, enough group slots, and the bytes fit (each, and in total). Caller holds the lock."""
+        limits, stored, pending, jobs = self.limits, self._groups, self._pending, self._jobs
+        if len(stored) + self._pending_groups + len(keys) > limits.capacity_groups:
+            return False
+        if max(announced) > limits.max_group_bytes or min(announced) < 0:
+            return False
+        if self._held_bytes + self._reserved_bytes + stranded + sum(announced) > limits.capacity_bytes:
+            return False
+        for job_id, epoch in {key[:2] for key in keys}:  # the fence depends on the job and epoch only
+            state = jobs.get(job_id)
+            if state is not None and epoch < state.min_epoch:
+                return False
+        return len(set(keys)) == len(keys) and not any(key in stored or key in pending for key in keys)
 
     def publish(
         self, res: Reservation, batches: Sequence[pa.RecordBatch], schema: pa.Schema, writer: str
@@ -297,11 +370,15 @@ class GroupStore(ShmStoreMixin):
             with self._lock:
                 try:
                     checked: set[str] = set()  # one schema for the call: checked once per job
+                    fences: set[tuple[str, int]] = set()  # the fence depends on the job and epoch only
                     for res in reservations:
-                        self._check_epoch(res.key, "put")
-                        if res.key.job_id not in checked:
-                            self._check_schema(res.key, schema)
-                            checked.add(res.key.job_id)
+                        key = res.key
+                        if key[:2] not in fences:
+                            self._check_epoch(key, "put")
+                            fences.add(key[:2])
+                        if key.job_id not in checked:
+                            self._check_schema(key, schema)
+                            checked.add(key.job_id)
                 except BaseException:
                     for res in reservations:
                         self._release_locked(res)
@@ -311,10 +388,11 @@ class GroupStore(ShmStoreMixin):
                     types = self._job(job_id).column_types
                     for f in schema:
                         types.setdefault(f.name, f.type)
+                board, generation, stored = self.board, self._generation, self._groups
                 for res, group in zip(reservations, groups, strict=True):
-                    self._groups[res.key] = group
-                    if self.board is not None:
-                        self.board.install(res.key, self._generation.get(res.key, -1))
+                    stored[res.key] = group
+                    if board is not None:
+                        board.install(res.key, generation.get(res.key, -1))
                     self._held_bytes += group.nbytes
                     self._release_locked(res)
                     res.done = True
@@ -395,7 +473,7 @@ class GroupStore(ShmStoreMixin):
         group = self._groups.get(key)
         if group is None:
             raise NotFoundError(f"group {_fmt(key)} is not stored here; nothing to append to", **_kd(key))
-        existing = set(group.table.schema.names)
+        existing = set(group.schema.names)
         for f in schema:
             if f.name in existing:
                 raise AlreadyExistsError(
@@ -649,7 +727,8 @@ class GroupStore(ShmStoreMixin):
                 "capacity_bytes": self.limits.capacity_bytes,
                 "capacity_groups": self.limits.capacity_groups,
                 "free_bytes": self.limits.capacity_bytes - self._held_bytes - self._reserved_bytes,
-                "pending_shm_puts": len(self._shm_puts),
+                "pending_shm_puts": len(self._shm_puts)
+                + sum(len(b.rows) for b in self._shm_batches.values()),
                 "groups_read": self._groups_read,
                 "bytes_read": self._bytes_read,
                 "jobs": jobs,

@@ -28,26 +28,48 @@ class StoredGroup:
 
     Attributes:
         key: The partition.
-        parts: Tables over the stored buffers; the first holds the put, the rest appended columns.
-        part_bytes: Bytes held by each part (buffer sizes).
-        table: Zero-copy view over the parts (what ``do_get`` streams). Aliases the stored buffers: never
-            write through it (``torch.from_dlpack`` ignores Arrow's read-only flag).
+        parts: Tables over the stored streams; the first holds the put, the rest appended columns. A group
+            put in a batch that shares one stream (one segment) holds that whole stream as its first part:
+            its rows start at ``offsets[0]``.
+        part_bytes: Bytes held by each part (buffer sizes; a shared stream's groups each count a share).
+        view: The group's rows over its parts (see :attr:`table`), or None where the group is the ``rows``
+            rows of ``parts[0]`` from ``offsets[0]`` (a batch member: sliced on first use, so publishing a
+            batch costs no slice per group).
         writer: The writer id given at put.
         created: Monotonic publish time.
         segments: The arena segment of each part (empty without an arena).
         offsets: Per part, its first row in its segment's stream (a batch of groups shares one stream).
         starts: Per part, the byte offset of its stream in its segment (small groups share a slab).
+        rows: The group's samples where ``view`` is None (else unused).
     """
 
     key: GroupKey
     parts: tuple[pa.Table, ...]
     part_bytes: tuple[int, ...]
-    table: pa.Table
+    view: pa.Table | None
     writer: str = ""
     created: float = 0.0
     segments: tuple[Segment, ...] = ()
     offsets: tuple[int, ...] = ()
     starts: tuple[int, ...] = ()
+    rows: int = 0
+
+    @property
+    def table(self) -> pa.Table:
+        """Zero-copy view of the group over its parts (what ``do_get`` streams). Aliases the stored
+        buffers: never write through it (``torch.from_dlpack`` ignores Arrow's read-only flag)."""
+        view = self.view
+        if view is None:
+            # Slicing is idempotent: two threads racing here build equal views and either one is kept.
+            view = self.parts[0].slice(self.offsets[0], self.rows)
+            object.__setattr__(self, "view", view)
+        return view
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The group's columns (without slicing a batch member's table)."""
+        view = self.view
+        return self.parts[0].schema if view is None else view.schema
 
     def row_offset(self, part: int) -> int:
         """First row of part ``part`` in its segment's stream (non-zero when a batch shares a segment)."""
@@ -65,7 +87,8 @@ class StoredGroup:
     @property
     def num_rows(self) -> int:
         """Samples in the group."""
-        return int(self.table.num_rows)
+        view = self.view
+        return self.rows if view is None else int(view.num_rows)
 
 
 @dataclass(frozen=True, slots=True)

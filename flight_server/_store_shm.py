@@ -27,7 +27,7 @@ from trajflight.flight_server._shm import SLAB_ALIGN, Segment, ShmArena, size_cl
 from trajflight.flight_server._store_records import Reservation, StoredGroup
 from trajflight.flight_server._wire import GroupRead
 
-__all__ = ["ShmPut", "ShmStoreMixin", "fmt_key", "key_fields"]
+__all__ = ["ShmBatch", "ShmPut", "ShmStoreMixin", "fmt_key", "key_fields"]
 
 T = TypeVar("T")
 
@@ -44,6 +44,22 @@ def key_fields(key: GroupKey) -> dict[str, Any]:
 
 _fmt = fmt_key
 _kd = key_fields
+
+_KEY_NAMES = ("job_id", "epoch", "group_id")
+
+
+def _holds_keys(column: pa.Array, name: str, keys: Sequence[GroupKey], rows: Sequence[int]) -> bool:
+    """Whether key column ``name`` (no nulls) holds the keys of groups ``keys`` of ``rows`` rows each, one
+    after another. Raises OverflowError for a key beyond int64 (the caller then checks group by group)."""
+    if name == "job_id":
+        want = pa.array(np.repeat(np.array([k.job_id for k in keys], dtype=object), rows), pa.string())
+        return bool(column.cast(want.type).equals(want))
+    values = np.array([k.epoch for k in keys] if name == "epoch" else [k.group_id for k in keys], np.int64)
+    if column.type == pa.int64():  # the standard type: compared in place, no Arrow array built
+        held = column.to_numpy()  # no nulls: a view of the column's buffer
+        want = np.repeat(values, rows)
+        return held.shape == want.shape and bool((held == want).all())
+    return bool(column.cast(pa.int64()).equals(pa.array(np.repeat(values, rows))))
 
 
 @dataclass(slots=True)
@@ -72,12 +88,39 @@ class ShmPut:
     share: int = 0
 
 
+@dataclass(slots=True)
+class ShmBatch:
+    """A same-node put of several groups into one shared segment, in flight, as one record (the compact
+    ``shm_reserve`` form): one id, one deadline and one segment for the batch, where :class:`ShmPut` is
+    one per group.
+
+    Attributes:
+        id: Opaque reservation id of the whole batch: the writer publishes (or aborts) it in one piece.
+        reservations: One capacity reservation per group (its share of the segment, one group slot), in
+            stream order; their keys are the groups'.
+        segment: The segment the writer writes the batch's one IPC stream into, from offset 0.
+        deadline: Monotonic time after which :meth:`GroupStore.sweep_shm` drops it (its writer died).
+        writer: Writer id.
+        rows: Rows announced per group, in stream order (checked at publish).
+        shares: Bytes of the segment each group counts against capacity (by rows; they add up to it).
+    """
+
+    id: str
+    reservations: list[Reservation]
+    segment: Segment
+    deadline: float
+    writer: str
+    rows: list[int]
+    shares: list[int]
+
+
 class ShmStoreMixin:
     """The same-node methods of :class:`~._store.GroupStore` (see the module docstring)."""
 
     # Provided by GroupStore.
     arena: ShmArena | None
     _shm_puts: dict[str, ShmPut]
+    _shm_batches: dict[str, ShmBatch]
     _lock: Any
     _groups: dict[GroupKey, StoredGroup]
     _generation: dict[GroupKey, int]
@@ -85,6 +128,7 @@ class ShmStoreMixin:
     limits: Any
     _clock: Any
     begin_put: Any
+    begin_puts: Any
     _commit_puts: Any
     _check_token: Any
     _fenced_reads_locked: Any
@@ -154,42 +198,68 @@ class ShmStoreMixin:
         ``puts`` is ``(key, num_rows)`` per group, in stream order. Each group passes the checks of
         :meth:`begin_shm_put` and counts its share of the segment (by rows) against capacity; the segment
         goes back to the arena when the last of them is deleted. A reader of several such groups in order
-        gets one contiguous slice: no copy to join them.
+        gets one contiguous slice: no copy to join them. One reservation per group (the ``groups`` form of
+        ``shm_reserve``); :meth:`reserve_shm_batch` makes one for the whole batch.
 
         Raises:
             Like :meth:`begin_shm_put`; on any error nothing stays reserved.
         """
+        rows = [r for _, r in puts]
+        reservations, seg, shares, deadline = self._reserve_shared([k for k, _ in puts], rows, nbytes, ttl)
+        out, offset = [], 0
+        batch_id = uuid.uuid4().hex  # one random id for the batch (os.urandom per group cost ~2 us each)
+        for i, (res, n, share) in enumerate(zip(reservations, rows, shares, strict=True)):
+            out.append(ShmPut(f"{batch_id}-{i}", res, seg, deadline, writer, n, offset, share))
+            offset += n
+        with self._lock:
+            for put in out:
+                self._shm_puts[put.id] = put
+        return out
+
+    def reserve_shm_batch(
+        self,
+        keys: Sequence[GroupKey],
+        rows: Sequence[int],
+        nbytes: int,
+        *,
+        writer: str = "",
+        ttl: float = 30.0,
+    ) -> ShmBatch:
+        """Reserve one segment for several groups written as one IPC stream, under one reservation id.
+
+        The same checks, capacity and segment as :meth:`begin_shm_batch` (``keys[i]`` has ``rows[i]``
+        rows, in stream order); the batch is published (:meth:`publish_shm_batch`), aborted or swept as
+        one piece.
+
+        Raises:
+            Like :meth:`begin_shm_put`; on any error nothing stays reserved.
+        """
+        reservations, seg, shares, deadline = self._reserve_shared(keys, rows, nbytes, ttl)
+        batch = ShmBatch(uuid.uuid4().hex, reservations, seg, deadline, writer, list(rows), shares)
+        with self._lock:
+            self._shm_batches[batch.id] = batch
+        return batch
+
+    def _reserve_shared(
+        self, keys: Sequence[GroupKey], rows: Sequence[int], nbytes: int, ttl: float
+    ) -> tuple[list[Reservation], Segment, list[int], float]:
+        """Admit ``keys`` (each its share of a segment of ``nbytes``, by rows) and take the segment:
+        ``(reservations, segment, shares, deadline)``."""
         arena = self._need_arena()
-        if nbytes <= 0 or not puts or any(rows <= 0 for _, rows in puts):
+        if nbytes <= 0 or not keys or len(rows) != len(keys) or any(n <= 0 for n in rows):
             raise InvalidRequestError("shm batch: nbytes and every group's num_rows must be > 0")
         if ttl <= 0:
             raise InvalidRequestError(f"shm batch: ttl must be > 0, got {ttl}")
         self.sweep_shm()
         capacity = size_class(nbytes)
-        total = sum(rows for _, rows in puts)
-        shares = [capacity * rows // total for _, rows in puts]
+        total = sum(rows)
+        shares = [capacity * n // total for n in rows]
         shares[-1] += capacity - sum(shares)
-        reservations: list[Reservation] = []
-        try:
-            for (key, _), share in zip(puts, shares, strict=True):
-                reservations.append(self.begin_put(key, None, share))
-        except BaseException:
-            for res in reservations:
-                res.release()
-            raise
+        reservations: list[Reservation] = self.begin_puts(keys, shares)  # all admitted, or none
         seg = self._acquire_segment(arena, nbytes, reservations)
-        seg.exposed = True
-        seg.refs = len(puts)
-        deadline = self._clock() + ttl
-        out, offset = [], 0
-        batch_id = uuid.uuid4().hex  # one random id for the batch (os.urandom per group cost ~2 us each)
-        for i, (res, (_, rows), share) in enumerate(zip(reservations, puts, shares, strict=True)):
-            out.append(ShmPut(f"{batch_id}-{i}", res, seg, deadline, writer, rows, offset, share))
-            offset += rows
-        with self._lock:
-            for put in out:
-                self._shm_puts[put.id] = put
-        return out
+        seg.exposed = True  # a process outside the server maps it for writing until it publishes
+        seg.refs = len(keys)
+        return reservations, seg, shares, self._clock() + ttl
 
     def shm_put_inline(
         self, key: GroupKey, data: bytes, *, writer: str = "", num_rows: int | None = None
@@ -258,6 +328,12 @@ class ShmStoreMixin:
             if self.arena is not None:
                 self.arena.release(put.segment)
 
+    def _drop_batch(self, batch: ShmBatch) -> None:
+        for res in batch.reservations:
+            res.release()
+            if self.arena is not None:
+                self.arena.release(batch.segment)  # one reference per group
+
     def publish_shm(self, items: Sequence[tuple[str, int]]) -> list[StoredGroup]:
         """Validate same-node writes and publish them, all at once or not at all.
 
@@ -282,7 +358,40 @@ class ShmStoreMixin:
         except BaseException:
             self._drop_shm(puts)
             raise
-        return self._commit_puts([p.res for p in puts], groups, groups[0].table.schema)
+        return self._commit_puts([p.res for p in puts], groups, groups[0].parts[0].schema)
+
+    def publish_shm_batch(self, reservation: str, size: int) -> list[StoredGroup]:
+        """Validate and publish every group of a batch reserved by :meth:`reserve_shm_batch`, all or none.
+
+        ``size`` is the size of the one IPC stream written into the segment. The checks of
+        :meth:`publish_shm` for a shared segment: the job's schema, the rows announced, one
+        ``validate_group(full=True)`` of the whole stream against every group's key, the epoch fence again
+        at commit. Any failure gives the reservations and the segment back and publishes nothing; the
+        reservation publishes once.
+
+        Raises:
+            NotFoundError (unknown, expired or already published reservation), SchemaError,
+            InvalidRequestError, StaleFenceError.
+        """
+        with self._lock:
+            batch = self._shm_batches.pop(reservation, None)
+        if batch is None:
+            raise NotFoundError(
+                f"shm reservation {reservation!r} is unknown, expired or already published; put the groups "
+                "again",
+                reservation=reservation,
+            )
+        seg = batch.segment
+        seg.exposed = False  # its writer is done writing: the segment may be reused later
+        keys = [res.key for res in batch.reservations]
+        try:
+            table = self._open_stream(keys[0], seg, size, 0, None)
+            self.schema.check(table.schema)
+            groups = self._shared_groups(seg, table, keys, batch.rows, batch.shares, batch.writer)
+        except BaseException:
+            self._drop_batch(batch)
+            raise
+        return self._commit_puts(batch.reservations, groups, table.schema)
 
     def _read_published(self, puts: Sequence[ShmPut], sizes: Sequence[int]) -> list[StoredGroup]:
         opened: dict[int, pa.Table] = {}
@@ -290,6 +399,7 @@ class ShmStoreMixin:
         for put in puts:
             users[id(put.segment)] = users.get(id(put.segment), 0) + 1
         groups: list[StoredGroup] = []
+        shared: dict[int, StoredGroup] = {}  # id(put) -> its group, for members of shared segments
         schema: pa.Schema | None = None
         for put, size in zip(puts, sizes, strict=True):
             seg = put.segment
@@ -311,60 +421,101 @@ class ShmStoreMixin:
                     )
                 if seg.refs > 1:  # a shared stream: the rows add up, then one validation of all groups
                     members = sorted((p for p in puts if p.segment is seg), key=lambda p: p.offset)
-                    announced = sum(int(p.num_rows or 0) for p in members)
-                    if announced != table.num_rows:
-                        raise InvalidRequestError(
-                            f"shm batch: {table.num_rows} rows written, {announced} announced; put it again"
-                        )
-                    self._validate_batch(table, members)
-            part = table if seg.refs == 1 else table.slice(put.offset, int(put.num_rows or 0))
-            if seg.refs == 1:
-                for batch in part.to_batches():
-                    if batch.num_rows:
-                        validate_group(batch, self.schema, expect=put.res.key, full=True)
+                    made = self._shared_groups(
+                        seg,
+                        table,
+                        [p.res.key for p in members],
+                        [int(p.num_rows or 0) for p in members],
+                        [p.share for p in members],
+                        put.writer,
+                    )
+                    shared.update(zip(map(id, members), made, strict=True))
+            if seg.refs > 1:
+                groups.append(shared[id(put)])
+                continue
+            for batch in table.to_batches():
+                if batch.num_rows:
+                    validate_group(batch, self.schema, expect=put.res.key, full=True)
             groups.append(
                 StoredGroup(
-                    put.res.key, (part,), (put.share,), part, put.writer, self._clock(), (seg,),
+                    put.res.key, (table,), (put.share,), table, put.writer, self._clock(), (seg,),
                     (put.offset,),
                 )
             )  # fmt: skip
         return groups
 
-    def _validate_batch(self, table: pa.Table, members: Sequence[ShmPut]) -> None:
+    def _shared_groups(
+        self,
+        seg: Segment,
+        table: pa.Table,
+        keys: Sequence[GroupKey],
+        rows: Sequence[int],
+        shares: Sequence[int],
+        writer: str,
+    ) -> list[StoredGroup]:
+        """The groups of a shared segment's stream ``table``, one after another in stream order, once the
+        rows add up and one validation of the whole stream passed.
+
+        Each group holds the whole stream as its first part and its first row as its offset; its own
+        table is sliced only when first asked for (:attr:`StoredGroup.table`), not here.
+        """
+        announced = sum(rows)
+        if announced != table.num_rows:
+            raise InvalidRequestError(
+                f"shm batch: {table.num_rows} rows written, {announced} announced; put it again"
+            )
+        self._validate_batch(table, keys, rows)
+        now, parts, segments = self._clock(), (table,), (seg,)
+        out, offset = [], 0
+        for key, n, share in zip(keys, rows, shares, strict=True):
+            out.append(StoredGroup(key, parts, (share,), None, writer, now, segments, (offset,), (), n))
+            offset += n
+        return out
+
+    def _validate_batch(self, table: pa.Table, keys: Sequence[GroupKey], rows: Sequence[int]) -> None:
         """``validate_group(full=True)`` of every group of a shared stream, in one pass.
 
         ``validate_group`` checks rows one by one (Arrow validity, schema, nulls, per-token lengths) plus
-        one constant key per batch; so the whole stream is validated once with its key columns replaced by
-        constants, and the keys are compared with the expected per-row keys in one vectorised pass. Any
-        failure re-runs the per-group check, so the error names the group and its own row.
+        one constant key per batch; so the whole stream is validated once with the key columns that vary
+        between groups replaced by constants, and those are compared with the expected per-row keys in
+        one vectorised pass (where every group has one job and epoch, as in the compact form, only
+        ``group_id`` varies: ``validate_group`` checks the other two against the first key). Any failure
+        re-runs the per-group check, so the error names the group and its own row.
         """
         try:
-            keys = [p.res.key for p in members]
-            rows = [int(p.num_rows or 0) for p in members]
-            expected = {
-                "job_id": pa.array(
-                    np.repeat(np.array([k.job_id for k in keys], dtype=object), rows), pa.string()
-                ),
-                "epoch": pa.array(np.repeat(np.array([k.epoch for k in keys], dtype=np.int64), rows)),
-                "group_id": pa.array(np.repeat(np.array([k.group_id for k in keys], dtype=np.int64), rows)),
-            }
-            batch = table.combine_chunks().to_batches()
-            if len(batch) != 1:
+            first = keys[0]
+            varying = (
+                ("group_id",)
+                if all(k.job_id == first.job_id and k.epoch == first.epoch for k in keys)
+                else _KEY_NAMES
+            )
+            batches = table.to_batches()
+            if len(batches) != 1:
+                batches = table.combine_chunks().to_batches()
+            if len(batches) != 1:
                 raise SchemaError("several batches")  # take the per-group path
-            whole = batch[0]
-            for name, want in expected.items():
+            whole = batches[0]
+            for name in varying:
                 index = whole.schema.get_field_index(name)
                 column = whole.column(index) if index >= 0 else None
-                if column is None or column.null_count or not column.cast(want.type).equals(want):
+                if column is None or column.null_count or not _holds_keys(column, name, keys, rows):
                     raise SchemaError(f"column {name!r} does not match the groups' keys")
-                constant = pa.repeat(pa.scalar(want[0].as_py(), type=column.type), whole.num_rows)
+                constant = pa.repeat(pa.scalar(getattr(first, name), type=column.type), whole.num_rows)
                 whole = whole.set_column(index, whole.schema.field(index), constant)
-            validate_group(whole, self.schema, expect=keys[0], full=True)
-        except (SchemaError, pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
-            for p in members:  # the precise error, group by group (or a pass that proves the fast path wrong)
-                for part in table.slice(p.offset, int(p.num_rows or 0)).to_batches():
+            validate_group(whole, self.schema, expect=first, full=True)
+        except (
+            SchemaError,
+            OverflowError,
+            pa.ArrowInvalid,
+            pa.ArrowTypeError,
+            pa.ArrowNotImplementedError,
+        ):
+            offset = 0
+            for key, n in zip(keys, rows, strict=True):  # the precise error, group by group
+                for part in table.slice(offset, n).to_batches():
                     if part.num_rows:
-                        validate_group(part, self.schema, expect=p.res.key, full=True)
+                        validate_group(part, self.schema, expect=key, full=True)
+                offset += n
 
     def _open_written(self, put: ShmPut, size: int) -> pa.Table:
         announced = put.num_rows if put.segment.refs == 1 else None  # a shared stream adds up later
@@ -397,14 +548,21 @@ class ShmStoreMixin:
         return pa.Table.from_batches(batches, reader.schema)
 
     def abort_shm(self, ids: Sequence[str]) -> int:
-        """Drop same-node puts the writer gave up on (unknown ids are ignored); returns how many."""
+        """Drop same-node puts the writer gave up on (unknown ids are ignored); returns how many groups.
+
+        An id is a group's (:meth:`begin_shm_put`, :meth:`begin_shm_batch`) or a whole batch's
+        (:meth:`reserve_shm_batch`: all its groups are given up).
+        """
         with self._lock:
             puts = [self._shm_puts.pop(i) for i in ids if i in self._shm_puts]
+            batches = [self._shm_batches.pop(i) for i in ids if i in self._shm_batches]
         self._drop_shm(puts)
-        return len(puts)
+        for batch in batches:
+            self._drop_batch(batch)
+        return len(puts) + sum(len(b.rows) for b in batches)
 
     def sweep_shm(self, now: float | None = None) -> int:
-        """Drop same-node puts past their deadline (a writer killed mid-write); returns how many.
+        """Drop same-node puts past their deadline (a writer killed mid-write); returns how many groups.
 
         Their reservations are given back and their segments unlinked (never reused).
         """
@@ -413,8 +571,13 @@ class ShmStoreMixin:
             expired = [p for p in self._shm_puts.values() if p.deadline <= now]
             for put in expired:
                 del self._shm_puts[put.id]
+            batches = [b for b in self._shm_batches.values() if b.deadline <= now]
+            for batch in batches:
+                del self._shm_batches[batch.id]
         self._drop_shm(expired)
-        return len(expired)
+        for batch in batches:
+            self._drop_batch(batch)
+        return len(expired) + sum(len(b.rows) for b in batches)
 
     def shm_open(
         self, reads: Sequence[GroupRead], columns: Sequence[str] | None = None
@@ -440,7 +603,7 @@ class ShmStoreMixin:
             # Every check passes before any generation is raised: the projection first, then the fence.
             for r in reads if columns is not None else ():
                 group = self._groups.get(r.key)
-                stored = [] if group is None else group.table.schema.names
+                stored = [] if group is None else group.schema.names
                 missing = [c for c in columns or () if c not in stored]
                 if group is not None and missing:
                     raise SchemaError(

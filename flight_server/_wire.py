@@ -40,6 +40,8 @@ from trajflight.flight_server._wire_records import (
     PutDescriptor,
     PutManyDescriptor,
     ShmAbortRequest,
+    ShmBatchPublishRequest,
+    ShmBatchReserveRequest,
     ShmPublishRequest,
     ShmReserveRequest,
     TokenSigner,
@@ -58,6 +60,8 @@ __all__ = [
     "PutDescriptor",
     "PutManyDescriptor",
     "ShmAbortRequest",
+    "ShmBatchPublishRequest",
+    "ShmBatchReserveRequest",
     "ShmPublishRequest",
     "ShmReserveRequest",
     "TokenSigner",
@@ -188,8 +192,23 @@ def _encode(record: object) -> bytes:
         if record.batch_bytes is not None:
             reserve["batch_bytes"] = record.batch_bytes
         return encode_json(reserve)
+    if isinstance(record, ShmBatchReserveRequest):
+        batch: dict[str, Any] = {
+            "job_id": record.job_id,
+            "epoch": record.epoch,
+            "group_ids": list(record.group_ids),
+            "rows": list(record.rows),
+        }
+        if record.sigs is not None:
+            batch["sigs"] = list(record.sigs)
+        compact: dict[str, Any] = {"writer": record.writer, "batch_bytes": record.batch_bytes, "batch": batch}
+        if record.ttl is not None:
+            compact["ttl"] = record.ttl
+        return encode_json(compact)
     if isinstance(record, ShmPublishRequest):
         return encode_json({"groups": [{"reservation": r, "size": n} for r, n in record.items]})
+    if isinstance(record, ShmBatchPublishRequest):
+        return encode_json({"batch": {"reservation": record.reservation, "size": record.size}})
     if isinstance(record, ShmAbortRequest):
         return encode_json({"reservations": list(record.reservations)})
     raise TypeError(f"not a wire record: {type(record).__name__}")
@@ -453,13 +472,22 @@ def _objects(body: Mapping[str, Any], name: str, what: str, *, noun: str = "entr
 
 def _decode_shm(
     action: str, body: Mapping[str, Any], what: str
-) -> ShmReserveRequest | ShmPublishRequest | ShmAbortRequest | GetTicket:
+) -> (
+    ShmReserveRequest
+    | ShmBatchReserveRequest
+    | ShmPublishRequest
+    | ShmBatchPublishRequest
+    | ShmAbortRequest
+    | GetTicket
+):
     if action == "shm_reserve":
         writer = _field(body, "writer", str, what, required=False) or ""
         ttl = _field(body, "ttl", (int, float), what, required=False)
         if ttl is not None and not 0 < ttl <= 3600:
             raise InvalidRequestError(f"{what}: 'ttl' must be in (0, 3600] seconds, got {ttl}", field="ttl")
         batch_bytes = _nonneg(body, "batch_bytes", what, required=False)
+        if "batch" in body:
+            return _batch_reserve(body, what, writer, None if ttl is None else float(ttl), batch_bytes)
         puts = []
         for i, entry in enumerate(_objects(body, "groups", what)):
             put = _decode_put(entry, f"{what} groups[{i}]")
@@ -476,6 +504,14 @@ def _decode_shm(
             raise InvalidRequestError(f"{what}: 'batch_bytes' must be > 0", field="batch_bytes")
         return ShmReserveRequest(tuple(puts), writer, None if ttl is None else float(ttl), batch_bytes)
     if action == "shm_publish":
+        if "batch" in body:
+            if "groups" in body:
+                raise InvalidRequestError(f"{what}: give 'groups' or 'batch', not both", field="batch")
+            batch = body["batch"]
+            if not isinstance(batch, dict):
+                raise InvalidRequestError(f"{what}: 'batch' must be an object", field="batch")
+            reservation = _field(batch, "reservation", str, f"{what} batch")
+            return ShmBatchPublishRequest(reservation, int(_nonneg(batch, "size", f"{what} batch")))  # type: ignore[arg-type]
         items = []
         for i, entry in enumerate(_objects(body, "groups", what)):
             reservation = _field(entry, "reservation", str, f"{what} groups[{i}]")
@@ -491,6 +527,63 @@ def _decode_shm(
     return _ticket_from(body, what)
 
 
+def _batch_reserve(
+    body: Mapping[str, Any], what: str, writer: str, ttl: float | None, batch_bytes: int | None
+) -> ShmBatchReserveRequest:
+    """The compact form ``{"batch": {"job_id", "epoch", "group_ids": [int], "rows": [int], "sigs"?: [str]},
+    "batch_bytes"}`` of a ``shm_reserve`` of one shared segment: every check the ``groups`` form makes of
+    the groups it abbreviates (each named once, rows > 0, ``batch_bytes`` > 0)."""
+    if "groups" in body:
+        raise InvalidRequestError(f"{what}: give 'groups' or 'batch', not both", field="batch")
+    batch = body["batch"]
+    if not isinstance(batch, dict):
+        raise InvalidRequestError(f"{what}: 'batch' must be an object", field="batch")
+    job_id = _field(batch, "job_id", str, what)
+    epoch = _nonneg(batch, "epoch", what)
+    group_ids = _field(batch, "group_ids", list, what)
+    rows = _field(batch, "rows", list, what)
+    sigs = _field(batch, "sigs", list, what, required=False)
+    if (
+        not job_id
+        or not group_ids
+        or len(group_ids) != len(rows)
+        or (sigs is not None and len(sigs) != len(group_ids))
+    ):
+        raise InvalidRequestError(
+            f"{what}: 'batch' needs a job_id and as many group_ids as rows (and sigs, when given), at "
+            "least one",
+            field="batch",
+        )
+    if not all(type(v) is int and v >= 0 for v in group_ids):  # type() refuses booleans, as _field does
+        raise InvalidRequestError(f"{what}: batch 'group_ids' must be integers >= 0", field="group_ids")
+    if not all(type(v) is int and v > 0 for v in rows):
+        raise InvalidRequestError(
+            f"{what}: batch 'rows' must be integers > 0 (each group's num_rows, required with a batch)",
+            field="rows",
+        )
+    if sigs is not None and not all(type(v) is str for v in sigs):
+        raise InvalidRequestError(f"{what}: batch 'sigs' must be strings", field="sigs")
+    if len(set(group_ids)) != len(group_ids):
+        raise InvalidRequestError(f"{what}: a group is named twice", field="group_ids")
+    if batch_bytes is None:
+        raise InvalidRequestError(
+            f"{what}: a 'batch' needs 'batch_bytes', the size of the stream the groups are written as",
+            field="batch_bytes",
+        )
+    if batch_bytes <= 0:
+        raise InvalidRequestError(f"{what}: 'batch_bytes' must be > 0", field="batch_bytes")
+    return ShmBatchReserveRequest(
+        job_id,
+        int(epoch),  # type: ignore[arg-type]
+        tuple(group_ids),
+        tuple(rows),
+        batch_bytes,
+        None if sigs is None else tuple(sigs),
+        writer,
+        ttl,
+    )
+
+
 def decode_action_body(
     action: str, data: bytes
 ) -> (
@@ -498,7 +591,9 @@ def decode_action_body(
     | FenceRequest
     | GenerationRequest
     | ShmReserveRequest
+    | ShmBatchReserveRequest
     | ShmPublishRequest
+    | ShmBatchPublishRequest
     | ShmAbortRequest
     | GetTicket
     | None

@@ -28,6 +28,8 @@ __all__ = [
     "PutDescriptor",
     "PutManyDescriptor",
     "ShmAbortRequest",
+    "ShmBatchPublishRequest",
+    "ShmBatchReserveRequest",
     "ShmPublishRequest",
     "ShmReserveRequest",
     "TokenSigner",
@@ -184,10 +186,54 @@ class ShmReserveRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class ShmBatchReserveRequest:
+    """Body of ``shm_reserve`` in its compact batch form: groups of one job and epoch written as one IPC
+    stream into one shared segment, answered with one reservation for the whole batch.
+
+    It admits exactly the groups a :class:`ShmReserveRequest` with ``batch_bytes`` names (same checks,
+    same capacity), but travels as a few arrays instead of an object per group, and its result is one
+    segment and one reservation instead of a copy of them per group.
+
+    Attributes:
+        job_id: The groups' job.
+        epoch: The groups' epoch.
+        group_ids: The groups in stream order (at least one, each once).
+        rows: Each group's row count (> 0), in the same order.
+        batch_bytes: Size of the shared segment: the stream's size (> 0).
+        sigs: Put credentials, one per group, where the server requires signatures.
+        writer: Free-form writer id.
+        ttl: Seconds the writer has to publish before the reservation is dropped (None: the server's).
+    """
+
+    job_id: str
+    epoch: int
+    group_ids: tuple[int, ...]
+    rows: tuple[int, ...]
+    batch_bytes: int
+    sigs: tuple[str, ...] | None = None
+    writer: str = ""
+    ttl: float | None = None
+
+    def keys(self) -> list[GroupKey]:
+        """The groups' partition keys, in stream order."""
+        job_id, epoch = self.job_id, self.epoch
+        return [GroupKey(job_id, epoch, g) for g in self.group_ids]
+
+
+@dataclass(frozen=True, slots=True)
 class ShmPublishRequest:
     """Body of the ``shm_publish`` action: ``(reservation, stream size)`` per written group."""
 
     items: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ShmBatchPublishRequest:
+    """Body of ``shm_publish`` in its compact batch form: the one reservation of a
+    :class:`ShmBatchReserveRequest` and the size of the stream written (publishes every group of it)."""
+
+    reservation: str
+    size: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,10 @@ from trajflight.flight_server._wire import (
     DeleteRequest,
     FenceRequest,
     PutManyDescriptor,
+    ShmBatchPublishRequest,
+    ShmBatchReserveRequest,
+    ShmPublishRequest,
+    ShmReserveRequest,
     decode_action_body,
     decode_descriptor,
     decode_ticket,
@@ -91,6 +95,94 @@ def test_malformed_compact_reads_are_invalid_requests(batch):
     both = {"v": 1, "batch": batch, "groups": [{"job_id": "j", "epoch": 0, "group_id": 1}]}
     with pytest.raises(InvalidRequestError):
         decode_ticket(json.dumps(both).encode())
+
+
+@given(
+    st.lists(st.integers(0, 2**62), min_size=1, max_size=64, unique=True),
+    st.data(),
+    st.none() | st.floats(0.5, 3600),
+)
+def test_a_batch_reservation_travels_as_arrays_and_round_trips(group_ids, data, ttl):
+    rows = tuple(data.draw(st.lists(st.integers(1, 2**20), min_size=len(group_ids), max_size=len(group_ids))))
+    sigs = data.draw(
+        st.none() | st.lists(st.text(max_size=8), min_size=len(group_ids), max_size=len(group_ids))
+    )
+    request = ShmBatchReserveRequest(
+        "run-7", 2, tuple(group_ids), rows, 9_500_000, None if sigs is None else tuple(sigs), "w", ttl
+    )
+    body = json.loads(encode(request))
+    assert set(body) == {"v", "writer", "batch_bytes", "batch"} | ({"ttl"} if ttl is not None else set())
+    assert body["batch"]["group_ids"] == group_ids
+    assert decode_action_body("shm_reserve", encode(request)) == request
+    publish = ShmBatchPublishRequest("abc", 9_400_000)
+    assert json.loads(encode(publish)) == {"v": 1, "batch": {"reservation": "abc", "size": 9_400_000}}
+    assert decode_action_body("shm_publish", encode(publish)) == publish
+
+
+@given(st.lists(keys, min_size=1, max_size=10, unique=True), st.integers(1, 100), st.booleans())
+def test_reservations_of_a_group_each_still_round_trip(group_keys, rows, shared):
+    """The ``groups`` form (old clients; groups of several jobs or epochs) means what it always did."""
+    puts = tuple(PutDescriptor(k, "w", None if shared else 4096, rows, None) for k in group_keys)
+    request = ShmReserveRequest(puts, "w", 5.0, 1 << 20 if shared else None)
+    assert decode_action_body("shm_reserve", encode(request)) == request
+    publish = ShmPublishRequest(tuple((f"r{i}", 100 + i) for i in range(len(group_keys))))
+    assert decode_action_body("shm_publish", encode(publish)) == publish
+
+
+_BATCH = {"job_id": "j", "epoch": 1, "group_ids": [1, 2], "rows": [8, 8]}
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"batch": [], "batch_bytes": 10}, "batch"),
+        ({"batch": {**_BATCH, "job_id": ""}, "batch_bytes": 10}, "batch"),
+        ({"batch": {**_BATCH, "job_id": 3}, "batch_bytes": 10}, "job_id"),
+        ({"batch": {**_BATCH, "epoch": -1}, "batch_bytes": 10}, "epoch"),
+        ({"batch": {**_BATCH, "epoch": True}, "batch_bytes": 10}, "epoch"),
+        ({"batch": {**_BATCH, "group_ids": []}, "batch_bytes": 10}, "batch"),
+        ({"batch": {**_BATCH, "group_ids": [1]}, "batch_bytes": 10}, "batch"),
+        ({"batch": {**_BATCH, "group_ids": "12"}, "batch_bytes": 10}, "group_ids"),
+        ({"batch": {**_BATCH, "group_ids": [1, -2]}, "batch_bytes": 10}, "group_ids"),
+        ({"batch": {**_BATCH, "group_ids": [1, True]}, "batch_bytes": 10}, "group_ids"),
+        ({"batch": {**_BATCH, "group_ids": [1, 1]}, "batch_bytes": 10}, "group_ids"),
+        ({"batch": {**_BATCH, "rows": [8, 0]}, "batch_bytes": 10}, "rows"),
+        ({"batch": {**_BATCH, "rows": [8, 2.5]}, "batch_bytes": 10}, "rows"),
+        ({"batch": {**_BATCH, "sigs": ["a"]}, "batch_bytes": 10}, "batch"),
+        ({"batch": {**_BATCH, "sigs": []}, "batch_bytes": 10}, "batch"),
+        ({"batch": {**_BATCH, "sigs": ["a", None]}, "batch_bytes": 10}, "sigs"),
+        ({"batch": _BATCH}, "batch_bytes"),
+        ({"batch": _BATCH, "batch_bytes": 0}, "batch_bytes"),
+        ({"batch": _BATCH, "batch_bytes": -1}, "batch_bytes"),
+        ({"batch": _BATCH, "batch_bytes": 10, "ttl": 0}, "ttl"),
+        ({"batch": _BATCH, "batch_bytes": 10, "writer": 5}, "writer"),
+        (
+            {"batch": _BATCH, "batch_bytes": 10, "groups": [{"job_id": "j", "epoch": 1, "group_id": 1}]},
+            "batch",
+        ),
+    ],
+)
+def test_malformed_batch_reservations_are_invalid_requests_naming_the_field(body, field):
+    with pytest.raises(InvalidRequestError) as caught:
+        decode_action_body("shm_reserve", json.dumps({"v": 1, **body}).encode())
+    assert caught.value.fields.get("field") == field
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"batch": "r"},
+        {"batch": {"size": 10}},
+        {"batch": {"reservation": 7, "size": 10}},
+        {"batch": {"reservation": "r"}},
+        {"batch": {"reservation": "r", "size": -1}},
+        {"batch": {"reservation": "r", "size": False}},
+        {"batch": {"reservation": "r", "size": 10}, "groups": [{"reservation": "r", "size": 10}]},
+    ],
+)
+def test_malformed_batch_publishes_are_invalid_requests(body):
+    with pytest.raises(InvalidRequestError):
+        decode_action_body("shm_publish", json.dumps({"v": 1, **body}).encode())
 
 
 def test_fence_round_trips():
