@@ -54,6 +54,8 @@ from trajflight.flight_server._wire import (
     PutDescriptor,
     PutManyDescriptor,
     ShmAbortRequest,
+    ShmBatchPublishRequest,
+    ShmBatchReserveRequest,
     ShmPublishRequest,
     ShmReserveRequest,
     encode,
@@ -388,7 +390,9 @@ class StorageClient:
         ``groups`` names each group's ``(key, rows)`` in the batch's row order; the batch's key columns
         must already hold them (the server checks every row). Written as one IPC stream (one copy, into
         the segment) and published all together or not at all: a reader of these groups in this order
-        gets them as one slice with no copy. ``batch`` is read, not kept.
+        gets them as one slice with no copy. ``batch`` is read, not kept. Groups of one job and epoch (a
+        writer's ``put_many``) travel in the compact batch form of ``shm_reserve``/``shm_publish`` (a few
+        arrays out, one segment and one reservation back); others name each group.
 
         Raises:
             Like :meth:`shm_put_groups`; InvalidRequestError when the rows do not add up.
@@ -402,6 +406,35 @@ class StorageClient:
                 f"shm_put_batch: the groups' rows must be > 0 and add up to the batch's {batch.num_rows}"
             )
         size = _stream_size(batch.schema, [batch])
+        first = groups[0][0]
+        if all(k.job_id == first.job_id and k.epoch == first.epoch for k, _ in groups) and (
+            sigs is None or all(isinstance(s, str) for s in sigs)
+        ):
+            # The compact form: a few arrays out, one segment and one reservation back, one publish.
+            request = ShmBatchReserveRequest(
+                first.job_id,
+                first.epoch,
+                tuple(k.group_id for k, _ in groups),
+                tuple(rows for _, rows in groups),
+                size,
+                None if sigs is None else tuple(sigs),  # all str: checked above
+                writer,
+                ttl,
+            )
+            reserved = self._action("shm_reserve", encode(request), timeout)["batch"]
+            try:
+                written = write_segment(reserved["path"], int(reserved["capacity"]), batch.schema, [batch])
+                if written != size:  # pragma: no cover - the sizer and the writer agree
+                    raise InvalidRequestError(f"shm put: wrote {written} bytes, announced {size}")
+                publish = ShmBatchPublishRequest(reserved["reservation"], written)
+                self._action("shm_publish", encode(publish), timeout)
+            except BaseException:
+                # the server sweeps the reservation at its deadline anyway
+                with contextlib.suppress(TrajflightError):
+                    abort = ShmAbortRequest((reserved["reservation"],))
+                    self._action("shm_abort", encode(abort), timeout)
+                raise
+            return
         puts = [
             PutDescriptor(key, writer, None, rows, None if sigs is None else sigs[i])
             for i, (key, rows) in enumerate(groups)

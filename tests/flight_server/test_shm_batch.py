@@ -7,6 +7,7 @@ The compact ``shm_reserve`` / ``shm_publish`` form of a batch admits and publish
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -128,6 +129,31 @@ def test_a_batch_is_reserved_as_one_segment_and_one_reservation_and_read_back_bi
         client.delete([GroupRead(KEYS[2], LeaseToken(1))])
         assert client.stats()["shm"]["live_segments"] == 0
         assert nothing_held(client)
+
+
+def test_the_client_puts_a_joined_batch_in_the_compact_form():
+    batch = joined(KEYS)
+    with serving() as (_, client):
+        sent: list[tuple[str, dict[str, Any]]] = []
+        action = client._action
+
+        def spy(name: str, body: bytes, timeout: float | None) -> dict[str, Any]:
+            sent.append((name, json.loads(body)))
+            return action(name, body, timeout)
+
+        client._action = spy  # type: ignore[method-assign]
+        client.shm_put_batch([(k, 8) for k in KEYS], batch, writer="w")
+        assert [name for name, _ in sent] == ["shm_reserve", "shm_publish"]
+        assert sent[0][1]["batch"]["group_ids"] == [7, 3, 11]
+        assert "groups" not in sent[0][1]
+        assert set(sent[1][1]["batch"]) == {"reservation", "size"}
+        assert client.shm_get(KEYS).equals(pa.Table.from_batches([batch]))
+        # Groups of several epochs cannot travel compactly: the client names them one by one.
+        other = [GroupKey("job-a", 2, 1), GroupKey("job-a", 3, 1)]
+        sent.clear()
+        client.shm_put_batch([(k, 8) for k in other], joined(other), writer="w")
+        assert "groups" in sent[0][1]
+        assert client.shm_get(other).num_rows == 16
 
 
 def test_an_old_client_s_batch_reservation_of_one_segment_per_group_entry_still_works():
