@@ -37,7 +37,7 @@ from trajflight.errors import (
     UnavailableError,
 )
 from trajflight.flight_server._errors import translate_errors
-from trajflight.flight_server._fences import MappedBoard, read_board
+from trajflight.flight_server._fences import MappedBoard
 from trajflight.flight_server._local import MAX_FRAME, LocalChannel
 from trajflight.flight_server._opened import ShmOpened
 from trajflight.flight_server._segments import join_batches
@@ -551,13 +551,27 @@ class StorageClient:
             f"shm read: the segments of {len(reads)} groups changed on every try ({_REOPENS}); read again"
         )
 
+    def shm_lock(self, opened: ShmOpened) -> bool:
+        """Map (and so lock against reuse) the segments of ``opened``'s reads now, ahead of the first read.
+
+        Whether the groups are still stored after the mapping is checked on the fence board, as every
+        read checks it; the answer is returned (False: a read will ask the server, as for any open the
+        board does not vouch for). A trainer that maps at lease time keeps its groups' bytes from being
+        recycled from then on, and its first read has nothing left to map.
+        """
+        try:
+            mapped = opened.map(opened.reads)
+        except NotFoundError:
+            return False
+        return not mapped or self._board_allows(opened, opened.reads)
+
     def _board_allows(self, opened: ShmOpened, reads: Sequence[GroupRead]) -> bool:
-        found = opened.board_entries(reads)
+        query = opened.board_query(reads)
         path = opened.board_path
-        if found is None or path is None:
+        if query is None or path is None:
             return False
         board = self._boards.get(path)
-        if board is not None and read_board(board, *found):  # read_board checks the file is current
+        if board is not None and query.matches(board):  # matches() checks the file is current
             return True
         if board is not None and board.current():
             return False  # the board itself says no: ask the server
@@ -565,7 +579,7 @@ class StorageClient:
             board = self._boards[path] = MappedBoard(path)
         except (OSError, ValueError):
             return False
-        return read_board(board, *found)
+        return query.matches(board)
 
     # ------------------------------------------------------------------------------------------- reads
 

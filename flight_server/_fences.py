@@ -30,7 +30,7 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
-__all__ = ["BOARD_FILE", "FenceBoard", "MappedBoard", "read_board"]
+__all__ = ["BOARD_FILE", "BoardQuery", "FenceBoard", "MappedBoard", "read_board"]
 
 BOARD_FILE = "fences"
 _WORDS = 2  # tag, generation
@@ -137,28 +137,53 @@ class MappedBoard:
 
 
 def read_board(board: MappedBoard, entries: Sequence[tuple[int, int]], generations: Sequence[int]) -> bool:
-    """Whether every ``(slot, tag)`` still holds its tag at exactly the matching generation.
+    """Whether every ``(slot, tag)`` still holds its tag at exactly the matching generation (see
+    :class:`BoardQuery`, which prepares the same check once for repeated reads)."""
+    return BoardQuery(entries, generations).matches(board)
 
-    The tags are read before and after the generations (vectorised): a slot that changed in between does
-    not match. False means "ask the server", never "refused".
+
+class BoardQuery:
+    """What a reader checks on a board for a set of groups: ``(slot, tag)`` and generation per group,
+    prepared once (a trainer reads its lease several times).
+
+    Args:
+        entries: ``(slot, tag)`` per group, as ``shm_open`` gave them.
+        generations: The reader's lease generation per group.
     """
-    if not entries or not board.current():
-        return False
-    if len(entries) <= _SCALAR_READS:  # a few groups: plain reads beat numpy's fixed costs (~30 us)
-        words, rows = board.flat, len(board.words)
-        for (slot, tag), generation in zip(entries, generations, strict=True):
-            if not 0 <= slot < rows:
-                return False
-            at = slot * _WORDS
-            if words[at] != tag or words[at + 1] != generation or words[at] != tag:
-                return False
-        return True
-    slots = np.fromiter((s for s, _ in entries), dtype=np.int64, count=len(entries))
-    if slots.min() < 0 or slots.max() >= len(board.words):
-        return False
-    tags = np.fromiter((t for _, t in entries), dtype=np.int64, count=len(entries))
-    want = np.asarray(generations, dtype=np.int64)
-    before = board.words[slots, 0]
-    seen = board.words[slots, 1]
-    after = board.words[slots, 0]
-    return bool(np.array_equal(before, tags) and np.array_equal(after, tags) and np.array_equal(seen, want))
+
+    __slots__ = ("_generations", "_high", "_items", "_low", "_slots", "_tags")
+
+    def __init__(self, entries: Sequence[tuple[int, int]], generations: Sequence[int]) -> None:
+        self._items = [
+            (slot * _WORDS, tag, gen) for (slot, tag), gen in zip(entries, generations, strict=True)
+        ]
+        slots = [slot for slot, _ in entries]
+        self._low, self._high = (min(slots), max(slots)) if slots else (0, -1)
+        many = len(slots) > _SCALAR_READS  # checked with numpy: the arrays once, here
+        self._slots = np.asarray(slots if many else (), dtype=np.int64)
+        self._tags = np.asarray([tag for _, tag in entries] if many else (), dtype=np.int64)
+        self._generations = np.asarray(generations if many else (), dtype=np.int64)
+
+    def matches(self, board: MappedBoard) -> bool:
+        """Whether every slot still holds its tag at exactly the matching generation, on the board file
+        the path names now.
+
+        Each slot's tag is read before and after its generation: a slot that changed in between does not
+        match. False means "ask the server", never "refused".
+        """
+        if not self._items or not board.current() or self._low < 0 or self._high >= len(board.words):
+            return False
+        if len(self._items) <= _SCALAR_READS:  # a few groups: plain reads beat numpy's fixed costs
+            words = board.flat
+            for at, tag, generation in self._items:
+                if words[at] != tag or words[at + 1] != generation or words[at] != tag:
+                    return False
+            return True
+        before = board.words[self._slots, 0]  # every tag, then every generation, then every tag again
+        seen = board.words[self._slots, 1]
+        after = board.words[self._slots, 0]
+        return bool(
+            np.array_equal(before, self._tags)
+            and np.array_equal(after, self._tags)
+            and np.array_equal(seen, self._generations)
+        )

@@ -18,6 +18,7 @@ import pyarrow.ipc as ipc
 
 from trajflight.codec import GroupKey
 from trajflight.errors import SchemaError, TrajflightError
+from trajflight.flight_server._fences import BoardQuery
 from trajflight.flight_server._segments import concat_groups
 from trajflight.flight_server._shm import map_segment
 from trajflight.flight_server._wire import GroupRead
@@ -43,6 +44,7 @@ class ShmOpened:
         "_fences",
         "_groups",
         "_maps",
+        "_needed",
         "_segments",
         "_tables",
         "_whole",
@@ -70,9 +72,10 @@ class ShmOpened:
         self.reads: tuple[GroupRead, ...] = tuple(reads)
         """The reads it was opened for; passing this very tuple back reads with no per-group work."""
         # Per-open results for those reads, computed once (a trainer reads its lease several times).
-        self._board: tuple[list[tuple[int, int]], list[int]] | bool | None = False
+        self._board: BoardQuery | bool | None = False
         self._covers: dict[tuple[str, ...] | None, bool] = {}
         self._whole: pa.Table | None = None
+        self._needed: list[int] | None = None  # the segments of ``reads``, once
 
     @classmethod
     def from_reply(cls, reads: Sequence[GroupRead], reply: Mapping[str, Any]) -> ShmOpened:
@@ -103,12 +106,13 @@ class ShmOpened:
         }
         return cls(segments, groups, fences, reply.get("fences"), reads)
 
-    def board_entries(self, reads: Sequence[GroupRead]) -> tuple[list[tuple[int, int]], list[int]] | None:
-        """``(slot, tag)`` and lease generation per read, for :func:`~._fences.read_board`; None when
-        some read has no board slot or no token (the server must check it)."""
+    def board_query(self, reads: Sequence[GroupRead]) -> BoardQuery | None:
+        """The fence-board check of the reads (each one's ``(slot, tag)`` at its lease generation); None
+        when some read has no board slot or no token (the server must check it). Prepared once for
+        :attr:`reads`."""
         if reads is self.reads:
             if self._board is False:
-                self._board = self.board_entries(list(reads))
+                self._board = self.board_query(list(reads))
             return self._board  # type: ignore[return-value]
         entries, generations = [], []
         for r in reads:
@@ -117,7 +121,7 @@ class ShmOpened:
                 return None
             entries.append(fence)
             generations.append(r.token.generation)
-        return entries, generations
+        return BoardQuery(entries, generations)
 
     def same_parts(self, other: ShmOpened, reads: Sequence[GroupRead]) -> bool:
         """Whether ``other`` (a later open) holds every read group in the same segments and places."""
@@ -167,11 +171,20 @@ class ShmOpened:
             NotFoundError: a segment file is gone (the group was deleted, or its server restarted).
         """
         before = self.mapped
-        for r in reads:
-            found = self._groups.get(r.key)
-            for at, _, _ in () if found is None else found[1]:
-                self._mapping(at)
+        if reads is self.reads:
+            if self._needed is None:
+                self._needed = self._segments_of(reads)
+            needed = self._needed
+        else:
+            needed = self._segments_of(reads)
+        for at in needed:
+            self._mapping(at)
         return self.mapped - before
+
+    def _segments_of(self, reads: Sequence[GroupRead]) -> list[int]:
+        """The segments holding the reads' parts, each once, in order of first use."""
+        found = (self._groups.get(r.key) for r in reads)
+        return list(dict.fromkeys(at for parts in found if parts is not None for at, _, _ in parts[1]))
 
     def _mapping(self, at: int) -> Any:
         path, capacity, _, _ = self._segments[at]

@@ -199,7 +199,8 @@ class StoragePool:
         After this, a zombie holding an older lease on these groups is refused by the servers even for
         reads and appends it makes before the new holder's first read. Servers reached through shared
         memory do it with ``shm_open`` (which fences the same way) and hand over the groups' segments in
-        the same call, so the first read of the lease needs no call of its own.
+        the same call, which the lease maps (and so locks against reuse) at once: its first read needs no
+        call and no mapping of its own.
 
         Returns:
             The opened segments per location, for servers reached through shared memory.
@@ -209,11 +210,17 @@ class StoragePool:
         for loc, groups in by_location.items():
             client, reads = self.client(loc), _lease_reads(groups)
             if self.uses_shm(loc):
-                calls.append(functools.partial(client.shm_open, reads))
+                calls.append(functools.partial(_open_and_lock, client, reads))
             else:
                 calls.append(functools.partial(client.advance_generation, reads))
         results = _in_parallel(calls, "trajflight-advance")
         return {loc: got for loc, got in zip(by_location, results, strict=True) if isinstance(got, ShmOpened)}
+
+
+def _open_and_lock(client: StorageClient, reads: Sequence[GroupRead]) -> ShmOpened:
+    opened = client.shm_open(reads)
+    client.shm_lock(opened)  # a read asks the server if the board does not vouch for the groups
+    return opened
 
 
 _KEY_TYPES = (("job_id", pa.string()), ("epoch", pa.int64()), ("group_id", pa.int64()))

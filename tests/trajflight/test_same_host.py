@@ -180,3 +180,24 @@ def test_a_committed_lease_kept_by_the_caller_does_not_pin_its_segments(shm_clus
     del tensors
     assert not mapped_ranges(directory, name_part="/seg-")  # ...which goes with them, though `batch` lives on
     assert shm_cluster.wait_idle(job) == (0, 0)
+
+
+def test_a_lease_maps_its_segments_when_granted_and_its_first_read_maps_nothing(shm_cluster, job):
+    """The lease's open maps (and so locks against reuse) the groups' segments at once: the data is
+    held from the grant on, even if the groups are deleted before the first read."""
+    client = shm_cluster.client()
+    client.open_job(job, 1)
+    groups = make_workload(3, 4, seed=10, response_median=64)
+    client.writer(job, 1).put_many([g.encode(job, 1) for g in groups])
+    directory = os.path.join(shm_cluster.shm_dir, "")
+    assert not mapped_ranges(directory, name_part="/seg-")
+    with client.trainer(job).lease(3, wait=5) as batch:
+        held = mapped_ranges(directory, name_part="/seg-")
+        assert held  # mapped at the grant, before any read
+        opened = list(batch._opened.values())  # one per server the groups landed on
+        mapped = [o.mapped for o in opened]
+        assert all(mapped)
+        tensors = batch.fetch(["response_ids"])
+        assert [o.mapped for o in opened] == mapped  # the read mapped nothing more
+        assert tensors.num_rows == 12
+    assert shm_cluster.wait_idle(job) == (0, 0)
