@@ -23,6 +23,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ragged_forms import as_form
 
 from trajflight import workload
 from trajflight.codec import STANDARD_SCHEMA, DoublyRagged, Padded, Ragged, _arrays, _encode, encode_group
@@ -143,44 +144,6 @@ def _assert_equal_with_nans(a: Any, b: Any) -> None:
         assert a == b
 
 
-def _as_form(rows: list[np.ndarray], dtype: Any, form: str, junk: int) -> Any:
-    rows = [r.astype(dtype) for r in rows]
-    lengths = np.array([len(r) for r in rows], dtype=np.int64)
-    if form == "lists":
-        return [r.tolist() for r in rows]
-    if form == "arrays":
-        return rows
-    if form == "tensors":
-        return [torch.from_numpy(r) for r in rows]
-    if form == "pyarrow":
-        return pa.array([r.tolist() for r in rows], pa.list_(pa.from_numpy_dtype(np.dtype(dtype))))
-    if form == "2d" and len(set(lengths.tolist())) <= 1:
-        return np.stack(rows) if rows else np.zeros((0, 0), dtype=dtype)
-    values = np.concatenate([np.zeros(junk, dtype=dtype), *rows])
-    offsets = (np.concatenate([[0], np.cumsum(lengths)]) + junk).astype(np.int32)
-    if form in ("tuple", "2d"):
-        return (values[junk:], offsets - junk)
-    if form == "tuple-int64":
-        return (values[junk:], (offsets - junk).astype(np.int64))
-    if form == "tuple-sliced":
-        return (values, offsets)  # offsets start at `junk`, as a slice's do
-    if form == "Ragged":
-        return Ragged(values, offsets)
-    if form == "Ragged-torch":
-        return Ragged(torch.from_numpy(values), torch.from_numpy(offsets))
-    if form == "nested" and rows:
-        return torch.nested.nested_tensor_from_jagged(
-            torch.from_numpy(values[junk:]), torch.from_numpy(offsets - junk).long()
-        )
-    width = int(lengths.max()) if len(lengths) else 0
-    padded = np.zeros((len(rows), width), dtype=dtype)
-    for i, row in enumerate(rows):
-        padded[i, : len(row)] = row
-    if form == "padded-torch":
-        return Padded(torch.from_numpy(padded), torch.from_numpy(lengths))
-    return Padded(padded, lengths)
-
-
 def _scalars(draw: st.DrawFn, values: list[Any], dtypes: list[Any]) -> Any:
     form = draw(st.sampled_from(["list", "numpy", "tensor"]))
     if form == "list":
@@ -204,8 +167,8 @@ def groups(draw: st.DrawFn) -> dict[str, Any]:
         "job_id": draw(st.text(min_size=1, max_size=6)),
         "epoch": draw(st.integers(0, 2**63 - 1)),
         "group_id": draw(st.integers(0, 2**63 - 1)),
-        "response_ids": _as_form(ids, draw(st.sampled_from([np.int32, np.int64])), form, junk),
-        "response_logprobs": _as_form(logprobs, draw(st.sampled_from([np.float32, np.float64])), form, junk),
+        "response_ids": as_form(ids, draw(st.sampled_from([np.int32, np.int64])), form, junk),
+        "response_logprobs": as_form(logprobs, draw(st.sampled_from([np.float32, np.float64])), form, junk),
         "reward": _scalars(draw, draw(st.lists(F32, min_size=k, max_size=k)), [np.float32, np.float64]),
     }
     prompt = np.array(draw(st.lists(TOKEN, max_size=8)), dtype=np.int64)
@@ -223,7 +186,7 @@ def groups(draw: st.DrawFn) -> dict[str, Any]:
     mask = [np.array(draw(st.lists(st.integers(0, 1), min_size=n, max_size=n))) for n in lengths]
     mask_dtype = draw(st.sampled_from([None, bool, np.uint8, np.int64]))
     if mask_dtype is not None:
-        kwargs["loss_mask"] = _as_form(mask, mask_dtype, draw(st.sampled_from(FORMS)), junk)
+        kwargs["loss_mask"] = as_form(mask, mask_dtype, draw(st.sampled_from(FORMS)), junk)
     if draw(st.booleans()):
         advantage = draw(st.lists(st.one_of(st.none(), F32), min_size=k, max_size=k))
         kwargs["advantage"] = (
@@ -242,7 +205,7 @@ def groups(draw: st.DrawFn) -> dict[str, Any]:
         kwargs.update(_candidates(counts, shared=draw(st.booleans()), nested=draw(st.booleans())))
     if draw(st.booleans()):
         kwargs["extra"] = {
-            "ref_logprobs": _as_form(logprobs, np.float32, form, junk),
+            "ref_logprobs": as_form(logprobs, np.float32, form, junk),
             "score": np.arange(k, dtype=np.float64),
         }
         kwargs["schema"] = USER_SCHEMA  # declared: a Ragged or tensor input's type is not inferred

@@ -7,38 +7,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ragged_forms import as_form
 
-from trajflight.codec import Padded, decode, decode_numpy, encode_group
+from trajflight.codec import decode, decode_numpy, encode_group
 
 F32 = st.floats(width=32, allow_nan=True, allow_infinity=True)
 TOKEN = st.integers(-(2**31), 2**31 - 1)
 FORMS = ["lists", "arrays", "tensors", "tuple-sliced", "nested", "padded"]
-
-
-def _as_form(rows: list[np.ndarray], dtype: Any, form: str, junk: int) -> Any:
-    if form == "lists":
-        return [r.tolist() for r in rows]
-    if form == "arrays":
-        return rows
-    if form == "tensors":
-        return [torch.from_numpy(r) for r in rows]
-    lengths = np.array([len(r) for r in rows], dtype=np.int64)
-    values = np.concatenate([np.zeros(junk, dtype=dtype), *rows]) if rows else np.zeros(junk, dtype=dtype)
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64) + junk
-    if form == "tuple-sliced":
-        return (values, offsets)  # offsets start at `junk`, as a slice's do
-    if form == "nested":
-        return torch.nested.nested_tensor_from_jagged(
-            torch.from_numpy(values[junk:]), torch.from_numpy(offsets - junk)
-        )
-    width = int(lengths.max()) if len(lengths) else 0
-    padded = np.zeros((len(rows), width), dtype=dtype)
-    for i, row in enumerate(rows):
-        padded[i, : len(row)] = row
-    return Padded(padded, lengths)
 
 
 @st.composite
@@ -61,8 +38,8 @@ def groups(draw: st.DrawFn) -> dict[str, Any]:
             "epoch": draw(st.integers(0, 2**40)),
             "group_id": draw(st.integers(0, 2**40)),
             "prompt_ids": [draw(st.lists(TOKEN, max_size=6)) for _ in range(k)],
-            "response_ids": _as_form(ids, np.int32, form, junk),
-            "response_logprobs": _as_form(logprobs, np.float32, form, junk),
+            "response_ids": as_form(ids, np.int32, form, junk, offsets_dtype=np.int64),
+            "response_logprobs": as_form(logprobs, np.float32, form, junk, offsets_dtype=np.int64),
             "reward": np.array(draw(st.lists(F32, min_size=k, max_size=k)), dtype=np.float32),
             "advantage": draw(st.lists(nullable_f32, min_size=k, max_size=k)),
             "extra": {
