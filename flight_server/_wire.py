@@ -308,14 +308,22 @@ def _token(body: Mapping[str, Any], what: str) -> LeaseToken | None:
     return LeaseToken(generation, sig)
 
 
+def _batch_head(batch: object, what: str) -> tuple[dict[str, Any], str, Any, list[Any]]:
+    """What every compact ``"batch"`` form holds: the object itself, its job_id, epoch and group_ids."""
+    if not isinstance(batch, dict):
+        raise InvalidRequestError(f"{what}: 'batch' must be an object", field="batch")
+    return (
+        batch,
+        _field(batch, "job_id", str, what),
+        _nonneg(batch, "epoch", what),
+        _field(batch, "group_ids", list, what),
+    )
+
+
 def _batch_reads(batch: object, what: str) -> tuple[GroupRead, ...]:
     """The compact form ``{"job_id", "epoch", "group_ids": [int], "generations": [int]}`` (see
     ``_reads_body``): every read of one job and epoch, each under an unsigned generation."""
-    if not isinstance(batch, dict):
-        raise InvalidRequestError(f"{what}: 'batch' must be an object", field="batch")
-    job_id = _field(batch, "job_id", str, what)
-    epoch = _nonneg(batch, "epoch", what)
-    group_ids = _field(batch, "group_ids", list, what)
+    batch, job_id, epoch, group_ids = _batch_head(batch, what)
     generations = _field(batch, "generations", list, what)
     if not job_id or not group_ids or len(group_ids) != len(generations):
         raise InvalidRequestError(
@@ -535,12 +543,7 @@ def _batch_reserve(
     the groups it abbreviates (each named once, rows > 0, ``batch_bytes`` > 0)."""
     if "groups" in body:
         raise InvalidRequestError(f"{what}: give 'groups' or 'batch', not both", field="batch")
-    batch = body["batch"]
-    if not isinstance(batch, dict):
-        raise InvalidRequestError(f"{what}: 'batch' must be an object", field="batch")
-    job_id = _field(batch, "job_id", str, what)
-    epoch = _nonneg(batch, "epoch", what)
-    group_ids = _field(batch, "group_ids", list, what)
+    batch, job_id, epoch, group_ids = _batch_head(body["batch"], what)
     rows = _field(batch, "rows", list, what)
     sigs = _field(batch, "sigs", list, what, required=False)
     if (
