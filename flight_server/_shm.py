@@ -32,7 +32,11 @@ background meanwhile. A segment given to a writer whose put never completed (it 
 unlinked, never reused: the writer may still be writing into it.
 
 On start the arena takes an exclusive ``flock`` on ``<dir>/.lock`` and sweeps every segment file left in
-the directory by a previous, dead incarnation; a directory locked by a live process is refused.
+the directory by a previous, dead incarnation; a directory locked by a live process is refused. An
+auto-named arena (``trajflight-<uuid>``, new for every server) is never started on again, so each new
+auto-named arena also removes the auto-named directories beside it whose lock nobody holds and that
+nobody touched for a minute (:func:`sweep_dead_arenas`): a killed server's memory comes back with the
+next server started on the machine.
 
 This module does not guarantee confidentiality against processes of the same user (they can map the
 files), nor that a same-node writer stops writing after it published (writers are the deployment's own
@@ -48,8 +52,11 @@ import itertools
 import logging
 import mmap
 import os
+import re
+import shutil
 import socket
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Sequence
@@ -70,6 +77,7 @@ __all__ = [
     "host_id",
     "map_segment",
     "size_class",
+    "sweep_dead_arenas",
     "write_segment",
 ]
 
@@ -203,9 +211,9 @@ class ShmArena:
         background: bool = True,
         slab_bytes: int = SLAB_BYTES,
     ) -> None:
+        auto = directory is None
         if directory is None:
-            base = "/dev/shm" if os.path.isdir("/dev/shm") else os.environ.get("TMPDIR", "/tmp")
-            directory = os.path.join(base, f"trajflight-{uuid.uuid4().hex}")
+            directory = os.path.join(_auto_base(), f"trajflight-{uuid.uuid4().hex}")
         self.directory = os.path.abspath(os.fspath(directory))
         self.pool_bytes = pool_bytes
         self.slab_bytes = size_class(slab_bytes)
@@ -230,6 +238,11 @@ class ShmArena:
                 setting="shm-dir",
             ) from exc
         self.swept = self._sweep()
+        # An auto-named arena's server that was killed leaves its directory behind, and no later server
+        # ever starts on that name: the next auto-named arena removes such directories.
+        self.dead_swept = (
+            sweep_dead_arenas(os.path.dirname(self.directory), keep=self.directory) if auto else 0
+        )
         self._lock = threading.Lock()
         self._names = itertools.count()
         self._token = uuid.uuid4().hex[:8]
@@ -529,6 +542,7 @@ class ShmArena:
                 "reused": self.reused,
                 "reclaimed": self.reclaimed,
                 "swept_at_start": self.swept,
+                "dead_arenas_swept": self.dead_swept,
                 # the slab small groups are being packed into: streams held in it, bytes handed out
                 "slab_streams": 0 if self._slab is None else self._slab.refs - 1,
                 "slab_used_bytes": 0 if self._slab is None else self._slab_used,
@@ -537,6 +551,53 @@ class ShmArena:
 
     def __repr__(self) -> str:
         return f"ShmArena({self.directory!r}, pool {format_size(self.pool_bytes)})"
+
+
+def _auto_base() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") else os.environ.get("TMPDIR", "/tmp")
+
+
+ORPHAN_AGE = 60.0
+"""Seconds an auto-named arena directory must have been left untouched before another arena removes it
+(a server starting on it takes its lock within microseconds; this leaves it ample room)."""
+_AUTO_NAME = re.compile(r"trajflight-[0-9a-f]{32}\Z")
+
+
+def sweep_dead_arenas(base: str, *, keep: str = "") -> int:
+    """Remove the auto-named arena directories (``trajflight-<uuid>``) under ``base`` whose server is dead:
+    nobody holds their ``.lock`` and nothing changed in them for :data:`ORPHAN_AGE` seconds. Returns how
+    many were removed; directories of live servers, of other names or of other users are left alone.
+
+    Readers' mappings of the removed segments stay valid until dropped, as after any unlink.
+    """
+    removed = 0
+    now = time.time()
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return 0
+    for entry in entries:
+        if not _AUTO_NAME.match(entry.name) or entry.path == keep:
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False) or now - entry.stat().st_mtime < ORPHAN_AGE:
+                continue
+            fd = os.open(os.path.join(entry.path, ".lock"), os.O_RDWR)
+        except OSError:
+            continue  # not ours, or no lock file: not an arena this module made
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # its server is alive
+        try:  # holding its lock: a server starting on it meanwhile is refused
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed += 1
+        finally:
+            os.close(fd)
+    if removed:
+        log.warning("shared-memory arenas: removed %d directories of dead servers under %s", removed, base)
+    return removed
 
 
 def _unlink(seg: Segment) -> None:

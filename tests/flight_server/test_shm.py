@@ -49,7 +49,7 @@ from trajflight.flight_server import (
     StoreLimits,
     TokenSigner,
 )
-from trajflight.flight_server._shm import size_class
+from trajflight.flight_server._shm import ORPHAN_AGE, size_class, sweep_dead_arenas
 from trajflight.flight_server._wire import PutDescriptor, ShmPublishRequest, ShmReserveRequest, encode
 
 KEY = GroupKey("job-a", 1, 5)
@@ -366,6 +366,55 @@ def test_a_restarted_server_sweeps_the_segments_of_its_dead_incarnation(tmp_path
         if proc.stdout:
             proc.stdout.close()
     assert not os.path.exists(directory)
+
+
+def test_an_auto_named_arena_removes_the_directories_of_killed_servers_and_only_those():
+    """A killed server's auto-named directory is never started on again: the next auto-named arena
+    removes it (with its segments), and leaves a live server's directory alone however old."""
+    proc, location = _start_server("auto")
+    try:
+        with StorageClient(location, timeout=20) as client:
+            client.shm_put_groups([(KEY, make_group(KEY))])
+            dead = str(client.stats()["shm"]["dir"])
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        if proc.stdout:
+            proc.stdout.close()
+    assert [n for n in os.listdir(dead) if n.startswith("seg-")]  # left behind, holding its memory
+    live = ShmArena()
+    try:
+        old = time.time() - 2 * ORPHAN_AGE
+        for directory in (dead, live.directory):
+            os.utime(directory, (old, old))
+        fresh = ShmArena()
+        try:
+            assert fresh.dead_swept >= 1
+            assert not os.path.exists(dead)
+            assert os.path.isdir(live.directory)  # its server holds the lock: alive, however old
+        finally:
+            fresh.close()
+    finally:
+        live.close()
+
+
+def test_only_dead_auto_named_arena_directories_left_untouched_for_a_while_are_removed(tmp_path):
+    def arena_dir(name: str, *, age: float) -> str:
+        path = tmp_path / name
+        path.mkdir()
+        (path / ".lock").touch()
+        (path / "seg-x-0").write_bytes(b"x")
+        os.utime(path, (time.time() - age, time.time() - age))
+        return str(path)
+
+    young = arena_dir("trajflight-" + "a" * 32, age=1.0)  # maybe a server starting right now
+    dead = arena_dir("trajflight-" + "b" * 32, age=2 * ORPHAN_AGE)
+    named = arena_dir("my-arena", age=2 * ORPHAN_AGE)  # a --shm-dir of the user's: never touched
+    assert sweep_dead_arenas(str(tmp_path)) == 1
+    assert (os.path.exists(young), os.path.exists(dead), os.path.exists(named)) == (True, False, True)
 
 
 def test_a_server_without_an_arena_refuses_shm_calls_with_a_hint():
