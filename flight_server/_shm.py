@@ -438,8 +438,17 @@ class ShmArena:
             waits = not unlink and not self._reclaim_one_locked(seg)
             if waits:
                 self._draining.append(seg)
-            gone = unlink or (waits and seg.readers)  # for good, or until its readers let go
-            if gone and not self._closed and self._free_bytes + seg.capacity <= self.pool_bytes:
+            # Gone for good, or until its readers let go: have a warm one of its size ready meanwhile,
+            # unless the pool has one (a segment that drains comes back; refilling for each would grow
+            # the pool by a segment per batch until pool_bytes).
+            gone = unlink or (waits and seg.readers)
+            if (
+                gone
+                and not self._closed
+                and not self._free.get(seg.capacity)
+                and seg.capacity not in self._refill
+                and self._free_bytes + seg.capacity <= self.pool_bytes
+            ):
                 self._refill.append(seg.capacity)
                 self._wake.notify()
         if unlink:

@@ -176,6 +176,26 @@ def test_a_segment_readers_map_keeps_its_bytes_after_delete_and_is_reused_once_t
         assert os.path.exists(path)  # back in the pool, pre-faulted, for a later put of its size
 
 
+def test_put_read_delete_cycles_reuse_a_couple_of_segments_and_keep_the_pool_small():
+    """Segments readers mapped come back once they let go; the arena does not also keep a warm spare
+    for each of them (that grew the pool by a segment per batch, up to pool_bytes)."""
+    with shm_serving() as (server, client):
+        assert server.arena is not None
+        for g in range(12):
+            key = GroupKey("job-a", 1, g)
+            client.shm_put_groups([(key, make_group(key, response_len=256, fixed=True))])
+            table = client.shm_get([GroupRead(key, LeaseToken(1))])
+            client.delete([GroupRead(key, LeaseToken(1))])
+            del table
+            gc.collect()
+            server.arena.reclaim()
+        time.sleep(0.2)  # a refill asked for may still be running
+        shm = client.stats()["shm"]
+        assert shm["reclaimed"] >= 10
+        assert shm["created"] <= 3
+        assert shm["free_segments"] <= 2
+
+
 def test_a_reader_killed_while_it_maps_a_segment_lets_the_server_reuse_it():
     """A reader's lock goes with its process: a SIGKILLed reader leaves nothing pinned."""
     group = make_group(KEY, response_len=256, fixed=True)
