@@ -28,8 +28,8 @@ only once it can take the exclusive lock itself (it lets go at once). A reader t
 group is still stored (the fence board) *after* it has locked and mapped the segment: a segment the
 arena took back before that check can only hold another group, and the check refuses it. Until its
 readers let go, a released segment drains; a fresh, pre-faulted one of its class is created in the
-background meanwhile. A segment given to a writer whose put never completed (it died or timed out) is
-unlinked, never reused: the writer may still be writing into it.
+background meanwhile if the pool has none. A segment given to a writer whose put never completed (it
+died or timed out) is unlinked, never reused: the writer may still be writing into it.
 
 On start the arena takes an exclusive ``flock`` on ``<dir>/.lock`` and sweeps every segment file left in
 the directory by a previous, dead incarnation; a directory locked by a live process is refused. An
@@ -196,7 +196,8 @@ class ShmArena:
             ``/dev/shm`` does not exist).
         pool_bytes: Most bytes of free, pre-faulted segments kept for reuse (beyond it released segments
             are unlinked).
-        background: Refill the pool in a background thread after exposed segments are unlinked.
+        background: A background thread refills the pool (a segment unlinked, or draining from readers,
+            while the pool has none of its size) and takes back segments readers let go of.
         slab_bytes: Size of the *slabs* small groups are packed into (:meth:`pack`), one after another.
 
     Raises:
