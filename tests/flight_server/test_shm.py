@@ -342,6 +342,15 @@ def test_a_writer_killed_mid_write_leaves_nothing_visible_and_nothing_leaked():
         assert client.get([KEY]).num_rows == 8
 
 
+def _reap(proc: subprocess.Popen[str]) -> None:
+    """A server process a test started is gone (killed if it still runs) and its pipe closed."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    if proc.stdout:
+        proc.stdout.close()
+
+
 def _start_server(directory: str) -> tuple[subprocess.Popen[str], str]:
     cmd = [sys.executable, "-m", "trajflight", "server", "--shm-dir", directory, "--shutdown-grace", "1s"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -365,11 +374,7 @@ def test_a_restarted_server_sweeps_the_segments_of_its_dead_incarnation(tmp_path
         orphans = [n for n in os.listdir(directory) if n.startswith("seg-")]
         assert len(orphans) == 3
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        if proc.stdout:
-            proc.stdout.close()
+        _reap(proc)
     proc, location = _start_server(directory)
     try:
         with StorageClient(location, timeout=20) as client:
@@ -399,11 +404,7 @@ def test_an_auto_named_arena_removes_the_directories_of_killed_servers_and_only_
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        if proc.stdout:
-            proc.stdout.close()
+        _reap(proc)
     assert [n for n in os.listdir(dead) if n.startswith("seg-")]  # left behind, holding its memory
     live = ShmArena()
     try:
