@@ -43,12 +43,13 @@ log = logging.getLogger("trajflight.flight_server")
 _LEN = struct.Struct(">I")
 MAX_FRAME = 16 * 2**20
 """Largest frame either side accepts (a ``shm_put`` payload included)."""
-Handler = Callable[[str, bytes, bytes], bytes]
+Handler = Callable[[str, bytearray, bytearray], bytes]
 """``handler(action name, body, payload) -> result JSON bytes``; raises Flight errors (see
 ``server_errors``)."""
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int) -> bytearray:
+    """``n`` bytes, received into one buffer (returned as it is: a payload is not copied again)."""
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
@@ -57,10 +58,10 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
         if k == 0:
             raise ConnectionError("peer closed the connection")
         got += k
-    return bytes(buf)
+    return buf
 
 
-def _recv_frame(sock: socket.socket) -> bytes:
+def _recv_frame(sock: socket.socket) -> bytearray:
     (n,) = _LEN.unpack(_recv_exact(sock, 4))
     if n > MAX_FRAME:
         raise ConnectionError(f"frame of {n} bytes is larger than the {MAX_FRAME} allowed")
@@ -220,7 +221,7 @@ class LocalChannel:
         if status == b"\x00":
             result: dict[str, Any] = json.loads(payload)
             return result
-        err = from_flight_error(flight.FlightServerError("local channel error", payload))
+        err = from_flight_error(flight.FlightServerError("local channel error", bytes(payload)))
         raise err if err is not None else TrajflightError(f"action {name} failed")
 
     def close(self) -> None:
@@ -237,10 +238,10 @@ class LocalChannel:
             sock.close()
 
 
-def run_handler(run: Callable[[str, bytes, bytes], dict[str, Any]]) -> Handler:
+def run_handler(run: Callable[[str, bytearray, bytearray], dict[str, Any]]) -> Handler:
     """Wrap the server's action runner so errors leave it as Flight errors (as ``do_action`` does)."""
 
-    def handler(name: str, body: bytes, payload: bytes) -> bytes:
+    def handler(name: str, body: bytearray, payload: bytearray) -> bytes:
         with server_errors(f"action {name!r}"):
             return json.dumps(run(name, body, payload)).encode()
 

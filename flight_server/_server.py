@@ -175,7 +175,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
             )
             threading.Thread(target=self._sweep_loop, name="trajflight-shm-sweeper", daemon=True).start()
 
-    def _run_local(self, name: str, body: bytes, payload: bytes) -> dict[str, Any]:
+    def _run_local(self, name: str, body: bytes | bytearray, payload: bytes | bytearray) -> dict[str, Any]:
         """An action from the same-host channel; ``shm_put`` is the one that carries a payload."""
         if name == "shm_put":
             return self._shm_put_inline(body, payload)
@@ -183,7 +183,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
             raise InvalidRequestError(f"action {name!r} takes no payload; only shm_put carries group bytes")
         return self._run_action(name, decode_action_body(name, body))
 
-    def _shm_put_inline(self, body: bytes, payload: bytes) -> dict[str, Any]:
+    def _shm_put_inline(self, body: bytes | bytearray, payload: bytes | bytearray) -> dict[str, Any]:
         """One small group sent whole over the same-host channel (see ``GroupStore.shm_put_inline``).
 
         The body is a ``shm_reserve`` body naming exactly one group whose ``nbytes`` is the payload's

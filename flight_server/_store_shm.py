@@ -262,7 +262,7 @@ class ShmStoreMixin:
         return reservations, seg, shares, self._clock() + ttl
 
     def shm_put_inline(
-        self, key: GroupKey, data: bytes, *, writer: str = "", num_rows: int | None = None
+        self, key: GroupKey, data: bytes | bytearray, *, writer: str = "", num_rows: int | None = None
     ) -> StoredGroup:
         """Store one group whose IPC stream the server received whole (a small same-node put).
 
