@@ -40,7 +40,13 @@ from trajflight.flight_server._errors import translate_errors
 from trajflight.flight_server._fences import MappedBoard
 from trajflight.flight_server._local import MAX_FRAME, LocalChannel
 from trajflight.flight_server._opened import ShmOpened
-from trajflight.flight_server._segments import join_batches
+from trajflight.flight_server._segments import (
+    heap_placement,
+    join_batches,
+    serialize_segment,
+    stream_size,
+    write_stream,
+)
 from trajflight.flight_server._shm import write_segment
 from trajflight.flight_server._wire import (
     AppendDescriptor,
@@ -368,7 +374,7 @@ class StorageClient:
             body = encode(ShmReserveRequest((put,), writer, ttl, None))
             local.call("shm_put", body, self.timeout if timeout is None else timeout, payload=payload)
             return
-        sizes = [_stream_size(schema, bs) for bs in streams]
+        sizes = [stream_size(schema, bs) for bs in streams]
         puts = [
             PutDescriptor(key, writer, sizes[i], rows_of[i], None if sigs is None else sigs[i])
             for i, (key, _) in enumerate(groups)
@@ -405,7 +411,7 @@ class StorageClient:
             raise InvalidRequestError(
                 f"shm_put_batch: the groups' rows must be > 0 and add up to the batch's {batch.num_rows}"
             )
-        size = _stream_size(batch.schema, [batch])
+        size = stream_size(batch.schema, [batch])
         first = groups[0][0]
         if all(k.job_id == first.job_id and k.epoch == first.epoch for k, _ in groups) and (
             sigs is None or all(isinstance(s, str) for s in sigs)
@@ -694,34 +700,18 @@ _REOPENS = 3  # reads of groups whose segments change under them (appends) befor
 def _inline_stream(schema: pa.Schema, batches: Sequence[pa.RecordBatch], nbytes: int) -> pa.Buffer:
     """``batches`` as one IPC stream, written in one pass into a buffer sized from their buffers' bytes
     (``nbytes``) plus room for the messages' metadata; sized exactly first where that room is short."""
+    buffer = pa.allocate_buffer(nbytes + _STREAM_ROOM)
     try:
-        return _write_stream(schema, batches, nbytes + _STREAM_ROOM)
+        with pa.FixedSizeBufferWriter(buffer) as out:
+            write_stream(out, schema, batches)
+            return buffer.slice(0, out.tell())
     except OSError:  # "write out of bounds": many columns or batches; measure the stream, write it again
-        return _write_stream(schema, batches, _stream_size(schema, batches))
-
-
-def _write_stream(schema: pa.Schema, batches: Sequence[pa.RecordBatch], room: int) -> pa.Buffer:
-    buffer = pa.allocate_buffer(room)
-    with pa.FixedSizeBufferWriter(buffer) as out:
-        with ipc.new_stream(out, schema) as writer:
-            for batch in batches:
-                writer.write_batch(batch)
-        size = out.tell()
-    return buffer.slice(0, size)
+        return serialize_segment(batches, schema, heap_placement)
 
 
 _STREAM_ROOM = 64 * 1024
 """Bytes an IPC stream may need beyond its buffers' (schema and batch metadata, padding) before
 :func:`_inline_stream` sizes it exactly."""
-
-
-def _stream_size(schema: pa.Schema, batches: Sequence[pa.RecordBatch]) -> int:
-    """Bytes of ``batches`` as one IPC stream (schema, batches, end-of-stream), computed without copying."""
-    sizer = pa.MockOutputStream()
-    with ipc.new_stream(sizer, schema) as w:
-        for b in batches:
-            w.write_batch(b)
-    return int(sizer.size())
 
 
 def get_parallel(

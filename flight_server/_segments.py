@@ -12,6 +12,7 @@ This module does not free or recycle buffers: a segment lives as long as somethi
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -23,6 +24,8 @@ __all__ = [
     "join_batches",
     "open_segment",
     "serialize_segment",
+    "stream_size",
+    "write_stream",
 ]
 
 Placement = Callable[[int], pa.Buffer]
@@ -40,15 +43,25 @@ def serialize_segment(batches: Sequence[pa.RecordBatch], schema: pa.Schema, allo
     The result is owned by the caller (and whoever ``allocate`` delegates to); it does not alias the
     batches, so the received Flight buffers can be freed right after.
     """
-    sizer = pa.MockOutputStream()
-    with ipc.new_stream(sizer, schema) as writer:
-        for batch in batches:
-            writer.write_batch(batch)
-    buffer = allocate(sizer.size())
-    with pa.FixedSizeBufferWriter(buffer) as out, ipc.new_stream(out, schema) as writer:
-        for batch in batches:
-            writer.write_batch(batch)
+    buffer = allocate(stream_size(schema, batches))
+    with pa.FixedSizeBufferWriter(buffer) as out:
+        write_stream(out, schema, batches)
     return buffer
+
+
+def write_stream(sink: Any, schema: pa.Schema, batches: Sequence[pa.RecordBatch]) -> None:
+    """Write ``batches`` into ``sink`` (a pyarrow output stream or a file) as one IPC stream: schema,
+    batches, end-of-stream."""
+    with ipc.new_stream(sink, schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+
+
+def stream_size(schema: pa.Schema, batches: Sequence[pa.RecordBatch]) -> int:
+    """Bytes of ``batches`` as one IPC stream (:func:`write_stream`), computed without copying."""
+    sizer = pa.MockOutputStream()
+    write_stream(sizer, schema, batches)
+    return int(sizer.size())
 
 
 def open_segment(segment: pa.Buffer) -> pa.Table:

@@ -64,10 +64,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.ipc as ipc
 
 from trajflight._units import format_size
 from trajflight.errors import ConfigError, InvalidRequestError, NotFoundError
+from trajflight.flight_server._segments import write_stream
 
 __all__ = [
     "PAGE",
@@ -675,9 +675,7 @@ def write_segment(path: str, capacity: int, schema: pa.Schema, batches: Sequence
     except FileNotFoundError:
         raise NotFoundError(f"shared-memory segment {path} is gone (the reservation expired)") from None
     with os.fdopen(fd, "wb", buffering=0) as f:
-        with ipc.new_stream(f, schema) as writer:
-            for batch in batches:
-                writer.write_batch(batch)
+        write_stream(f, schema, batches)
         size = f.tell()
     if size > capacity:
         raise InvalidRequestError(f"shm put: wrote {size} bytes into a segment of {capacity}")

@@ -963,9 +963,9 @@ def test_an_inline_put_whose_metadata_outgrows_the_room_left_for_it_is_measured_
     from trajflight.flight_server import _client
 
     measured = []
-    sized = _client._stream_size
+    exact = _client.serialize_segment
     monkeypatch.setattr(_client, "_STREAM_ROOM", 0)
-    monkeypatch.setattr(_client, "_stream_size", lambda *a: measured.append(1) or sized(*a))
+    monkeypatch.setattr(_client, "serialize_segment", lambda *a: measured.append(1) or exact(*a))
     group = make_group(KEY)
     with shm_serving() as (_server, client):
         _inline_put(client, KEY, group)
