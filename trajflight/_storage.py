@@ -274,8 +274,7 @@ def joined_with_keys(batches: Sequence[pa.RecordBatch], keys: Sequence[GroupKey]
     job_ids = {k.job_id for k in keys}
     epochs = {k.epoch for k in keys}
     if len(job_ids) == 1 and len(epochs) == 1:
-        job_col: pa.Array = pa.repeat(pa.scalar(keys[0].job_id, pa.string()), total)
-        epoch_col: pa.Array = pa.repeat(pa.scalar(keys[0].epoch, pa.int64()), total)
+        job_col, epoch_col = _constant_keys(keys[0].job_id, keys[0].epoch, total)
     else:
         job_col = pa.array(np.repeat(np.array([k.job_id for k in keys], dtype=object), rows), pa.string())
         epoch_col = pa.array(np.repeat(np.array([k.epoch for k in keys], dtype=np.int64), rows))
