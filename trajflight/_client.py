@@ -352,20 +352,21 @@ class Writer:
         return grants
 
     def _publish(self, grant: PutGrant, batch: pa.RecordBatch, nbytes: int) -> GroupInfo:
-        info: GroupInfo = self.client.controller.publish(
-            grant.partition, **self._publication(grant, batch, nbytes)
-        )
+        publication = self._publication(grant, batch, nbytes, tuple(batch.schema.names))
+        info: GroupInfo = self.client.controller.publish(grant.partition, **publication)
         return info
 
-    def _publication(self, grant: PutGrant, batch: pa.RecordBatch, nbytes: int) -> dict[str, Any]:
-        """The arguments of ``publish`` for a stored group, beside its partition."""
+    def _publication(
+        self, grant: PutGrant, batch: pa.RecordBatch, nbytes: int, columns: tuple[str, ...]
+    ) -> dict[str, Any]:
+        """The arguments of ``publish`` for a stored group with ``columns``, beside its partition."""
         return {
             "token": grant.token,
             "rows": batch.num_rows,
             "nbytes": nbytes,
             "tokens": _tokens_of(batch),
             "policy_version": _policy_version(batch, self.policy_version),
-            "columns": tuple(batch.schema.names),
+            "columns": columns,
         }
 
     def put_many(self, batches: Sequence[pa.RecordBatch], *, timeout: float | None = None) -> list[GroupInfo]:
@@ -403,7 +404,7 @@ class Writer:
         # Every group is stored: publish them all in one controller operation (all of them or none).
         columns = tuple(with_key(batches[0].slice(0, 0), GroupKey(self.job_id, self.epoch, 0)).schema.names)
         items = [
-            Publication(grant.partition, **{**self._publication(grant, batch, nbytes), "columns": columns})
+            Publication(grant.partition, **self._publication(grant, batch, nbytes, columns))
             for grant, batch, nbytes in planned
         ]
         return self.client.controller.publish_many(items, timeout=max(0.001, deadline - time.monotonic()))
