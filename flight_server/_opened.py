@@ -66,7 +66,7 @@ class ShmOpened:
         self._tables: dict[int, pa.Table] = {}
         self._maps: dict[str, Any] = {}  # path -> read-only mapping (streams of one slab share it)
         self.mapped = 0
-        """Segments mapped so far (a read that maps one must be checked after it, not only before)."""
+        """Segments mapped so far (a read that mapped one must check its groups after it)."""
         self._fences = dict(fences or {})
         self.board_path = board_path
         self.reads: tuple[GroupRead, ...] = tuple(reads)
