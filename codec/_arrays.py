@@ -9,7 +9,8 @@ Accepted inputs for a ragged (``list<T>``) column, checked in this order:
 * a 2-D numpy array or torch tensor: every row has the full width;
 * a ``list`` of per-sample numpy arrays or torch tensors (concatenated: one copy, Arrow needs the
   values contiguous);
-* a ``list`` of per-sample Python sequences (one ``pyarrow.array`` conversion).
+* a ``list`` of per-sample Python sequences (one ``pyarrow.array`` conversion; Python bools are
+  accepted for ``uint8`` columns such as the loss mask, as numpy and torch bools are).
 
 A ``tuple`` is always read as ``(values, offsets)`` and a ``list`` always as per-sample rows.
 
@@ -157,6 +158,12 @@ def _list_from_values(
     fast = _fast_ragged(values, offsets, value_type)
     if fast is not None:
         return fast
+    if values.ndim == 0:
+        raise SchemaError(
+            f"column {column!r}: the values of (values, offsets) must be a 1-D array of every row's "
+            f"entries, got {values.dtype} scalar {values!r}",
+            column=column,
+        )
     offsets = _offsets_int32(offsets, len(values), column=column)
     converted = _convert_values(values, value_type, column=column, offsets=offsets)
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(converted, type=value_type))
@@ -188,6 +195,7 @@ _FAST_DTYPES: dict[int, np.dtype] = {
     )
 }
 _INT64_ID = pa.int64().id
+_UINT8_ID = pa.uint8().id
 _OFFSET_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))  # native order; int64 is narrowed when it fits
 _NULL_LIST = pa.list_(pa.null())
 # list<T> of the types above, by T's id: pa.list_() costs ~0.3 us a call.
@@ -308,10 +316,38 @@ def _first_bad_row(rows: Sequence[Any], type_: pa.DataType) -> int | None:
     return None
 
 
+def _bool_twin(type_: pa.DataType) -> pa.DataType | None:
+    """``type_`` with its uint8 leaf made bool (``list<uint8>`` -> ``list<bool>``), or None without one."""
+    if type_.id == _UINT8_ID:
+        return pa.bool_()
+    if pa.types.is_list(type_):
+        inner = _bool_twin(type_.value_type)
+        return None if inner is None else pa.list_(inner)
+    return None
+
+
+def _bools_as_uint8(rows: Sequence[Any], type_: pa.DataType) -> pa.Array | None:
+    """Python bools for a uint8 column (a loss mask), as 0/1 (one conversion and one cast), or None.
+
+    ``pyarrow.array`` refuses bools for integer types and integers for bool, so rows that mix them are
+    still refused (None), with the error of the uint8 conversion.
+    """
+    twin = _bool_twin(type_)
+    if twin is None:
+        return None
+    try:
+        return pa.array(rows, type=twin).cast(type_)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+        return None
+
+
 def _from_python(rows: Sequence[Any], type_: pa.DataType, *, column: str) -> pa.Array:
     try:
         return pa.array(rows, type=type_)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+        as_uint8 = _bools_as_uint8(rows, type_)
+        if as_uint8 is not None:
+            return as_uint8
         row = _first_bad_row(rows, type_)
         raise SchemaError(
             f"column {column!r} row {row}: cannot convert to {type_}: {exc}", column=column, row=row

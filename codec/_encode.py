@@ -12,6 +12,7 @@ It does not guarantee that the returned batch is independent of the inputs: copy
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from trajflight.codec._arrays import (
+    as_numpy,
     doubly_ragged_array,
     is_tensor,
     ragged_array,
@@ -26,6 +28,7 @@ from trajflight.codec._arrays import (
     repeated_row,
     scalar_array,
 )
+from trajflight.codec._containers import DoublyRagged, Padded, Ragged
 from trajflight.codec._device import stage_to_host
 from trajflight.codec._schema import STANDARD_SCHEMA, TrajectorySchema
 from trajflight.codec._validate import GroupKey, check_nulls, check_ragged_lengths, ragged_columns_agree
@@ -35,15 +38,65 @@ __all__ = ["encode_group"]
 
 _FINISH_REASON_TYPE = pa.dictionary(pa.int8(), pa.string())
 _INT32_MAX = int(np.iinfo(np.int32).max)
+_INT64_MAX = int(np.iinfo(np.int64).max)
+# Arguments without a default: None is not "left out" for them, as it is for the optional ones.
+_REQUIRED_ARGUMENTS = ("prompt_ids", "response_ids", "response_logprobs", "reward", "policy_version")
 
 
 def _check_key(job_id: object, epoch: object, group_id: object) -> GroupKey:
     if not isinstance(job_id, str) or not job_id:
         raise SchemaError(f"job_id must be a non-empty string, got {job_id!r}", column="job_id")
+    if not job_id.isascii():
+        try:
+            job_id.encode()
+        except UnicodeEncodeError as exc:
+            raise SchemaError(
+                f"job_id {job_id!r} is not valid UTF-8 text ({exc.reason} at position {exc.start}); "
+                "Arrow strings are UTF-8: pass a job id without lone surrogates",
+                column="job_id",
+            ) from None
     for name, value in (("epoch", epoch), ("group_id", group_id)):
-        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
-            raise SchemaError(f"{name} must be a non-negative integer, got {value!r}", column=name)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | np.integer)
+            or value < 0
+            or value > _INT64_MAX
+        ):
+            raise SchemaError(
+                f"{name} must be a non-negative integer that fits int64 (0..{_INT64_MAX}), got {value!r}",
+                column=name,
+            )
     return GroupKey(job_id, int(epoch), int(group_id))  # type: ignore[call-overload]
+
+
+def _check_arguments(inputs: Mapping[str, Any], extra: object, schema: object) -> None:
+    """The arguments' kinds, before any column is built: what would otherwise fail inside pyarrow."""
+    for name in _REQUIRED_ARGUMENTS:
+        if inputs[name] is None:
+            raise SchemaError(
+                f"{name} is required and was None; pass it in one of the forms encode_group documents",
+                column=name,
+            )
+    if not isinstance(schema, TrajectorySchema):
+        raise SchemaError(
+            f"schema must be a TrajectorySchema (STANDARD_SCHEMA or STANDARD_SCHEMA.extend(...)), got "
+            f"{type(schema).__name__}"
+        )
+    if extra is None:
+        return
+    if not isinstance(extra, Mapping):
+        raise SchemaError(
+            f"extra must be a mapping of column name to values, got {type(extra).__name__}; pass "
+            "extra={'name': values}"
+        )
+    for name in extra:
+        if not isinstance(name, str):
+            raise SchemaError(f"extra column names must be strings, got {name!r}")
+        if name in _STANDARD_ARGUMENTS:
+            raise SchemaError(
+                f"extra column {name!r} is a standard column; pass it as the keyword argument {name}=",
+                column=name,
+            )
 
 
 def _is_flat_prompt(prompt: Any) -> bool:
@@ -146,7 +199,8 @@ def _telemetry_array(value: Any, declared: pa.DataType, rows: int) -> pa.Array:
     struct_type = None if declared == pa.struct([]) else declared
     if isinstance(value, Mapping):
         fields = [
-            scalar_array(v, _infer_type(v), column=f"telemetry.{k}", rows=rows) for k, v in value.items()
+            scalar_array(v, _infer_type(v, column=f"telemetry.{k}"), column=f"telemetry.{k}", rows=rows)
+            for k, v in value.items()
         ]
         array: pa.Array = pa.StructArray.from_arrays(fields, names=list(value))
     elif isinstance(value, pa.Array | pa.ChunkedArray):
@@ -155,7 +209,11 @@ def _telemetry_array(value: Any, declared: pa.DataType, rows: int) -> pa.Array:
         try:
             array = pa.array(value, type=struct_type)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
-            raise SchemaError(f"column 'telemetry': {exc}", column="telemetry") from exc
+            raise SchemaError(
+                f"column 'telemetry': {exc}; pass a list of dicts (one per sample), a dict of per-sample "
+                "columns or a pyarrow struct array",
+                column="telemetry",
+            ) from exc
     if not pa.types.is_struct(array.type):
         raise SchemaError(
             f"column 'telemetry' must be a struct (list of dicts or dict of columns), got {array.type}",
@@ -177,24 +235,74 @@ def _telemetry_array(value: Any, declared: pa.DataType, rows: int) -> pa.Array:
     return array
 
 
-def _infer_type(value: Any) -> pa.DataType:
+def _cannot_infer(value: Any, column: str, reason: object) -> SchemaError:
+    return SchemaError(
+        f"column {column!r}: cannot infer an Arrow type from {type(value).__name__} ({reason}); declare "
+        f"the column with schema.extend(pa.field({column!r}, <type>)) and pass schema=, or pass a "
+        "pyarrow array",
+        column=column,
+    )
+
+
+def _dtype_type(array: Any, column: str) -> pa.DataType:
+    """The Arrow type of the elements of a numpy array or CPU tensor, as the builders will read them.
+
+    A tensor is read through ``as_numpy`` (so bfloat16 is float32, as the builders convert it); numpy
+    object arrays are inferred from their values.
+    """
+    if is_tensor(array):  # nested tensors too: their dtype is their values'
+        array = as_numpy(sys.modules["torch"].empty(0, dtype=array.dtype), column=column)
+    elif not isinstance(array, np.ndarray):
+        array = as_numpy(array, column=column)
+    try:
+        if array.dtype == object:
+            return pa.array(array.ravel().tolist()).type
+        return pa.from_numpy_dtype(array.dtype)
+    except (pa.ArrowException, TypeError, ValueError) as exc:
+        raise _cannot_infer(array, column, exc) from exc
+
+
+def _infer_type(value: Any, *, column: str) -> pa.DataType:
+    """The Arrow type of an undeclared column's input: ragged containers give lists of their values'
+    type, arrays and tensors their dtype, one scalar its own type (it is repeated per sample).
+
+    Raises:
+        SchemaError: no type can be inferred; the message says how to declare one.
+    """
     if isinstance(value, pa.Array | pa.ChunkedArray):
         return value.type
+    if isinstance(value, Ragged | Padded):
+        return pa.list_(_dtype_type(value.values, column))
+    if isinstance(value, DoublyRagged):
+        return pa.list_(pa.list_(_dtype_type(value.values, column)))
+    if isinstance(value, tuple) and len(value) == 2:  # (values, offsets), as ragged_array reads it
+        return pa.list_(_dtype_type(value[0], column))
     if isinstance(value, np.ndarray) or is_tensor(value):
-        return pa.from_numpy_dtype(np.asarray(value[:0].numpy() if is_tensor(value) else value).dtype)
-    return pa.array(list(value)).type
+        if getattr(value, "is_nested", False):
+            return pa.list_(_dtype_type(value, column))
+        element = _dtype_type(value, column)
+        return pa.list_(element) if value.ndim == 2 else element
+    if isinstance(value, Mapping):
+        raise SchemaError(
+            f"column {column!r}: got a dict; pass one value per sample (a list of dicts for a struct "
+            "column) or a pyarrow array",
+            column=column,
+        )
+    if isinstance(value, list) and value and any(is_tensor(item) for item in value):
+        # Per-sample tensors: ragged_array concatenates them, so their common dtype is the values' type.
+        parts = [_dtype_type(item, column) for item in value]
+        dtypes = [np.dtype(t.to_pandas_dtype()) for t in parts]
+        return pa.list_(pa.from_numpy_dtype(np.result_type(*dtypes)))
+    try:
+        if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+            return pa.array(list(value)).type
+        return pa.scalar(value).type  # one value, repeated for every sample
+    except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+        raise _cannot_infer(value, column, exc) from exc
 
 
 def _user_column(name: str, value: Any, declared: pa.DataType | None, rows: int) -> pa.Array:
-    type_ = declared
-    if type_ is None:
-        if (isinstance(value, np.ndarray) or is_tensor(value)) and (
-            value.ndim == 2 or getattr(value, "is_nested", False)
-        ):
-            element = value.values() if getattr(value, "is_nested", False) else value
-            type_ = pa.list_(_infer_type(element.reshape(-1)))
-        else:
-            type_ = _infer_type(value)
+    type_ = declared if declared is not None else _infer_type(value, column=name)
     if pa.types.is_list(type_) and pa.types.is_list(type_.value_type):
         array = doubly_ragged_array(value, type_.value_type.value_type, column=name)
     elif pa.types.is_list(type_) and pa.types.is_primitive(type_.value_type):
@@ -244,7 +352,8 @@ def encode_group(
         response_ids: Per-sample response token ids; fixes the number of samples K.
         response_logprobs: Per-token logprobs, same lengths as ``response_ids``. NaN/inf are kept.
         reward: One value per sample (sequence, array or tensor).
-        loss_mask: Per-token mask (bool or 0/1 integers); default: every response token is trained on.
+        loss_mask: Per-token mask (bools, numpy/torch bool arrays, or 0/1 integers), stored as uint8;
+            default: every response token is trained on.
         advantage: One value per sample, ``None`` entries become nulls; omitted when not given.
         policy_version: The weights version, one int for the group or one per sample.
         sample_ids: Globally unique ids; default ``"{job_id}/{epoch}/{group_id}/{sample_index}"``.
@@ -253,14 +362,20 @@ def encode_group(
         finish_reason: One string per sample (stored as ``dictionary<int8, string>``).
         telemetry: Per-sample engine telemetry: a list of dicts, a dict of per-sample columns or a
             pyarrow struct array.
-        extra: User columns by name, typed by ``schema`` where it declares them, else inferred.
+        extra: User columns by name, typed by ``schema`` where it declares them, else inferred: from the
+            values' dtype for arrays, tensors and the ragged containers (:class:`Ragged`,
+            :class:`Padded`, :class:`DoublyRagged`, ``(values, offsets)``, per-sample tensors), by
+            ``pyarrow`` for Python lists; one scalar is repeated for every sample; ``None`` leaves the
+            column out.
         schema: The job's schema (the standard one extended with user columns).
 
     Returns:
         A validated ``pyarrow.RecordBatch`` whose buffers alias contiguous inputs of matching dtype.
 
     Raises:
-        SchemaError: naming the column (and row) of the first problem; nothing is returned half-built.
+        SchemaError: naming the column (and row) of the first problem, also for arguments of the wrong
+            kind (``None`` for a required column, a key past int64, a ``schema`` that is not a
+            :class:`TrajectorySchema`); nothing is returned half-built.
     """
     key = _check_key(job_id, epoch, group_id)
     inputs: dict[str, Any] = {
@@ -274,14 +389,18 @@ def encode_group(
         "top_p_ids": top_p_ids,
         "top_p_probs": top_p_probs,
         "telemetry": telemetry,
-        **(extra or {}),
     }
-    for name in extra or {}:
-        if name in _STANDARD_ARGUMENTS:
-            raise SchemaError(
-                f"extra column {name!r} is a standard column; pass it as the keyword argument {name}=",
-                column=name,
-            )
+    if (
+        extra is not None
+        or type(schema) is not TrajectorySchema
+        or prompt_ids is None
+        or response_ids is None
+        or response_logprobs is None
+        or reward is None
+        or policy_version is None
+    ):
+        _check_arguments(inputs, extra, schema)
+        inputs.update(extra or {})
     inputs = stage_to_host({k: v for k, v in inputs.items() if v is not None})
 
     responses = ragged_array(inputs["response_ids"], pa.int32(), column="response_ids")
@@ -323,6 +442,8 @@ def encode_group(
     if "telemetry" in inputs:
         arrays["telemetry"] = _telemetry_array(inputs["telemetry"], schema.field("telemetry").type, rows)
     for name in extra or {}:
+        if name not in inputs:
+            continue  # None: left out, as the optional keyword arguments are
         declared = schema.field(name).type if name in schema else None
         arrays[name] = _user_column(name, inputs[name], declared, rows)
 

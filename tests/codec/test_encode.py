@@ -227,3 +227,78 @@ def test_zero_samples_make_an_empty_group(simple_group):
     )
     assert batch.num_rows == 0
     assert batch.schema.field("response_ids").type == pa.list_(pa.int32())
+
+
+def test_python_bool_masks_are_stored_as_uint8(simple_group):
+    """Regression: lists of Python bools were refused for the uint8 loss mask ("Expected integer, got
+    bool"), while numpy and torch bool masks were accepted."""
+    rows = [[True, False, True, True], [], [False] * 3 + [True] * 4]
+    as_ints = [[int(v) for v in row] for row in rows]
+    tensors, arrays = (
+        [torch.tensor(r, dtype=torch.bool) for r in rows],
+        [np.array(r, dtype=bool) for r in rows],
+    )
+    for mask in (rows, tensors, arrays):
+        batch = encode_group(**simple_group, loss_mask=mask)
+        assert batch.schema.field("loss_mask").type == pa.list_(pa.uint8())
+        assert batch.column("loss_mask").to_pylist() == as_ints
+
+
+def test_undeclared_ragged_user_columns_take_the_values_dtype(simple_group):
+    """Regression: an undeclared user column given as Ragged, Padded, DoublyRagged, per-sample tensors, a
+    bfloat16 tensor or a (uint8 values, offsets) tuple failed with a raw TypeError or ArrowInvalid."""
+    values, offsets = simple_group["response_ids"]
+    lengths = np.diff(offsets)
+    padded = np.zeros((3, int(lengths.max())), dtype=np.float32)
+    for i, n in enumerate(lengths):
+        padded[i, :n] = 0.5
+    rows = [torch.full((int(n),), 0.5) for n in lengths]
+    batch = encode_group(
+        **simple_group,
+        extra={
+            "ragged": Ragged(values.astype(np.int16), offsets),
+            "ragged_torch": Ragged(torch.from_numpy(values).long(), torch.from_numpy(offsets)),
+            "padded": Padded(padded, lengths),
+            "padded_torch": Padded(torch.from_numpy(padded).double(), torch.from_numpy(lengths)),
+            "rows_torch": rows,
+            "pair_uint8": (np.ones(len(values), dtype=np.uint8), offsets.astype(np.int64)),
+            "pair_int32": (values, offsets.astype(np.int64)),
+            "bf16": torch.ones(3, dtype=torch.bfloat16),
+            "candidates": DoublyRagged(np.arange(12, dtype=np.int32), offsets, np.arange(12, dtype=np.int32)),
+        },
+    )
+    types = {name: str(batch.schema.field(name).type) for name in batch.schema.names[-9:]}
+    assert types == {
+        "ragged": "list<item: int16>",
+        "ragged_torch": "list<item: int64>",
+        "padded": "list<item: float>",
+        "padded_torch": "list<item: double>",
+        "rows_torch": "list<item: float>",
+        "pair_uint8": "list<item: uint8>",
+        "pair_int32": "list<item: int32>",
+        "bf16": "float",
+        "candidates": "list<item: list<item: int32>>",
+    }
+    expected = [[0.5] * int(n) for n in lengths]
+    for name in ("padded", "padded_torch", "rows_torch"):
+        assert batch.column(name).to_pylist() == expected
+    assert batch.column("ragged").to_pylist() == batch.column("response_ids").to_pylist()
+    assert batch.column("bf16").to_pylist() == [1.0, 1.0, 1.0]
+
+
+def test_a_user_column_given_one_scalar_repeats_it_for_every_sample(simple_group):
+    """Regression: an undeclared scalar (``extra={"temperature": 0.7}``) failed with a raw TypeError; a
+    declared one was already repeated, as policy_version is."""
+    batch = encode_group(
+        **simple_group, extra={"temperature": 0.7, "seed": 7}, telemetry={"engine": 1, "ms": [1.0, 2.0, 3.0]}
+    )
+    assert batch.column("temperature").to_pylist() == [0.7] * 3
+    assert batch.column("seed").to_pylist() == [7] * 3
+    assert batch.column("telemetry").to_pylist()[2] == {"engine": 1, "ms": 3.0}
+
+
+def test_a_user_column_given_none_is_left_out(simple_group):
+    """None leaves a user column out, as it does the optional keyword arguments (it raised a KeyError)."""
+    batch = encode_group(**simple_group, extra={"ref_logprobs": None, "score": [1.0, 2.0, 3.0]})
+    assert "ref_logprobs" not in batch.schema.names
+    assert batch.column("score").to_pylist() == [1.0, 2.0, 3.0]

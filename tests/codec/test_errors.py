@@ -109,6 +109,26 @@ BAD_INPUTS = [
     ("telemetry not a struct", {"telemetry": [1, 2, 3]}, "telemetry", None, "must be a struct"),
     ("user column length", {"extra": {"tag": ["a"]}}, "tag", None, "has 1 entries but the group has 3"),
     ("object rows", {"response_ids": 17}, "response_ids", None, "cannot read int as ragged rows"),
+    # Regressions: each of these raised a raw OverflowError, TypeError, KeyError, ArrowInvalid or
+    # AttributeError (or a typed error that did not say what to do) before it was made a SchemaError.
+    ("epoch past int64", {"epoch": 2**63}, "epoch", None, "fits int64 (0..9223372036854775807)"),
+    ("group id past int64", {"group_id": np.uint64(2**64 - 1)}, "group_id", None, "fits int64"),
+    ("job id not UTF-8", {"job_id": "job\ud800"}, "job_id", None, "valid UTF-8"),
+    ("response ids None", {"response_ids": None}, "response_ids", None, "response_ids is required"),
+    ("reward None", {"reward": None}, "reward", None, "reward is required"),
+    ("prompt None", {"prompt_ids": None}, "prompt_ids", None, "prompt_ids is required"),
+    ("policy version None", {"policy_version": None}, "policy_version", None, "policy_version is required"),
+    ("values None under offsets", {"response_ids": (None, OFFSETS)}, "response_ids", None, "1-D array"),
+    ("user column of objects", {"extra": {"tag": [object()] * 3}}, "tag", None, "schema.extend"),
+    ("user column of mixed types", {"extra": {"tag": [1, "a", 2.0]}}, "tag", None, "schema.extend"),
+    ("user column numpy objects", {"extra": {"tag": np.array([object()] * 3)}}, "tag", None, "schema.extend"),
+    ("user column a dict", {"extra": {"tag": {"a": 1}}}, "tag", None, "one value per sample"),
+    ("user column name not a str", {"extra": {1: [1, 2, 3]}}, None, None, "names must be strings"),
+    ("extra not a mapping", {"extra": [1, 2, 3]}, None, None, "extra must be a mapping"),
+    ("schema not a TrajectorySchema", {"schema": "standard"}, None, None, "TrajectorySchema"),
+    ("telemetry a number", {"telemetry": 5}, "telemetry", None, "pass a list of dicts"),
+    ("telemetry field of objects", {"telemetry": {"x": object()}}, "telemetry.x", None, "schema.extend"),
+    ("mask mixing bools and ints", {"loss_mask": [[True, 1, 0, 0], [], [1] * 7]}, "loss_mask", 0, "convert"),
 ]
 
 
