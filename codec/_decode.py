@@ -22,7 +22,7 @@ means than dropping references (for example by unmapping a file it mapped itself
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
@@ -84,7 +84,9 @@ def _as_table(data: BatchLike) -> pa.Table:
         return data
     if isinstance(data, pa.RecordBatch):
         return pa.Table.from_batches([data])
-    if isinstance(data, Iterable):
+    if isinstance(data, Iterable) and not isinstance(
+        data, str | bytes | Mapping | pa.Array | pa.ChunkedArray
+    ):
         batches: list[Any] = list(data)
         if not batches:
             raise InvalidRequestError("decode() got an empty list of record batches; pass at least one")
@@ -135,8 +137,39 @@ def _flat(name: str, array: pa.Array, fill_nulls: Mapping[str, Any]) -> _Flat:
                 column=name,
                 row=row,
             )
-        array = pc.fill_null(array, pa.scalar(fill_nulls[name], type=array.type))
+        array = pc.fill_null(array, _fill_scalar(name, fill_nulls[name], array.type))
     return _Flat(_aligned(array))
+
+
+def _fill_scalar(name: str, value: Any, type_: pa.DataType) -> pa.Scalar:
+    """The fill value of a primitive column as a scalar of its (decoded) type; a bool counts as 0/1."""
+    if value is None:
+        raise InvalidRequestError(
+            f"fill_nulls[{name!r}] is None; pass the value that replaces the column's nulls", column=name
+        )
+    given = value
+    if isinstance(value, bool | np.bool_):  # bool columns decode as uint8: True fills as 1
+        value = int(value)
+    try:
+        return pa.scalar(value, type=type_)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+        raise InvalidRequestError(
+            f"fill_nulls[{name!r}] = {given!r} does not fit the column's type {type_} ({exc}); pass a "
+            "value of that type",
+            column=name,
+        ) from exc
+
+
+def _check_padding(name: str, pad: Any, fill: Callable[[], object], dtype: object) -> None:
+    """Refuse a padding value the column's dtype cannot hold: ``fill()`` fills one element with it."""
+    try:
+        fill()
+    except (TypeError, ValueError, OverflowError, RuntimeError) as exc:  # torch raises RuntimeError
+        raise InvalidRequestError(
+            f"padding_value {pad!r} cannot pad column {name!r} of dtype {dtype} ({exc}); pass a number "
+            "that fits it",
+            column=name,
+        ) from exc
 
 
 def _rebased(array: pa.Array, *, longest: bool = False) -> tuple[pa.Array, pa.Array, int]:
@@ -190,7 +223,21 @@ def _plans(
     data: BatchLike, columns: Sequence[str] | None, fill_nulls: Mapping[str, Any] | None
 ) -> tuple[int, dict[str, _Plan]]:
     table = _as_table(data)
-    names = list(table.schema.names if columns is None else columns)
+    if isinstance(columns, str | bytes):
+        raise InvalidRequestError(
+            f"columns must be a list of column names, got the string {columns!r}; pass columns=[{columns!r}]"
+        )
+    try:
+        names = list(table.schema.names if columns is None else columns)
+    except TypeError:
+        raise InvalidRequestError(
+            f"columns must be a list of column names, got {type(columns).__name__}"
+        ) from None
+    if fill_nulls is not None and not isinstance(fill_nulls, Mapping):
+        raise InvalidRequestError(
+            f"fill_nulls must be a mapping of column name to fill value, got {type(fill_nulls).__name__}; "
+            "pass fill_nulls={'column': value}"
+        )
     missing = [n for n in names if n not in table.schema.names]
     if missing:
         raise SchemaError(
@@ -205,7 +252,10 @@ def _check_layout(layout: str) -> None:
         raise InvalidRequestError(f"layout must be 'jagged', 'ragged' or 'padded', got {layout!r}")
 
 
-def _pad_numpy(values: np.ndarray, offsets: np.ndarray, max_len: int, pad: Any) -> Padded[np.ndarray]:
+def _pad_numpy(
+    name: str, values: np.ndarray, offsets: np.ndarray, max_len: int, pad: Any
+) -> Padded[np.ndarray]:
+    _check_padding(name, pad, lambda: np.full((), pad, dtype=values.dtype), values.dtype)
     lengths = np.diff(offsets).astype(np.int64)
     out = np.full((len(lengths), max_len), pad, dtype=values.dtype)
     # Scatter by flat position (row * max_len + column): no [rows, max_len] boolean mask to build.
@@ -238,7 +288,9 @@ def decode_numpy(
 
     Raises:
         SchemaError: a missing column, nulls without a fill value, or batches of different schemas.
-        InvalidRequestError: an unknown layout or an input that is not Arrow data.
+        InvalidRequestError: an unknown layout, an input that is not Arrow data, ``columns`` or
+            ``fill_nulls`` of the wrong kind, or a fill or padding value the column's type cannot hold
+            (``column`` names it).
     """
     _check_layout(layout)
     rows, plans = _plans(data, columns, fill_nulls)
@@ -250,7 +302,7 @@ def decode_numpy(
             values = plan.values.to_numpy(zero_copy_only=True)
             offsets = plan.offsets.to_numpy(zero_copy_only=True)
             if layout == "padded":
-                out.padded[name] = _pad_numpy(values, offsets, plan.max_len, padding_value)
+                out.padded[name] = _pad_numpy(name, values, offsets, plan.max_len, padding_value)
             else:
                 out.ragged[name] = Ragged(values, offsets)
         elif isinstance(plan, _List2):
@@ -286,9 +338,12 @@ class _SharedOffsets:
         self._seen.append((offsets.to_numpy(zero_copy_only=False), at))
 
 
-def _pad_torch(values: torch.Tensor, offsets: torch.Tensor, max_len: int, pad: Any) -> Padded[torch.Tensor]:
+def _pad_torch(
+    name: str, values: torch.Tensor, offsets: torch.Tensor, max_len: int, pad: Any
+) -> Padded[torch.Tensor]:
     import torch
 
+    _check_padding(name, pad, lambda: torch.full((), pad, dtype=values.dtype), values.dtype)
     lengths = (offsets[1:] - offsets[:-1]).to(torch.int64)
     if len(lengths) * max_len >= _DENSE_KERNEL_FROM:
         # torch's jagged -> dense kernel: ~4x faster than a boolean-mask scatter on a whole lease of the
@@ -342,15 +397,26 @@ def decode(
 
     Raises:
         SchemaError: a missing column, nulls without a fill value, or batches of different schemas.
-        InvalidRequestError: an unknown layout or device, or an input that is not Arrow data.
+        InvalidRequestError: an unknown layout or device, a CUDA device where torch has no CUDA, an input
+            that is not Arrow data, ``columns`` or ``fill_nulls`` of the wrong kind, or a fill or padding
+            value the column's type cannot hold (``column`` names it).
     """
     import torch
     from torch.utils.dlpack import from_dlpack
 
     _check_layout(layout)
-    on_cpu = device is None or torch.device(device).type == "cpu"
-    if not on_cpu and torch.device(device).type != "cuda":  # type: ignore[arg-type]
+    try:
+        target = None if device is None else torch.device(device)
+    except (RuntimeError, TypeError) as exc:  # torch's words for a string or type it cannot parse
+        raise InvalidRequestError(f"device must be 'cpu' or a CUDA device, got {device!r} ({exc})") from exc
+    on_cpu = target is None or target.type == "cpu"
+    if target is not None and target.type not in ("cpu", "cuda"):
         raise InvalidRequestError(f"device must be 'cpu' or a CUDA device, got {device!r}")
+    if not on_cpu and not torch.cuda.is_available():
+        raise InvalidRequestError(
+            f"device {device!r} was asked for but torch.cuda.is_available() is False (a CPU build of torch, "
+            "or no GPU visible); decode with device=None, or install a CUDA build of torch"
+        )
     rows, plans = _plans(data, columns, fill_nulls)
     # Host tensors first (zero-copy views of Arrow), in a flat list so a device move is one copy.
     host: list[torch.Tensor] = []
@@ -364,7 +430,7 @@ def decode(
         elif isinstance(plan, _List):
             values = from_dlpack(plan.values)
             if layout == "padded":
-                padded = _pad_torch(values, from_dlpack(plan.offsets), plan.max_len, padding_value)
+                padded = _pad_torch(name, values, from_dlpack(plan.offsets), plan.max_len, padding_value)
                 pieces = (padded.values, padded.lengths)
             else:
                 max_lens[name] = plan.max_len

@@ -191,11 +191,59 @@ def test_bad_decode_arguments(batch, kwargs, error, message):
         decode(batch, **kwargs)
 
 
+PADDED_IDS = {"columns": ["response_ids"], "layout": "padded"}
+# Regressions: each of these raised a raw TypeError, ValueError, OverflowError, RuntimeError or Arrow error.
+BAD_ARGUMENTS = [
+    # (id, kwargs, message)
+    ("columns a string", {"columns": "reward"}, r"columns=\['reward'\]"),
+    ("columns not iterable", {"columns": 5}, "list of column names"),
+    ("fill_nulls not a mapping", {"fill_nulls": [0.0]}, "fill_nulls must be a mapping"),
+    ("fill value of another type", {"fill_nulls": {"advantage": "x"}}, r"fill_nulls\['advantage'\] = 'x'"),
+    ("fill value None", {"fill_nulls": {"advantage": None}}, r"fill_nulls\['advantage'\] is None"),
+    ("padding a string", {**PADDED_IDS, "padding_value": "x"}, "padding_value"),
+    ("padding past int32", {**PADDED_IDS, "padding_value": 2**40}, "int32"),
+    ("padding None", {**PADDED_IDS, "padding_value": None}, "padding_value"),
+]
+
+
+@pytest.mark.parametrize("decoder", [decode, decode_numpy], ids=["torch", "numpy"])
+@pytest.mark.parametrize(
+    ("kwargs", "message"), [c[1:] for c in BAD_ARGUMENTS], ids=[c[0] for c in BAD_ARGUMENTS]
+)
+def test_bad_arguments_of_both_decoders_give_an_invalid_request(batch, decoder, kwargs, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        decoder(batch, **kwargs)
+
+
+@pytest.mark.parametrize("device", ["not a device", "cuda:x", 3.5])
+def test_a_device_torch_cannot_parse_is_an_invalid_request(batch, device):
+    """Regression: torch.device's RuntimeError escaped decode."""
+    with pytest.raises(InvalidRequestError, match="device must be"):
+        decode(batch, device=device)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error where torch sees no CUDA device")
+def test_a_cuda_device_without_cuda_is_an_invalid_request(batch):
+    """Regression: torch's pinned-memory RuntimeError escaped decode on a machine without CUDA."""
+    with pytest.raises(InvalidRequestError, match=r"torch\.cuda\.is_available\(\) is False"):
+        decode(batch, columns=["reward"], device="cuda")
+
+
+def test_bool_columns_take_a_bool_fill_value():
+    """Regression: a bool fill for a bool column (decoded as uint8) raised a raw ArrowTypeError."""
+    table = pa.table({"done": pa.array([True, None, False])})
+    assert decode(table, fill_nulls={"done": True}).tensors["done"].tolist() == [1, 1, 0]
+    assert decode_numpy(table, fill_nulls={"done": False}).arrays["done"].tolist() == [1, 0, 0]
+
+
 def test_non_arrow_input_is_refused():
     with pytest.raises(InvalidRequestError, match="RecordBatch"):
         decode({"a": [1]})  # type: ignore[arg-type]
     with pytest.raises(InvalidRequestError, match="empty list"):
         decode([])
+    for data in ("groups", b"groups", pa.array([1, 2])):  # iterable, but not of record batches
+        with pytest.raises(InvalidRequestError, match="takes a RecordBatch, a Table or a list"):
+            decode(data)  # type: ignore[arg-type]
 
 
 @pytest.mark.gpu
