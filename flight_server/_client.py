@@ -40,6 +40,7 @@ from trajflight.flight_server._errors import translate_errors
 from trajflight.flight_server._fences import MappedBoard
 from trajflight.flight_server._local import MAX_FRAME, LocalChannel
 from trajflight.flight_server._opened import ShmOpened
+from trajflight.flight_server._segment_writer import SegmentWriter
 from trajflight.flight_server._segments import (
     heap_placement,
     join_batches,
@@ -47,7 +48,6 @@ from trajflight.flight_server._segments import (
     stream_size,
     write_stream,
 )
-from trajflight.flight_server._shm import write_segment
 from trajflight.flight_server._wire import (
     AppendDescriptor,
     DeleteRequest,
@@ -145,6 +145,7 @@ class StorageClient:
         self._local: LocalChannel | None = None
         self._boards: dict[str, MappedBoard] = {}  # the server's fence board, mapped once (same host)
         self.inline_put_bytes = inline_put_bytes
+        self._segments = SegmentWriter()  # same-host puts: keeps mappings of the segments it is handed again
         with translate_errors(f"connect to {location}"):
             self._client = flight.FlightClient(location, write_size_limit_bytes=write_size_limit_bytes or 0)
 
@@ -152,6 +153,7 @@ class StorageClient:
         """Close the connection (idempotent)."""
         if self._local is not None:
             self._local.close()
+        self._segments.close()
         self._client.close()
 
     def use_local_channel(self, path: str | None) -> None:
@@ -321,8 +323,9 @@ class StorageClient:
 
         One ``shm_reserve`` call gets a segment per group (every check of a put runs there), each group is
         written as one Arrow IPC stream straight into its segment file (one copy, from ``data`` into the
-        shared pages, :func:`~._shm.write_segment`), and one ``shm_publish`` call validates and publishes
-        them all at once, or none. On any failure the reservations are given up. ``data`` is read, not kept.
+        shared pages, :class:`~._segment_writer.SegmentWriter`), and one ``shm_publish`` call validates and
+        publishes them all at once, or none. On any failure the reservations are given up. ``data`` is read,
+        not kept.
 
         Args:
             groups: ``(key, data)`` per group; every group needs the same schema.
@@ -429,7 +432,8 @@ class StorageClient:
             )
             reserved = self._action("shm_reserve", encode(request), timeout)["batch"]
             try:
-                written = write_segment(reserved["path"], int(reserved["capacity"]), batch.schema, [batch])
+                path, capacity = reserved["path"], int(reserved["capacity"])
+                written = self._segments.write(path, capacity, batch.schema, [batch])
                 if written != size:  # pragma: no cover - the sizer and the writer agree
                     raise InvalidRequestError(f"shm put: wrote {written} bytes, announced {size}")
                 publish = ShmBatchPublishRequest(reserved["reservation"], written)
@@ -465,7 +469,7 @@ class StorageClient:
         try:
             written = []
             for seg, stream, expected in zip(segments, streams, sizes, strict=False):
-                size = write_segment(seg["path"], int(seg["capacity"]), schema, stream)
+                size = self._segments.write(seg["path"], int(seg["capacity"]), schema, stream)
                 if size != expected:  # pragma: no cover - the sizer and the writer agree
                     raise InvalidRequestError(f"shm put: wrote {size} bytes, announced {expected}")
                 written.append(size)
