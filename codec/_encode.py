@@ -145,6 +145,42 @@ def _sample_ids(key: GroupKey, rows: int) -> pa.Array:
     return pa.array([f"{key.job_id}/{key.epoch}/{key.group_id}/{i}" for i in range(rows)], pa.string())
 
 
+def _given_sample_ids(sample_ids: Any, rows: int) -> pa.Array:
+    """The caller's sample ids: one per sample (a lone string is not repeated) and no id twice.
+
+    Raises:
+        SchemaError: one id for the group, or an id given to two samples (naming the second's row).
+    """
+    if isinstance(sample_ids, str | bytes) or (isinstance(sample_ids, np.ndarray) and sample_ids.ndim == 0):
+        raise SchemaError(
+            f"sample_ids must hold one id per sample ({rows} here), got the single "
+            f"{type(sample_ids).__name__} {sample_ids!r}; pass a list of ids, or leave sample_ids out for "
+            "the default '{job_id}/{epoch}/{group_id}/{sample_index}'",
+            column="sample_id",
+        )
+    array = scalar_array(sample_ids, pa.string(), column="sample_id", rows=rows)
+    ids = array.to_pylist()  # ~0.4 us for 8 ids: cheaper than any pyarrow.compute kernel at this size
+    if len(set(ids)) != len(ids):
+        _check_unique_ids(ids)
+    return array
+
+
+def _check_unique_ids(ids: list[str | None]) -> None:
+    """Raise on the first id that an earlier sample already has; nulls are left to ``check_nulls``."""
+    first: dict[str, int] = {}
+    for row, id_ in enumerate(ids):
+        if id_ is None:
+            continue
+        if id_ in first:
+            raise SchemaError(
+                f"column 'sample_id' row {row} repeats {id_!r} of row {first[id_]}: a sample id identifies "
+                "one sample; give every sample its own id",
+                column="sample_id",
+                row=row,
+            )
+        first[id_] = row
+
+
 # rows -> (b"", b"0", ..., str(rows - 1) as bytes) and the int32 offsets of those digits alone (read-only):
 # the ids of a group are its prefix joined with them. A job has a handful of group sizes.
 _DIGITS: dict[int, tuple[list[bytes], np.ndarray]] = {}
@@ -356,7 +392,10 @@ def encode_group(
             default: every response token is trained on.
         advantage: One value per sample, ``None`` entries become nulls; omitted when not given.
         policy_version: The weights version, one int for the group or one per sample.
-        sample_ids: Globally unique ids; default ``"{job_id}/{epoch}/{group_id}/{sample_index}"``.
+        sample_ids: Globally unique ids, one per sample (a list, array or pyarrow array of strings: a
+            single string is refused, not repeated); default
+            ``"{job_id}/{epoch}/{group_id}/{sample_index}"``. Ids repeated within the group are refused
+            (uniqueness across groups is the caller's).
         top_p_ids: Per sample, per response token, the candidate token ids (doubly ragged).
         top_p_probs: The candidates' probabilities, same shape as ``top_p_ids``.
         finish_reason: One string per sample (stored as ``dictionary<int8, string>``).
@@ -375,7 +414,7 @@ def encode_group(
     Raises:
         SchemaError: naming the column (and row) of the first problem, also for arguments of the wrong
             kind (``None`` for a required column, a key past int64, a ``schema`` that is not a
-            :class:`TrajectorySchema`); nothing is returned half-built.
+            :class:`TrajectorySchema`, one string for ``sample_ids``); nothing is returned half-built.
     """
     key = _check_key(job_id, epoch, group_id)
     inputs: dict[str, Any] = {
@@ -411,11 +450,9 @@ def encode_group(
         "epoch": epochs,
         "group_id": group_ids,
         "sample_index": sample_indices,
-        "sample_id": (
-            scalar_array(sample_ids, pa.string(), column="sample_id", rows=rows)
-            if sample_ids is not None
-            else _sample_ids(key, rows)
-        ),
+        "sample_id": _given_sample_ids(sample_ids, rows)
+        if sample_ids is not None
+        else _sample_ids(key, rows),
         "policy_version": scalar_array(
             inputs["policy_version"], pa.int64(), column="policy_version", rows=rows
         ),

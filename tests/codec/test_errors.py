@@ -129,6 +129,13 @@ BAD_INPUTS = [
     ("telemetry a number", {"telemetry": 5}, "telemetry", None, "pass a list of dicts"),
     ("telemetry field of objects", {"telemetry": {"x": object()}}, "telemetry.x", None, "schema.extend"),
     ("mask mixing bools and ints", {"loss_mask": [[True, 1, 0, 0], [], [1] * 7]}, "loss_mask", 0, "convert"),
+    # Silent coercions: each of these was stored altered (a string repeated, a float truncated, an array's
+    # shape unexplained) or stored and then refused by decode, before it was refused here.
+    ("sample ids one string", {"sample_ids": "abc"}, "sample_id", None, "one id per sample"),
+    ("sample ids bytes", {"sample_ids": b"abc"}, "sample_id", None, "one id per sample"),
+    ("sample ids a 0-d array", {"sample_ids": np.array("abc")}, "sample_id", None, "one id per sample"),
+    ("sample ids repeated", {"sample_ids": ["a", "b", "a"]}, "sample_id", 2, "row 2 repeats 'a' of row 0"),
+    ("sample ids repeated in arrow", {"sample_ids": pa.array(["a", "a", "b"])}, "sample_id", 1, "repeats"),
 ]
 
 
