@@ -3,8 +3,9 @@
 Memory: from contiguous numpy arrays and CPU tensors of the schema's dtypes the batch aliases the
 caller's memory (no payload copy; Arrow keeps the sources alive, so do not write to them afterwards).
 Per-sample arrays are concatenated, padded inputs packed and other dtypes converted: one copy each.
-Python lists go through one ``pyarrow.array`` conversion. CUDA tensors are staged through one pinned
-host buffer (:mod:`trajflight.codec._device`) and the batch aliases that buffer.
+Python lists go through one ``pyarrow.array`` conversion (for integer columns, a type inference and a
+cast: a float is refused, not truncated). CUDA tensors are staged through one pinned host buffer
+(:mod:`trajflight.codec._device`) and the batch aliases that buffer.
 
 It does not guarantee that the returned batch is independent of the inputs: copy them first
 (``np.copy``/``tensor.clone()``) if the rollout engine reuses its buffers.
@@ -391,7 +392,8 @@ def encode_group(
         loss_mask: Per-token mask (bools, numpy/torch bool arrays, or 0/1 integers), stored as uint8;
             default: every response token is trained on.
         advantage: One value per sample, ``None`` entries become nulls; omitted when not given.
-        policy_version: The weights version, one int for the group or one per sample.
+        policy_version: The weights version, one int for the group or one per sample (ints: a float or
+            a bool is refused, whole or not, as integer arrays of another dtype are).
         sample_ids: Globally unique ids, one per sample (a list, array or pyarrow array of strings: a
             single string is refused, not repeated); default
             ``"{job_id}/{epoch}/{group_id}/{sample_index}"``. Ids repeated within the group are refused

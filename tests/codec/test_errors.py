@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from trajflight.codec import GroupKey, Padded, encode_group, validate_group
+from trajflight.codec import STANDARD_SCHEMA, GroupKey, Padded, encode_group, validate_group
 from trajflight.errors import SchemaError
 
 from .conftest import ragged
@@ -136,6 +136,30 @@ BAD_INPUTS = [
     ("sample ids a 0-d array", {"sample_ids": np.array("abc")}, "sample_id", None, "one id per sample"),
     ("sample ids repeated", {"sample_ids": ["a", "b", "a"]}, "sample_id", 2, "row 2 repeats 'a' of row 0"),
     ("sample ids repeated in arrow", {"sample_ids": pa.array(["a", "a", "b"])}, "sample_id", 1, "repeats"),
+    ("policy version a float", {"policy_version": 1.5}, "policy_version", None, "got float 1.5"),
+    ("policy version a whole float", {"policy_version": 2.0}, "policy_version", None, "got float 2.0"),
+    ("policy version numpy float", {"policy_version": np.float32(1.5)}, "policy_version", None, "float"),
+    ("policy version 0-d float", {"policy_version": np.array(1.5)}, "policy_version", None, "float"),
+    ("policy version numpy bool", {"policy_version": np.True_}, "policy_version", None, "got bool True"),
+    ("policy versions with a float", {"policy_version": [1, 1.5, 2]}, "policy_version", 1, "float 1.5"),
+    ("policy versions numpy bools", {"policy_version": [np.True_] * 3}, "policy_version", 0, "bool"),
+    (
+        "token ids floats in lists",
+        {"response_ids": [[1, 2, 3, 4], [], [5] * 6 + [6.5]]},
+        "response_ids",
+        2,
+        "6.5",
+    ),
+    ("prompt with a float", {"prompt_ids": [1, 2.5]}, "prompt_ids", 0, "float 2.5"),
+    ("mask of float lists", {"loss_mask": [[1, 0.5, 1, 1], [], [1] * 7]}, "loss_mask", 0, "float 0.5"),
+    ("top_p ids floats", {"top_p_ids": [[[1]] * 4, [], [[1]] * 6 + [[1.5]]]}, "top_p_ids", 2, "float 1.5"),
+    (
+        "declared int user column a float",
+        {"extra": {"n": 1.5}, "schema": STANDARD_SCHEMA.extend(("n", pa.int64()))},
+        "n",
+        None,
+        "got float 1.5",
+    ),
 ]
 
 
