@@ -14,6 +14,9 @@ Accepted inputs for a ragged (``list<T>``) column, checked in this order:
   columns the values' type is inferred first and cast (about a third more than one conversion), so
   that a float is refused rather than truncated.
 
+Numeric ragged columns built from Python lists or pyarrow arrays are refused where a row holds a null
+entry (decode could not decode them); null rows are left to the schema.
+
 A ``tuple`` is always read as ``(values, offsets)`` and a ``list`` always as per-sample rows.
 
 Zero-copy contract: contiguous numpy arrays and CPU tensors of the column's exact dtype become Arrow
@@ -37,6 +40,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from trajflight.codec._containers import DoublyRagged, Padded, Ragged
 from trajflight.errors import SchemaError
@@ -441,6 +445,59 @@ def _from_arrow(obj: pa.Array | pa.ChunkedArray, type_: pa.DataType, *, column: 
         ) from exc
 
 
+def _no_null_entries(array: pa.Array, *, column: str) -> pa.Array:
+    """``array``, a ``list<T>`` or ``list<list<T>>`` built from Python or Arrow input, when no row holds a
+    null entry (nor, nested, a null token or candidate) where T is numeric.
+
+    decode hands these columns' values to torch and numpy, which have no nulls, and refuses them: a group
+    holding one could be stored but never trained on. Null rows are the schema's to allow or refuse
+    (:func:`~trajflight.codec._validate.check_nulls`), and other leaf types (strings, bools) decode as
+    Arrow, nulls and all. Cheap where there is none: the children's null counts, which Arrow keeps.
+
+    Raises:
+        SchemaError: naming the column, the row and the entry (or token and candidate).
+    """
+    tokens = array.values  # the whole child: no null there means none in any row
+    nested = pa.types.is_list(tokens.type)
+    leaf = tokens.type.value_type if nested else tokens.type
+    if not (pa.types.is_integer(leaf) or pa.types.is_floating(leaf)):
+        return array
+    if not tokens.null_count and not (nested and tokens.values.null_count):
+        return array
+    rows = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)  # the row of each entry
+    entries = pc.list_flatten(array)  # the rows' entries in order (a null row holds none)
+
+    def locate(index: int) -> tuple[int, int]:
+        """(row, position in the row) of entry ``index``."""
+        row = int(rows[index])
+        return row, index - int(np.searchsorted(rows, row))
+
+    if entries.null_count:
+        row, entry = locate(int(pc.index(pc.is_null(entries), True).as_py()))
+        what, hint = ("token", "pass [] for a token without candidates") if nested else ("entry", "fill it")
+        raise SchemaError(
+            f"column {column!r} row {row} {what} {entry} is null: {hint}, or drop the sample (decode "
+            "refuses nulls inside ragged rows)",
+            column=column,
+            row=row,
+        )
+    if nested:
+        candidates = pc.list_flatten(entries)
+        if candidates.null_count:
+            at = int(pc.index(pc.is_null(candidates), True).as_py())
+            token_of = pc.list_parent_indices(entries).to_numpy(zero_copy_only=False)
+            token = int(token_of[at])
+            row, entry = locate(token)
+            candidate = at - int(np.searchsorted(token_of, token))
+            raise SchemaError(
+                f"column {column!r} row {row} token {entry} candidate {candidate} is null: give every "
+                "candidate a value or leave it out (decode refuses nulls inside ragged rows)",
+                column=column,
+                row=row,
+            )
+    return array
+
+
 def ragged_array(obj: Any, value_type: pa.DataType, *, column: str) -> pa.ListArray:
     """Build a ``list<value_type>`` array from any ragged input listed in the module docstring.
 
@@ -449,7 +506,7 @@ def ragged_array(obj: Any, value_type: pa.DataType, *, column: str) -> pa.ListAr
     """
     list_type = pa.list_(value_type)
     if isinstance(obj, pa.Array | pa.ChunkedArray):
-        return _from_arrow(obj, list_type, column=column)
+        return _no_null_entries(_from_arrow(obj, list_type, column=column), column=column)
     if isinstance(obj, Ragged):
         return _list_from_values(as_numpy(obj.values, column=column), obj.offsets, value_type, column=column)
     if isinstance(obj, tuple):
@@ -497,7 +554,7 @@ def ragged_array(obj: Any, value_type: pa.DataType, *, column: str) -> pa.ListAr
         np.cumsum([len(p) for p in parts], out=offsets[1:])
         values = np.concatenate(parts) if parts else np.empty(0, dtype=value_type.to_pandas_dtype())
         return _list_from_values(values, offsets, value_type, column=column)
-    return _from_python(obj, list_type, column=column)
+    return _no_null_entries(_from_python(obj, list_type, column=column), column=column)
 
 
 def repeated_row(obj: Any, value_type: pa.DataType, rows: int, *, column: str) -> pa.ListArray:
@@ -549,7 +606,7 @@ def doubly_ragged_array(obj: Any, value_type: pa.DataType, *, column: str) -> pa
     """
     list_type = pa.list_(pa.list_(value_type))
     if isinstance(obj, pa.Array | pa.ChunkedArray):
-        return _from_arrow(obj, list_type, column=column)
+        return _no_null_entries(_from_arrow(obj, list_type, column=column), column=column)
     if isinstance(obj, DoublyRagged):
         inner = _list_from_values(
             as_numpy(obj.values, column=column), obj.inner_offsets, value_type, column=column
@@ -561,7 +618,7 @@ def doubly_ragged_array(obj: Any, value_type: pa.DataType, *, column: str) -> pa
         outer = _offsets_int32(outer, len(inner), column=column)
         return pa.ListArray.from_arrays(pa.array(outer), inner)
     if isinstance(obj, Sequence) and not isinstance(obj, str | bytes):
-        return _from_python(obj, list_type, column=column)
+        return _no_null_entries(_from_python(obj, list_type, column=column), column=column)
     raise SchemaError(
         f"column {column!r}: cannot read {type(obj).__name__} as doubly ragged rows; pass nested lists, a "
         "DoublyRagged or a pyarrow list<list<...>> array",

@@ -302,3 +302,22 @@ def test_a_user_column_given_none_is_left_out(simple_group):
     batch = encode_group(**simple_group, extra={"ref_logprobs": None, "score": [1.0, 2.0, 3.0]})
     assert "ref_logprobs" not in batch.schema.names
     assert batch.column("score").to_pylist() == [1.0, 2.0, 3.0]
+
+
+def test_nulls_decode_can_take_are_still_accepted(simple_group):
+    """The refusal of null entries inside ragged rows (they passed encode and decode refused them) stops
+    there: a null outside a sliced Arrow input, a top-p row without candidates and nulls in ragged columns
+    of strings or bools (decoded as Arrow) are kept."""
+    values, offsets = simple_group["response_logprobs"]
+    rows = [None, *(row.tolist() for row in np.split(values, offsets[1:-1]))]
+    sliced = pa.array(rows, pa.list_(pa.float32())).slice(1)
+    batch = encode_group(
+        **{**simple_group, "response_logprobs": sliced},
+        top_p_ids=[None, [], [[1]] * 7],
+        top_p_probs=[None, [], [[0.5]] * 7],
+        extra={"tags": [["a", None], [], ["b"]], "flags": [[True, None], [], [False]]},
+    )
+    assert batch.column("response_logprobs").to_pylist() == rows[1:]
+    assert batch.column("top_p_ids").to_pylist()[0] is None
+    assert batch.column("tags").to_pylist()[0] == ["a", None]
+    assert batch.column("flags").to_pylist()[0] == [True, None]

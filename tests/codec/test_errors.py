@@ -160,6 +160,44 @@ BAD_INPUTS = [
         None,
         "got float 1.5",
     ),
+    (
+        "mask null entry",
+        {"loss_mask": [[1, None, 1, 1], [], [1] * 7]},
+        "loss_mask",
+        0,
+        "row 0 entry 1 is null",
+    ),
+    ("token id null", {"response_ids": [[1, 2, 3, 4], [], [1] * 6 + [None]]}, "response_ids", 2, "entry 6"),
+    (
+        "logprob null",
+        {"response_logprobs": [[0.0] * 4, [], [None] + [0.0] * 6]},
+        "response_logprobs",
+        2,
+        "null",
+    ),
+    ("prompt null entry", {"prompt_ids": [1, None]}, "prompt_ids", 0, "row 0 entry 1 is null"),
+    (
+        "logprobs null in arrow",
+        {"response_logprobs": pa.array([[0.0] * 4, [], [0.0] * 6 + [None]], pa.list_(pa.float32()))},
+        "response_logprobs",
+        2,
+        "row 2 entry 6 is null",
+    ),
+    (
+        "top_p null token",
+        {"top_p_ids": [[[1]] * 4, [], [[1]] * 6 + [None]]},
+        "top_p_ids",
+        2,
+        "token 6 is null",
+    ),
+    (
+        "top_p null candidate",
+        {"top_p_ids": [[[1]] * 4, [], [[1]] * 6 + [[1, None]]]},
+        "top_p_ids",
+        2,
+        "token 6 candidate 1 is null",
+    ),
+    ("user ragged column null entry", {"extra": {"ref": [[0.5], [], [None]]}}, "ref", 2, "entry 0 is null"),
 ]
 
 
