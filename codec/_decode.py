@@ -255,9 +255,19 @@ def _check_layout(layout: str) -> None:
 def _pad_numpy(
     name: str, values: np.ndarray, offsets: np.ndarray, max_len: int, pad: Any
 ) -> Padded[np.ndarray]:
-    _check_padding(name, pad, lambda: np.full((), pad, dtype=values.dtype), values.dtype)
+    value = pad
+
+    def fill() -> None:
+        nonlocal value
+        if values.dtype.kind in "iu" and isinstance(pad, float | np.floating):
+            # numpy casts a NaN, infinite or out-of-range float to garbage integers (with a RuntimeWarning);
+            # torch.full refuses them. Through int() (truncating 1.5 as torch does) numpy refuses them too.
+            value = int(pad)
+        np.full((), value, dtype=values.dtype)
+
+    _check_padding(name, pad, fill, values.dtype)
     lengths = np.diff(offsets).astype(np.int64)
-    out = np.full((len(lengths), max_len), pad, dtype=values.dtype)
+    out = np.full((len(lengths), max_len), value, dtype=values.dtype)
     # Scatter by flat position (row * max_len + column): no [rows, max_len] boolean mask to build.
     starts = np.arange(len(lengths), dtype=np.int64) * max_len - offsets[:-1].astype(np.int64)
     out.reshape(-1)[np.arange(len(values), dtype=np.int64) + np.repeat(starts, lengths)] = values

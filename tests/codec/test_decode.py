@@ -203,6 +203,23 @@ BAD_ARGUMENTS = [
     ("padding a string", {**PADDED_IDS, "padding_value": "x"}, "padding_value"),
     ("padding past int32", {**PADDED_IDS, "padding_value": 2**40}, "int32"),
     ("padding None", {**PADDED_IDS, "padding_value": None}, "padding_value"),
+    # Regressions: decode_numpy padded integers with garbage (and a RuntimeWarning) where decode refused.
+    (
+        "padding NaN for integers",
+        {**PADDED_IDS, "padding_value": float("nan")},
+        "padding_value nan cannot pad",
+    ),
+    (
+        "padding inf for integers",
+        {**PADDED_IDS, "padding_value": float("inf")},
+        "padding_value inf cannot pad",
+    ),
+    ("padding past int32 as a float", {**PADDED_IDS, "padding_value": 1e20}, "'response_ids' of dtype"),
+    (
+        "padding NaN for the mask",
+        {"columns": ["loss_mask"], "layout": "padded", "padding_value": np.nan},
+        "nan",
+    ),
 ]
 
 
