@@ -353,7 +353,16 @@ def _pad_torch(
 ) -> Padded[torch.Tensor]:
     import torch
 
-    _check_padding(name, pad, lambda: torch.full((), pad, dtype=values.dtype), values.dtype)
+    def fill() -> None:
+        if isinstance(pad, int | np.integer) and not values.dtype.is_floating_point:
+            # torch.full wraps an integer out of an unsigned dtype's range (-1 -> 255 for the loss mask)
+            # where numpy refuses it.
+            info = torch.iinfo(values.dtype)
+            if not info.min <= pad <= info.max:
+                raise OverflowError(f"{pad} is outside {info.min}..{info.max}")
+        torch.full((), pad, dtype=values.dtype)
+
+    _check_padding(name, pad, fill, values.dtype)
     lengths = (offsets[1:] - offsets[:-1]).to(torch.int64)
     if len(lengths) * max_len >= _DENSE_KERNEL_FROM:
         # torch's jagged -> dense kernel: ~4x faster than a boolean-mask scatter on a whole lease of the

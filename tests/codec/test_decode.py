@@ -220,6 +220,12 @@ BAD_ARGUMENTS = [
         {"columns": ["loss_mask"], "layout": "padded", "padding_value": np.nan},
         "nan",
     ),
+    # Regression: decode padded the uint8 mask with 255 (torch wraps -1) where decode_numpy refused.
+    (
+        "padding -1 for the mask",
+        {"columns": ["loss_mask"], "layout": "padded", "padding_value": -1},
+        "padding_value -1 cannot pad column 'loss_mask'",
+    ),
 ]
 
 
