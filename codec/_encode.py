@@ -338,7 +338,30 @@ def _infer_type(value: Any, *, column: str) -> pa.DataType:
         raise _cannot_infer(value, column, exc) from exc
 
 
+def _check_per_sample_shape(name: str, value: Any, declared: pa.DataType | None) -> None:
+    """Refuse an array of more dimensions than the column has, saying how such a column is stored.
+
+    Rows of a 2-D array are a list column's rows (inferred, or declared ``list<T>``); more dimensions,
+    or 2-D for a declared column of single values, have no column form of their own.
+    """
+    if not (isinstance(value, np.ndarray) or (is_tensor(value) and not value.is_nested)):
+        return
+    is_list = declared is not None and (pa.types.is_list(declared) or pa.types.is_large_list(declared))
+    if value.ndim <= 1 or (value.ndim == 2 and (declared is None or is_list)):
+        return
+    shape = tuple(value.shape)
+    raise SchemaError(
+        f"column {name!r}: expected one value per sample (a 1-D array, or 2-D for a list column), got shape "
+        f"{shape}; store each sample's values as one row: pass x.reshape({shape[0]}, -1) for a list column "
+        f"(declared as pa.list_(<type>) where the schema declares {name!r}), or "
+        "pyarrow.FixedShapeTensorArray.from_numpy_ndarray(x) to keep each sample's shape "
+        f"{shape[1:]} (a fixed_shape_tensor column; decode returns it as an Arrow array)",
+        column=name,
+    )
+
+
 def _user_column(name: str, value: Any, declared: pa.DataType | None, rows: int) -> pa.Array:
+    _check_per_sample_shape(name, value, declared)
     type_ = declared if declared is not None else _infer_type(value, column=name)
     if pa.types.is_list(type_) and pa.types.is_list(type_.value_type):
         array = doubly_ragged_array(value, type_.value_type.value_type, column=name)
@@ -407,7 +430,8 @@ def encode_group(
             values' dtype for arrays, tensors and the ragged containers (:class:`Ragged`,
             :class:`Padded`, :class:`DoublyRagged`, ``(values, offsets)``, per-sample tensors), by
             ``pyarrow`` for Python lists; one scalar is repeated for every sample; ``None`` leaves the
-            column out.
+            column out. A per-sample array (``[K, ...]``) is stored as ``x.reshape(K, -1)`` (a list
+            column) or as ``pyarrow.FixedShapeTensorArray.from_numpy_ndarray(x)`` (keeps the shape).
         schema: The job's schema (the standard one extended with user columns).
 
     Returns:

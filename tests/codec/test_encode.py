@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from trajflight.codec import DoublyRagged, Padded, Ragged, encode_group
+from trajflight.codec import DoublyRagged, Padded, Ragged, decode_numpy, encode_group
 
 
 def _values_address(batch: pa.RecordBatch, name: str) -> int:
@@ -321,3 +321,17 @@ def test_nulls_decode_can_take_are_still_accepted(simple_group):
     assert batch.column("top_p_ids").to_pylist()[0] is None
     assert batch.column("tags").to_pylist()[0] == ["a", None]
     assert batch.column("flags").to_pylist()[0] == [True, None]
+
+
+def test_a_per_sample_array_is_stored_in_either_form_the_3d_error_names(simple_group):
+    """The refusal of a [K, A, B] user column (its message said only "expected 1-D") names two forms that
+    store it; both round-trip."""
+    x = np.arange(12, dtype=np.float32).reshape(3, 2, 2)
+    batch = encode_group(
+        **simple_group,
+        extra={"flat": x.reshape(3, -1), "shaped": pa.FixedShapeTensorArray.from_numpy_ndarray(x)},
+    )
+    assert batch.schema.field("flat").type == pa.list_(pa.float32())
+    out = decode_numpy(batch, columns=["flat", "shaped"])
+    np.testing.assert_array_equal(out.ragged["flat"].values.reshape(3, 2, 2), x)
+    np.testing.assert_array_equal(out.arrow["shaped"].to_numpy_ndarray(), x)

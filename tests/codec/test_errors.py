@@ -198,6 +198,20 @@ BAD_INPUTS = [
         "token 6 candidate 1 is null",
     ),
     ("user ragged column null entry", {"extra": {"ref": [[0.5], [], [None]]}}, "ref", 2, "entry 0 is null"),
+    (
+        "user column 3-D",
+        {"extra": {"x": np.zeros((3, 2, 2), np.float32)}},
+        "x",
+        None,
+        "FixedShapeTensorArray",
+    ),
+    (
+        "declared user column 3-D",
+        {"extra": {"x": np.zeros((3, 2, 2))}, "schema": STANDARD_SCHEMA.extend(("x", pa.float64()))},
+        "x",
+        None,
+        "reshape(3, -1)",
+    ),
 ]
 
 
