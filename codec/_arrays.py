@@ -14,8 +14,8 @@ Accepted inputs for a ragged (``list<T>``) column, checked in this order:
   columns the values' type is inferred first and cast (about a third more than one conversion), so
   that a float is refused rather than truncated.
 
-Numeric ragged columns built from Python lists or pyarrow arrays are refused where a row holds a null
-entry (decode could not decode them); null rows are left to the schema.
+Standard numeric ragged columns built from Python lists or pyarrow arrays are refused where a row holds a
+null entry (decode could not decode them); null rows are left to the schema, user columns keep theirs.
 
 A ``tuple`` is always read as ``(values, offsets)`` and a ``list`` always as per-sample rows.
 
@@ -445,18 +445,21 @@ def _from_arrow(obj: pa.Array | pa.ChunkedArray, type_: pa.DataType, *, column: 
         ) from exc
 
 
-def _no_null_entries(array: pa.Array, *, column: str) -> pa.Array:
-    """``array``, a ``list<T>`` or ``list<list<T>>`` built from Python or Arrow input, when no row holds a
-    null entry (nor, nested, a null token or candidate) where T is numeric.
+def _no_null_entries(array: pa.Array, *, column: str, allowed: bool) -> pa.Array:
+    """``array``, a ``list<T>`` or ``list<list<T>>`` built from Python or Arrow input, when null entries are
+    ``allowed`` or no row holds one (nor, nested, a null token or candidate) where T is numeric.
 
     decode hands these columns' values to torch and numpy, which have no nulls, and refuses them: a group
-    holding one could be stored but never trained on. Null rows are the schema's to allow or refuse
-    (:func:`~trajflight.codec._validate.check_nulls`), and other leaf types (strings, bools) decode as
-    Arrow, nulls and all. Cheap where there is none: the children's null counts, which Arrow keeps.
+    holding one in a standard column could be stored but never trained on. Null rows are the schema's to
+    allow or refuse (:func:`~trajflight.codec._validate.check_nulls`), and other leaf types (strings,
+    bools) decode as Arrow, nulls and all. Cheap where there is none: the children's null counts, which
+    Arrow keeps.
 
     Raises:
         SchemaError: naming the column, the row and the entry (or token and candidate).
     """
+    if allowed:
+        return array
     tokens = array.values  # the whole child: no null there means none in any row
     nested = pa.types.is_list(tokens.type)
     leaf = tokens.type.value_type if nested else tokens.type
@@ -498,15 +501,23 @@ def _no_null_entries(array: pa.Array, *, column: str) -> pa.Array:
     return array
 
 
-def ragged_array(obj: Any, value_type: pa.DataType, *, column: str) -> pa.ListArray:
+def ragged_array(
+    obj: Any, value_type: pa.DataType, *, column: str, null_entries: bool = False
+) -> pa.ListArray:
     """Build a ``list<value_type>`` array from any ragged input listed in the module docstring.
 
+    ``null_entries`` keeps nulls inside rows of a numeric column (a user column: DESIGN.md has every user
+    column round-trip, nulls included); otherwise they are refused, as decode would refuse them.
+
     Raises:
-        SchemaError: wrong dtype, values out of range, malformed offsets or lengths; naming the row.
+        SchemaError: wrong dtype, values out of range, malformed offsets or lengths, a null entry; naming
+            the row.
     """
     list_type = pa.list_(value_type)
     if isinstance(obj, pa.Array | pa.ChunkedArray):
-        return _no_null_entries(_from_arrow(obj, list_type, column=column), column=column)
+        return _no_null_entries(
+            _from_arrow(obj, list_type, column=column), column=column, allowed=null_entries
+        )
     if isinstance(obj, Ragged):
         return _list_from_values(as_numpy(obj.values, column=column), obj.offsets, value_type, column=column)
     if isinstance(obj, tuple):
@@ -554,7 +565,7 @@ def ragged_array(obj: Any, value_type: pa.DataType, *, column: str) -> pa.ListAr
         np.cumsum([len(p) for p in parts], out=offsets[1:])
         values = np.concatenate(parts) if parts else np.empty(0, dtype=value_type.to_pandas_dtype())
         return _list_from_values(values, offsets, value_type, column=column)
-    return _no_null_entries(_from_python(obj, list_type, column=column), column=column)
+    return _no_null_entries(_from_python(obj, list_type, column=column), column=column, allowed=null_entries)
 
 
 def repeated_row(obj: Any, value_type: pa.DataType, rows: int, *, column: str) -> pa.ListArray:
@@ -594,19 +605,23 @@ def _fast_repeated_row(obj: Any, value_type: pa.DataType, rows: int, *, column: 
     return pa.Array.from_buffers(list_type, rows, buffers, null_count=0, children=[child])
 
 
-def doubly_ragged_array(obj: Any, value_type: pa.DataType, *, column: str) -> pa.ListArray:
+def doubly_ragged_array(
+    obj: Any, value_type: pa.DataType, *, column: str, null_entries: bool = False
+) -> pa.ListArray:
     """Build a ``list<list<value_type>>`` array (per sample, per token, candidates).
 
     Accepts a pyarrow array, :class:`~trajflight.codec.DoublyRagged` (zero-copy from contiguous
     values of the right dtype) or per-sample nested Python lists (``None`` for a sample without
-    candidates).
+    candidates). A null token or candidate is refused unless ``null_entries``, as in :func:`ragged_array`.
 
     Raises:
-        SchemaError: wrong dtype, values out of range or malformed offsets.
+        SchemaError: wrong dtype, values out of range, malformed offsets or a null token or candidate.
     """
     list_type = pa.list_(pa.list_(value_type))
     if isinstance(obj, pa.Array | pa.ChunkedArray):
-        return _no_null_entries(_from_arrow(obj, list_type, column=column), column=column)
+        return _no_null_entries(
+            _from_arrow(obj, list_type, column=column), column=column, allowed=null_entries
+        )
     if isinstance(obj, DoublyRagged):
         inner = _list_from_values(
             as_numpy(obj.values, column=column), obj.inner_offsets, value_type, column=column
@@ -618,7 +633,9 @@ def doubly_ragged_array(obj: Any, value_type: pa.DataType, *, column: str) -> pa
         outer = _offsets_int32(outer, len(inner), column=column)
         return pa.ListArray.from_arrays(pa.array(outer), inner)
     if isinstance(obj, Sequence) and not isinstance(obj, str | bytes):
-        return _no_null_entries(_from_python(obj, list_type, column=column), column=column)
+        return _no_null_entries(
+            _from_python(obj, list_type, column=column), column=column, allowed=null_entries
+        )
     raise SchemaError(
         f"column {column!r}: cannot read {type(obj).__name__} as doubly ragged rows; pass nested lists, a "
         "DoublyRagged or a pyarrow list<list<...>> array",

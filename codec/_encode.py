@@ -364,9 +364,9 @@ def _user_column(name: str, value: Any, declared: pa.DataType | None, rows: int)
     _check_per_sample_shape(name, value, declared)
     type_ = declared if declared is not None else _infer_type(value, column=name)
     if pa.types.is_list(type_) and pa.types.is_list(type_.value_type):
-        array = doubly_ragged_array(value, type_.value_type.value_type, column=name)
+        array = doubly_ragged_array(value, type_.value_type.value_type, column=name, null_entries=True)
     elif pa.types.is_list(type_) and pa.types.is_primitive(type_.value_type):
-        array = ragged_array(value, type_.value_type, column=name)
+        array = ragged_array(value, type_.value_type, column=name, null_entries=True)
     else:
         array = scalar_array(value, type_, column=name, rows=rows)
     if len(array) != rows:
@@ -401,7 +401,9 @@ def encode_group(
     Ragged token columns (``prompt_ids``, ``response_ids``, ``response_logprobs``, ``loss_mask``) take
     any input of :mod:`trajflight.codec._arrays`: per-sample Python lists, per-sample arrays or tensors,
     a torch nested jagged tensor, ``(values, offsets)``, :class:`Padded`, a 2-D array, or a pyarrow
-    array. CUDA tensors are accepted anywhere and staged through one pinned host buffer.
+    array. CUDA tensors are accepted anywhere and staged through one pinned host buffer. A null entry
+    inside a row of these or of the top-p columns is refused (decode could not decode the group); user
+    columns keep theirs.
 
     Args:
         job_id: The training run.

@@ -305,9 +305,9 @@ def test_a_user_column_given_none_is_left_out(simple_group):
 
 
 def test_nulls_decode_can_take_are_still_accepted(simple_group):
-    """The refusal of null entries inside ragged rows (they passed encode and decode refused them) stops
-    there: a null outside a sliced Arrow input, a top-p row without candidates and nulls in ragged columns
-    of strings or bools (decoded as Arrow) are kept."""
+    """The refusal of null entries inside standard ragged rows (they passed encode and decode refused
+    them) stops there: a null outside a sliced Arrow input, a top-p row without candidates and nulls in
+    user columns (DESIGN.md: every user column round-trips, nulls included) are kept."""
     values, offsets = simple_group["response_logprobs"]
     rows = [None, *(row.tolist() for row in np.split(values, offsets[1:-1]))]
     sliced = pa.array(rows, pa.list_(pa.float32())).slice(1)
@@ -315,12 +315,17 @@ def test_nulls_decode_can_take_are_still_accepted(simple_group):
         **{**simple_group, "response_logprobs": sliced},
         top_p_ids=[None, [], [[1]] * 7],
         top_p_probs=[None, [], [[0.5]] * 7],
-        extra={"tags": [["a", None], [], ["b"]], "flags": [[True, None], [], [False]]},
+        extra={
+            "tags": [["a", None], [], ["b"]],
+            "flags": [[True, None], [], [False]],
+            "ref": [[0.5, None], [], []],
+        },
     )
     assert batch.column("response_logprobs").to_pylist() == rows[1:]
     assert batch.column("top_p_ids").to_pylist()[0] is None
     assert batch.column("tags").to_pylist()[0] == ["a", None]
     assert batch.column("flags").to_pylist()[0] == [True, None]
+    assert batch.column("ref").to_pylist()[0] == [0.5, None]
 
 
 def test_a_per_sample_array_is_stored_in_either_form_the_3d_error_names(simple_group):

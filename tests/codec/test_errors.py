@@ -197,7 +197,6 @@ BAD_INPUTS = [
         2,
         "token 6 candidate 1 is null",
     ),
-    ("user ragged column null entry", {"extra": {"ref": [[0.5], [], [None]]}}, "ref", 2, "entry 0 is null"),
     (
         "user column 3-D",
         {"extra": {"x": np.zeros((3, 2, 2), np.float32)}},
