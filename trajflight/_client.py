@@ -20,9 +20,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from trajflight._handles import BatchHandle
 from trajflight._lease import LeasedBatch, Renewals
@@ -354,16 +352,22 @@ class Writer:
         return grants
 
     def _publish(self, grant: PutGrant, batch: pa.RecordBatch, nbytes: int) -> GroupInfo:
-        info: GroupInfo = self.client.controller.publish(
-            grant.partition,
-            token=grant.token,
-            rows=batch.num_rows,
-            nbytes=nbytes,
-            tokens=_tokens_of(batch),
-            policy_version=_policy_version(batch, self.policy_version),
-            columns=tuple(batch.schema.names),
-        )
+        publication = self._publication(grant, batch, nbytes, tuple(batch.schema.names))
+        info: GroupInfo = self.client.controller.publish(grant.partition, **publication)
         return info
+
+    def _publication(
+        self, grant: PutGrant, batch: pa.RecordBatch, nbytes: int, columns: tuple[str, ...]
+    ) -> dict[str, Any]:
+        """The arguments of ``publish`` for a stored group with ``columns``, beside its partition."""
+        return {
+            "token": grant.token,
+            "rows": batch.num_rows,
+            "nbytes": nbytes,
+            "tokens": _tokens_of(batch),
+            "policy_version": _policy_version(batch, self.policy_version),
+            "columns": columns,
+        }
 
     def put_many(self, batches: Sequence[pa.RecordBatch], *, timeout: float | None = None) -> list[GroupInfo]:
         """Store several finished groups (record batches of one schema) and make them READY, in order.
@@ -399,18 +403,9 @@ class Writer:
             )
         # Every group is stored: publish them all in one controller operation (all of them or none).
         columns = tuple(with_key(batches[0].slice(0, 0), GroupKey(self.job_id, self.epoch, 0)).schema.names)
-        tokens, versions = _figures(batches, self.policy_version)
         items = [
-            Publication(
-                grant.partition,
-                token=grant.token,
-                rows=batch.num_rows,
-                nbytes=nbytes,
-                tokens=tokens[i],
-                policy_version=versions[i],
-                columns=columns,
-            )
-            for i, (grant, batch, nbytes) in enumerate(planned)
+            Publication(grant.partition, **self._publication(grant, batch, nbytes, columns))
+            for grant, batch, nbytes in planned
         ]
         return self.client.controller.publish_many(items, timeout=max(0.001, deadline - time.monotonic()))
 
@@ -436,54 +431,6 @@ def _capacity_wait(exc: CapacityExceededError, deadline: float) -> float:
             retry_after=wait,
         ) from exc
     return wait
-
-
-def _figures(batches: Sequence[pa.RecordBatch], default: int) -> tuple[list[int], list[int]]:
-    """Per group, :func:`_tokens_of` and :func:`_policy_version` (``default`` where the column is absent).
-
-    Computed over all groups at once where they share one schema, hold samples and have no nulls in the
-    two columns (a ``put_many``: 0.38 ms for 64 groups one by one here, 0.12 ms at once); otherwise group
-    by group, with the same results.
-    """
-    names = batches[0].schema.names
-    rows = np.fromiter((b.num_rows for b in batches), np.int64, len(batches))
-    if rows.min() > 0 and all(b.schema.names == names for b in batches):
-        starts = np.zeros(len(batches), np.int64)
-        np.cumsum(rows[:-1], out=starts[1:])
-        try:
-            tokens = _per_group_sums(batches, "response_ids", starts, names)
-            versions = _per_group_minimums(batches, "policy_version", starts, names, default)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):  # types differ: group by group below
-            pass
-        else:
-            if tokens is not None and versions is not None:
-                return tokens, versions
-    return [_tokens_of(b) for b in batches], [_policy_version(b, default) for b in batches]
-
-
-def _per_group_sums(
-    batches: Sequence[pa.RecordBatch], name: str, starts: np.ndarray, names: list[str]
-) -> list[int] | None:
-    """Each group's list values in column ``name`` (0 without it); None where a row is null."""
-    if name not in names:
-        return [0] * len(batches)
-    column = pa.chunked_array([b.column(name) for b in batches])
-    if column.null_count:
-        return None
-    lengths = pc.list_value_length(column).to_numpy()
-    return [int(n) for n in np.add.reduceat(lengths, starts)]
-
-
-def _per_group_minimums(
-    batches: Sequence[pa.RecordBatch], name: str, starts: np.ndarray, names: list[str], default: int
-) -> list[int] | None:
-    """Each group's smallest value in column ``name`` (``default`` without it); None with nulls."""
-    if name not in names:
-        return [default] * len(batches)
-    column = pa.chunked_array([b.column(name) for b in batches])
-    if column.null_count:
-        return None
-    return [int(v) for v in np.minimum.reduceat(column.to_numpy(), starts)]
 
 
 def _policy_version(batch: pa.RecordBatch, default: int) -> int:
