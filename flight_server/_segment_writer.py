@@ -104,7 +104,6 @@ class SegmentWriter:
             kept.close()
             raise
         self._keep(key, kept)
-        self.mapped_writes += 1
         return size
 
     def _take(self, key: tuple[str, int], size: int) -> _Kept | None:
@@ -135,7 +134,9 @@ class SegmentWriter:
         return _Kept(fd, mm)
 
     def _keep(self, key: tuple[str, int], kept: _Kept) -> None:
+        """Keep ``kept`` (just written through) as the most recently used mapping, within the bounds."""
         with self._lock:
+            self.mapped_writes += 1
             self._kept[key] = kept
             while len(self._kept) > self.max_segments or self._kept_bytes() > self.max_bytes:
                 self._kept.popitem(last=False)[1].close()
