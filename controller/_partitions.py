@@ -330,11 +330,12 @@ class PartitionLedger(LedgerCore):
     @staticmethod
     def _check_publication(job: _Job, key: Partition, g: _Group, sizes: _Sizes) -> None:
         """Check the sizes of a first publication of the ALLOCATED group ``g`` (of ``key``)."""
-        rows, nbytes, tokens, policy_version = sizes
-        check_int(rows, "rows")
-        check_int(nbytes, "nbytes")
-        check_int(tokens, "tokens")
-        check_int(policy_version, "policy_version")
+        try:
+            for value, what in zip(sizes, ("rows", "nbytes", "tokens", "policy_version"), strict=True):
+                check_int(value, what)
+        except InvalidRequestError as exc:  # name the group: one of a publish_many's many
+            raise InvalidRequestError(f"{exc} (the publication of {tuple(key)})") from None
+        _, nbytes, _, policy_version = sizes
         if nbytes > g.nbytes:
             raise InvalidRequestError(
                 f"published nbytes={nbytes} exceeds the {g.nbytes} bytes reserved for {tuple(key)}; "

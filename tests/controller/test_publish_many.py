@@ -208,6 +208,18 @@ def test_a_refused_item_publishes_none_of_the_batch(world, bad, error, match):
     assert L.publish_many([_item(good)], now=world.now)[0].state is GroupState.READY  # nothing stuck
 
 
+@pytest.mark.parametrize("field", ["rows", "nbytes", "tokens", "policy_version"])
+def test_a_bad_count_names_the_group_whose_publication_holds_it(world, field):
+    """Among a batch's many publications, the error says which one holds the bad count."""
+    L = world.ledger
+    good, other = L.allocate_many("j", 1, "w0", nbytes=[1000, 1000], now=world.now)
+    with pytest.raises(InvalidRequestError) as refused:
+        L.publish_many([_item(good), _item(other, **{field: -1})], now=world.now)
+    message = str(refused.value)
+    assert message.startswith(f"{field} must be an int >= 0, got -1")
+    assert f"the publication of {tuple(other.partition)}" in message
+
+
 def test_an_expired_grant_is_refused_and_the_others_stay_unpublished(world):
     L = world.ledger
     expiring = L.allocate("j", 1, "w0", nbytes=1000, now=world.now)
