@@ -359,6 +359,28 @@ def test_put_many_of_no_groups_stores_nothing_and_returns_nothing(cluster, job):
     assert client.trainer(job).try_lease(4, wait=0.0) is None
 
 
+def test_put_many_s_publication_runs_under_the_put_s_deadline(cluster, job, monkeypatch):
+    """The controller's publish_many gets what is left of the put's timeout, not a deadline of its own."""
+    client = cluster.client()
+    client.open_job(job, 1)
+    writer = client.writer(job, 1, put_timeout=60.0)
+    given: list[float] = []
+    publish_many = client.controller.publish_many
+
+    def spy(items, *, timeout=None):
+        given.append(timeout)
+        return publish_many(items, timeout=timeout)
+
+    monkeypatch.setattr(client.controller, "publish_many", spy)
+    groups = trajflight.workload.make_workload(3, 4, response_median=64, seed=7)
+    started = time.monotonic()
+    infos = writer.put_many([g.encode(job, 1) for g in groups], timeout=5.0)
+    assert [i.state for i in infos] == ["READY"] * 3
+    elapsed = time.monotonic() - started
+    assert len(given) == 1
+    assert 5.0 - elapsed <= given[0] < 5.0  # what was left when it was called, not 5 s (or 60) again
+
+
 def test_put_many_larger_than_free_capacity_completes_as_a_trainer_commits(cluster, job):
     """A batch needing more than the free capacity takes what fits, waits, and asks for the rest as the
     trainer's commits free capacity; every group is published, in order."""
