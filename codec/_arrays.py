@@ -40,9 +40,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from trajflight.codec._containers import DoublyRagged, Padded, Ragged
+from trajflight.codec._validate import check_null_entries
 from trajflight.errors import SchemaError
 
 __all__ = [
@@ -447,57 +447,14 @@ def _from_arrow(obj: pa.Array | pa.ChunkedArray, type_: pa.DataType, *, column: 
 
 def _no_null_entries(array: pa.Array, *, column: str, allowed: bool) -> pa.Array:
     """``array``, a ``list<T>`` or ``list<list<T>>`` built from Python or Arrow input, when null entries are
-    ``allowed`` or no row holds one (nor, nested, a null token or candidate) where T is numeric.
-
-    decode hands these columns' values to torch and numpy, which have no nulls, and refuses them: a group
-    holding one in a standard column could be stored but never trained on. Null rows are the schema's to
-    allow or refuse (:func:`~trajflight.codec._validate.check_nulls`), and other leaf types (strings,
-    bools) decode as Arrow, nulls and all. Cheap where there is none: the children's null counts, which
-    Arrow keeps.
+    ``allowed`` (a user column) or no row holds one where T is numeric: the rule validate_group applies to
+    the standard ragged columns (:func:`~trajflight.codec._validate.check_null_entries`).
 
     Raises:
         SchemaError: naming the column, the row and the entry (or token and candidate).
     """
-    if allowed:
-        return array
-    tokens = array.values  # the whole child: no null there means none in any row
-    nested = pa.types.is_list(tokens.type)
-    leaf = tokens.type.value_type if nested else tokens.type
-    if not (pa.types.is_integer(leaf) or pa.types.is_floating(leaf)):
-        return array
-    if not tokens.null_count and not (nested and tokens.values.null_count):
-        return array
-    rows = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)  # the row of each entry
-    entries = pc.list_flatten(array)  # the rows' entries in order (a null row holds none)
-
-    def locate(index: int) -> tuple[int, int]:
-        """(row, position in the row) of entry ``index``."""
-        row = int(rows[index])
-        return row, index - int(np.searchsorted(rows, row))
-
-    if entries.null_count:
-        row, entry = locate(int(pc.index(pc.is_null(entries), True).as_py()))
-        what, hint = ("token", "pass [] for a token without candidates") if nested else ("entry", "fill it")
-        raise SchemaError(
-            f"column {column!r} row {row} {what} {entry} is null: {hint}, or drop the sample (decode "
-            "refuses nulls inside ragged rows)",
-            column=column,
-            row=row,
-        )
-    if nested:
-        candidates = pc.list_flatten(entries)
-        if candidates.null_count:
-            at = int(pc.index(pc.is_null(candidates), True).as_py())
-            token_of = pc.list_parent_indices(entries).to_numpy(zero_copy_only=False)
-            token = int(token_of[at])
-            row, entry = locate(token)
-            candidate = at - int(np.searchsorted(token_of, token))
-            raise SchemaError(
-                f"column {column!r} row {row} token {entry} candidate {candidate} is null: give every "
-                "candidate a value or leave it out (decode refuses nulls inside ragged rows)",
-                column=column,
-                row=row,
-            )
+    if not allowed:
+        check_null_entries(array, column=column)
     return array
 
 

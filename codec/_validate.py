@@ -11,7 +11,9 @@ finds the first offending row and words the error. The cheap tier never decides 
 those of the precise checks; where it is not sure (an unusual type, a null) it defers to them.
 
 It does not check semantic plausibility (token ids inside a vocabulary, logprobs <= 0): NaN and inf
-logprobs are legal data and round-trip unchanged.
+logprobs are legal data and round-trip unchanged. It does not refuse what decode alone refuses in columns
+the schema lets hold it: a null row of a nullable list column (a sample without top-p candidates) and null
+entries inside rows of user columns are valid groups, which decode takes with ``columns=[...]``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,20 @@ import pyarrow.compute as pc
 from trajflight.codec._schema import KEY_COLUMNS, RAGGED_TOKEN_COLUMNS, STANDARD_SCHEMA, TrajectorySchema
 from trajflight.errors import SchemaError
 
-__all__ = ["GroupKey", "check_nulls", "check_ragged_lengths", "ragged_columns_agree", "validate_group"]
+__all__ = [
+    "NO_NULL_ENTRY_COLUMNS",
+    "GroupKey",
+    "check_null_entries",
+    "check_nulls",
+    "check_ragged_lengths",
+    "ragged_columns_agree",
+    "validate_group",
+]
+
+# The standard ragged columns whose entries decode hands to torch and numpy, which have no nulls: a null
+# entry inside one of their rows (where the leaf type is numeric) is refused, by encode_group and here alike.
+# User columns keep theirs (DESIGN.md: every user column round-trips, nulls included).
+NO_NULL_ENTRY_COLUMNS: tuple[str, ...] = ("prompt_ids", *RAGGED_TOKEN_COLUMNS)
 
 
 class GroupKey(NamedTuple):
@@ -97,6 +112,85 @@ def check_nulls(batch: pa.RecordBatch, schema: TrajectorySchema) -> None:
             raise SchemaError(
                 f"column {name!r} row {row} is null; the column is not nullable", column=name, row=row
             )
+
+
+def _numeric_list_depth(type_: pa.DataType) -> int:
+    """1 for ``list<T>``, 2 for ``list<list<T>>`` (large lists alike) with numeric T; 0 for any other type."""
+    depth = 0
+    while depth < 2 and (pa.types.is_list(type_) or pa.types.is_large_list(type_)):
+        type_, depth = type_.value_type, depth + 1
+    return depth if pa.types.is_integer(type_) or pa.types.is_floating(type_) else 0
+
+
+def _entries_valid(array: pa.Array, nested: bool) -> bool:
+    """Whether ``array``'s children hold no null at all: Arrow's kept null counts, no pass over the data.
+
+    The whole child, not only the part the rows span: False means "not sure", as a slice or a null row
+    may cover the null (:func:`_refuse_null_entry` then looks at the rows).
+    """
+    tokens = array.values
+    return not tokens.null_count and not (nested and tokens.values.null_count)
+
+
+def check_null_entries(array: pa.Array, *, column: str) -> None:
+    """No null entry inside a row of ``array`` (nor, nested, a null token or candidate) where it is a
+    ``list<T>`` or ``list<list<T>>`` (or large list) with numeric T; any other type passes.
+
+    decode hands these columns' values to torch and numpy, which have no nulls, and refuses them: a group
+    holding one in a standard column could be stored but never trained on. The caller decides which
+    columns the rule applies to (:data:`NO_NULL_ENTRY_COLUMNS`). Null rows are the schema's to allow or
+    refuse (:func:`check_nulls`), and entries under a null row or outside a slice are not in any row.
+    Cheap where there is none: the children's null counts, which Arrow keeps; only then are rows read.
+
+    Raises:
+        SchemaError: naming the column, the row and the entry (or token and candidate).
+    """
+    depth = _numeric_list_depth(array.type)
+    if depth and not _entries_valid(array, depth == 2):
+        _refuse_null_entry(array, column=column, nested=depth == 2)
+
+
+def _refuse_null_entry(array: pa.Array, *, column: str, nested: bool) -> None:
+    """The precise :func:`check_null_entries` (``nested`` for a list of lists): raises on the first null
+    entry inside a row, or returns where the children's nulls lie outside every row."""
+    rows = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)  # the row of each entry
+    entries = pc.list_flatten(array)  # the rows' entries in order (a null row holds none)
+
+    def locate(index: int) -> tuple[int, int]:
+        """(row, position in the row) of entry ``index``."""
+        row = int(rows[index])
+        return row, index - int(np.searchsorted(rows, row))
+
+    if entries.null_count:
+        row, entry = locate(int(pc.index(pc.is_null(entries), True).as_py()))
+        what, hint = ("token", "pass [] for a token without candidates") if nested else ("entry", "fill it")
+        raise SchemaError(
+            f"column {column!r} row {row} {what} {entry} is null: {hint}, or drop the sample (decode "
+            "refuses nulls inside ragged rows)",
+            column=column,
+            row=row,
+        )
+    if nested:
+        candidates = pc.list_flatten(entries)
+        if candidates.null_count:
+            at = int(pc.index(pc.is_null(candidates), True).as_py())
+            token_of = pc.list_parent_indices(entries).to_numpy(zero_copy_only=False)
+            token = int(token_of[at])
+            row, entry = locate(token)
+            candidate = at - int(np.searchsorted(token_of, token))
+            raise SchemaError(
+                f"column {column!r} row {row} token {entry} candidate {candidate} is null: give every "
+                "candidate a value or leave it out (decode refuses nulls inside ragged rows)",
+                column=column,
+                row=row,
+            )
+
+
+def _check_null_entries_of(batch: pa.RecordBatch) -> None:
+    """:func:`check_null_entries` of the batch's :data:`NO_NULL_ENTRY_COLUMNS`, in column order."""
+    for i, name in enumerate(batch.schema.names):
+        if name in NO_NULL_ENTRY_COLUMNS:
+            check_null_entries(batch.column(i), column=name)
 
 
 def _lengths(column: pa.Array) -> np.ndarray:
@@ -216,15 +310,23 @@ def validate_group(
 
     Checks, in order: Arrow's own ``RecordBatch.validate(full=...)`` (offsets in range, UTF-8, ...);
     required columns present and standard columns of the declared types; no nulls in non-nullable
-    columns; every row carrying the same ``job_id``/``epoch``/``group_id`` (and equal to ``expect`` when
-    given); per-token columns of equal length per sample (``response_ids``, ``response_logprobs``,
-    ``loss_mask``, ``top_p_ids``, ``top_p_probs``) and top-p candidate sets of equal size per token.
+    columns; no null entry inside a row of the standard numeric ragged columns (``prompt_ids`` and the
+    per-token ones below: decode could not decode the group; user columns keep theirs, as in
+    ``encode_group``); every row carrying the same ``job_id``/``epoch``/``group_id`` (and equal to
+    ``expect`` when given); per-token columns of equal length per sample (``response_ids``,
+    ``response_logprobs``, ``loss_mask``, ``top_p_ids``, ``top_p_probs``) and top-p candidate sets of equal
+    size per token. Only Arrow's own validation depends on ``full``.
+
+    A null row of a nullable column (``top_p_ids``/``top_p_probs`` in the standard schema: a sample without
+    candidates, as ``encode_group`` writes ``None``) is valid, though decode refuses that column.
 
     Args:
         batch: The group.
         schema: The job's schema.
         expect: The partition the group is meant for; rows naming another partition are refused.
-        full: Run Arrow's full (O(n)) structural validation; keep True for data from outside.
+        full: Run Arrow's full (O(n)) structural validation; keep True for data from outside. The
+            checks after it run either way (the null entries' by Arrow's kept null counts, O(1) per
+            column where there is none).
 
     Returns:
         The group's key, or None for a batch with zero rows and no ``expect``.
@@ -248,6 +350,7 @@ def validate_group(
     plan = _plan(schema, batch.schema)
     if plan is None or batch.num_rows == 0:  # an unusual layout, or nothing to check: the precise path
         check_nulls(batch, schema)
+        _check_null_entries_of(batch)
         values = [
             _check_constant(batch, name, None if expect is None else getattr(expect, name))
             for name in KEY_COLUMNS[:3]
@@ -296,12 +399,15 @@ class _Plan:
             holds one value" of the column's type.
         ragged: The per-token columns present, response_ids first; empty without response_ids.
         candidates: top_p_ids and top_p_probs, when both are present (and response_ids is).
+        entries: ``(name, index, nested)`` of the :data:`NO_NULL_ENTRY_COLUMNS` present whose leaf type is
+            numeric, in column order; ``nested`` for a list of lists.
     """
 
     non_nullable: tuple[int, ...]
     keys: tuple[tuple[str, int, _Same], ...]
     ragged: tuple[int, ...]
     candidates: tuple[int, int] | None
+    entries: tuple[tuple[str, int, bool], ...]
 
 
 # (trajectory schema, Arrow schema, its plan or None): most recent first, replaced whole (threads read it
@@ -336,7 +442,12 @@ def _make_plan(schema: TrajectorySchema, arrow: pa.Schema) -> _Plan | None:
     ragged = tuple(where[n] for n in RAGGED_TOKEN_COLUMNS if n in where) if "response_ids" in where else ()
     candidates = (where["top_p_ids"], where["top_p_probs"]) if ragged and _has_candidates(names) else None
     non_nullable = tuple(i for i, name in enumerate(names) if name in schema.non_nullable)
-    return _Plan(non_nullable, tuple(keys), ragged, candidates)
+    entries = tuple(
+        (name, i, depth == 2)
+        for i, name in enumerate(names)
+        if name in NO_NULL_ENTRY_COLUMNS and (depth := _numeric_list_depth(arrow.field(i).type))
+    )
+    return _Plan(non_nullable, tuple(keys), ragged, candidates, entries)
 
 
 def _checks_by_plan(
@@ -349,6 +460,12 @@ def _checks_by_plan(
         column = columns[i] = batch.column(i)
         if column.null_count:
             check_nulls(batch, schema)  # raises, naming the first null
+    for name, i, nested in plan.entries:
+        column = columns.get(i)
+        if column is None:
+            column = columns[i] = batch.column(i)
+        if not _entries_valid(column, nested):
+            _refuse_null_entry(column, column=name, nested=nested)  # raises, or finds the nulls in no row
     values: list[object] = []
     for name, i, same in plan.keys:
         column = columns.get(i)

@@ -3,9 +3,9 @@
 Storage servers validate every group they receive, so validate_group first runs cheap checks that can
 only accept (null counts, key columns as raw bytes, list offsets as numpy views); the precise
 ``pyarrow.compute`` checks run when those do not accept, and word the error. These tests generate groups
-valid and invalid (sliced, offsets not starting at 0, nulls, a wrong key in any row, dictionary job ids,
-large_list columns, after IPC or not) and compare validate_group with the same call forced onto the precise
-checks alone.
+valid and invalid (sliced, offsets not starting at 0, nulls, null entries inside ragged rows, a wrong key
+in any row, dictionary job ids, large_list columns, after IPC or not) and compare validate_group with the
+same call forced onto the precise checks alone.
 """
 
 from __future__ import annotations
@@ -24,7 +24,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trajflight import workload
-from trajflight.codec import STANDARD_SCHEMA, GroupKey, TrajectorySchema, _validate, validate_group
+from trajflight.codec import (
+    STANDARD_SCHEMA,
+    GroupKey,
+    TrajectorySchema,
+    _validate,
+    decode,
+    encode_group,
+    validate_group,
+)
 from trajflight.codec._validate import check_ragged_lengths
 from trajflight.errors import SchemaError
 
@@ -122,7 +130,9 @@ def groups(draw: st.DrawFn) -> tuple[pa.RecordBatch, TrajectorySchema, GroupKey 
         data["top_p_probs"] = [[[0.25] * c for c in row] for row in candidates]
 
     mutation = draw(
-        st.sampled_from(["none", "key", "null", "length", "length", "length", "candidate", "candidate"])
+        st.sampled_from(
+            ["none", "key", "null", "entry", "entry", "length", "length", "length", "candidate", "candidate"]
+        )
     )
     row = draw(st.sampled_from([0, n - 1]) | st.integers(0, n - 1))
     if mutation == "key":
@@ -133,6 +143,16 @@ def groups(draw: st.DrawFn) -> tuple[pa.RecordBatch, TrajectorySchema, GroupKey 
     elif mutation == "null":  # refused in non-nullable columns; an exempt row in top_p_* (half the time)
         exempt = [c for c in RAGGED[2:] if c in data]
         data[draw(st.sampled_from(exempt if exempt and draw(st.booleans()) else sorted(data)))][row] = None
+    elif mutation == "entry":  # a null inside a row: refused in every standard ragged column
+        name = draw(st.sampled_from([c for c in ("prompt_ids", "response_ids", *RAGGED) if c in data]))
+        cell = [list(x) if isinstance(x, list) else x for x in data[name][row]]  # rows may share lists
+        if cell:
+            at = draw(st.integers(0, len(cell) - 1))
+            if isinstance(cell[at], list) and cell[at] and draw(st.booleans()):
+                cell[at][draw(st.integers(0, len(cell[at]) - 1))] = None  # a null candidate
+            else:
+                cell[at] = None  # a null entry, or a null token of top_p_*
+            data[name][row] = cell
     elif mutation == "length":
         name = draw(st.sampled_from([c for c in RAGGED if c in data]))
         cell = data[name][row]
@@ -209,6 +229,7 @@ def _precise_checks_forbidden() -> Iterator[None]:
         mock.patch.object(_validate, "check_nulls", refuse),
         mock.patch.object(_validate, "_check_constant", refuse),
         mock.patch.object(_validate, "_check_ragged_precisely", refuse),
+        mock.patch.object(_validate, "_refuse_null_entry", refuse),
     ):
         yield
 
@@ -313,3 +334,112 @@ def test_nulls_in_several_columns_name_the_first_in_column_order():
     for checks in (contextlib.nullcontext(), _precise_only()):
         with checks, pytest.raises(SchemaError, match="'sample_index' row 1 is null"):
             validate_group(group, expect=GroupKey("job", 1, 0))
+
+
+def _with_null(
+    group: pa.RecordBatch, name: str, row: int, token: int, candidate: int | None
+) -> pa.RecordBatch:
+    """``group`` with entry ``token`` of ``row`` (or that token's ``candidate``) of ``name`` set to null,
+    built with pyarrow directly, as an analyst or another client might build a group."""
+    rows = group.column(name).to_pylist()
+    cell = list(rows[row])
+    if candidate is None:
+        cell[token] = None
+    else:
+        cell[token] = [None if c == candidate else v for c, v in enumerate(cell[token])]
+    rows[row] = cell
+    index = group.schema.get_field_index(name)
+    return group.set_column(index, group.schema.field(index), pa.array(rows, group.schema.field(index).type))
+
+
+@pytest.mark.parametrize(
+    ("name", "token", "candidate", "message"),
+    [
+        ("prompt_ids", 1, None, "row 2 entry 1 is null"),
+        ("response_ids", 0, None, "row 2 entry 0 is null"),
+        ("response_logprobs", 3, None, "row 2 entry 3 is null"),
+        ("loss_mask", 1, None, "row 2 entry 1 is null"),
+        ("top_p_ids", 1, None, "row 2 token 1 is null"),
+        ("top_p_probs", 2, None, "row 2 token 2 is null"),
+        ("top_p_ids", 1, 0, "row 2 token 1 candidate 0 is null"),
+        ("top_p_probs", 0, 1, "row 2 token 0 candidate 1 is null"),
+    ],
+)
+def test_a_null_entry_inside_a_standard_ragged_row_is_refused_naming_row_and_entry(
+    name, token, candidate, message
+):
+    """Regression: validate_group (what servers run before a put becomes visible) accepted a group with a
+    null inside a ragged row, which encode_group refuses and every trainer's decode then failed on."""
+    group = workload.make_workload(1, 4, seed=0, top_p=True, response_median=8.0)[0].encode("job", 1)
+    cell = group.column(name)[2].as_py()
+    assert len(cell) > token  # the entry (or token) exists, and so does the candidate
+    assert candidate is None or len(cell[token]) > candidate
+    holed = _with_null(group, name, 2, token, candidate)
+    with pytest.raises(SchemaError):
+        decode(holed)  # why the group is refused: it could be stored but never trained on
+    for batch in (holed, _ipc(holed)):
+        for full in (True, False):  # not Arrow's structural validation: refused either way
+            for checks in (contextlib.nullcontext(), _precise_only()):
+                with checks, pytest.raises(SchemaError, match=f"column {name!r} {message}") as info:
+                    validate_group(batch, expect=GroupKey("job", 1, 0), full=full)
+                assert (info.value.column, info.value.row) == (name, 2)
+
+
+def test_null_entries_in_user_ragged_columns_are_kept():
+    """DESIGN.md: every user column round-trips, nulls included; only the standard columns refuse them."""
+    schema = STANDARD_SCHEMA.extend(
+        ("ref_logprobs", pa.list_(pa.float32())), ("alt_ids", pa.list_(pa.list_(pa.int32())))
+    )
+    group = workload.make_workload(1, 3, seed=0)[0].encode("job", 1)
+    group = group.append_column("ref_logprobs", pa.array([[0.5, None], [], None], pa.list_(pa.float32())))
+    group = group.append_column(
+        "alt_ids", pa.array([[[1, None], None], [], [[]]], schema.field("alt_ids").type)
+    )
+    for checks in (contextlib.nullcontext(), _precise_only()):
+        with checks:
+            assert validate_group(group, schema, expect=GroupKey("job", 1, 0)) == GroupKey("job", 1, 0)
+            assert validate_group(_ipc(group), schema) == GroupKey("job", 1, 0)
+
+
+def test_nulls_outside_every_row_are_not_refused():
+    """Arrow's null count covers a child's every value; a slice or a null row can hide the null from all
+    rows, and then the group is valid (decode reads only what the rows span)."""
+    a, b = (g.encode("job", 1) for g in workload.make_workload(2, 3, seed=0, top_p=True, response_median=8.0))
+    holed = _with_null(pa.concat_batches([a, b]), "response_ids", 1, 0, None)
+    second = holed.slice(a.num_rows)  # the null lies in the first group's rows
+    assert second.column("response_ids").values.null_count == 1
+    candidates = b.column("top_p_ids").to_pylist()
+    candidates[1] = [[1], None]  # a null token under a null row (a sample without candidates)
+    tokens = pa.array(candidates, b.schema.field("top_p_ids").type)
+    mask = pa.array([i == 1 for i in range(b.num_rows)])
+    hidden = pa.ListArray.from_arrays(tokens.offsets, tokens.values, mask=mask)
+    assert hidden.values.null_count == 1
+    assert hidden.null_count == 1
+    probs = pa.array([None if i == 1 else r for i, r in enumerate(b.column("top_p_probs").to_pylist())])
+    index = b.schema.get_field_index("top_p_ids")
+    b = b.set_column(index, b.schema.field(index), hidden)
+    b = b.set_column(index + 1, b.schema.field(index + 1), probs.cast(b.schema.field(index + 1).type))
+    for checks in (contextlib.nullcontext(), _precise_only()):
+        with checks:
+            assert validate_group(second, expect=GroupKey("job", 1, 1)) == GroupKey("job", 1, 1)
+            assert validate_group(b, expect=GroupKey("job", 1, 1)) == GroupKey("job", 1, 1)
+    decode(second)
+
+
+def test_a_null_top_p_row_that_encode_group_writes_is_valid():
+    """encode_group documents ``None`` as a sample without candidates and the standard schema declares
+    top_p_* nullable, so validate_group accepts the row; decode refuses the top-p columns of such a group
+    (it has no nulls in ragged columns) and decodes the others."""
+    group = workload.make_workload(1, 3, seed=0, top_p=True, response_median=8.0)[0]
+    columns = group.columns(job_id="job", epoch=1, group_id=0)
+    encoded = group.encode("job", 1)
+    for name in ("top_p_ids", "top_p_probs"):
+        columns[name] = [None if i == 1 else r for i, r in enumerate(encoded.column(name).to_pylist())]
+    batch = encode_group(**columns)
+    assert batch.column("top_p_ids").null_count == 1
+    for checks in (contextlib.nullcontext(), _precise_only()):
+        with checks:
+            assert validate_group(_ipc(batch), expect=GroupKey("job", 1, 0)) == GroupKey("job", 1, 0)
+    with pytest.raises(SchemaError, match="'top_p_ids': row 1 is null"):
+        decode(batch)
+    assert decode(batch, columns=["response_ids", "loss_mask"]).columns == ("response_ids", "loss_mask")
