@@ -12,7 +12,7 @@ Accepted inputs for a ragged (``list<T>``) column, checked in this order:
 * a ``list`` of per-sample Python sequences (one ``pyarrow.array`` conversion; Python bools are
   accepted for ``uint8`` columns such as the loss mask, as numpy and torch bools are). For integer
   columns the values' type is inferred first and cast (about a third more than one conversion), so
-  that a float is refused rather than truncated.
+  that a float is refused rather than truncated (:mod:`trajflight.codec._pylists`).
 
 Standard numeric ragged columns built from Python lists or pyarrow arrays are refused where a row holds a
 null entry (decode could not decode them); null rows are left to the schema, user columns keep theirs.
@@ -42,6 +42,7 @@ import numpy as np
 import pyarrow as pa
 
 from trajflight.codec._containers import DoublyRagged, Padded, Ragged
+from trajflight.codec._pylists import from_python, not_integers
 from trajflight.codec._validate import check_null_entries
 from trajflight.errors import SchemaError
 
@@ -201,7 +202,6 @@ _FAST_DTYPES: dict[int, np.dtype] = {
     )
 }
 _INT64_ID = pa.int64().id
-_UINT8_ID = pa.uint8().id
 _OFFSET_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))  # native order; int64 is narrowed when it fits
 _NULL_LIST = pa.list_(pa.null())
 # list<T> of the types above, by T's id: pa.list_() costs ~0.3 us a call.
@@ -313,126 +313,6 @@ def _pack_padded(padded: Padded[Any], value_type: pa.DataType, *, column: str) -
     return _list_from_values(values[mask], offsets, value_type, column=column)
 
 
-def _first_bad_row(rows: Sequence[Any], type_: pa.DataType) -> int | None:
-    for i, row in enumerate(rows):
-        try:
-            pa.array([row], type=type_)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-            return i
-    return None
-
-
-def _bool_twin(type_: pa.DataType) -> pa.DataType | None:
-    """``type_`` with its uint8 leaf made bool (``list<uint8>`` -> ``list<bool>``), or None without one."""
-    if type_.id == _UINT8_ID:
-        return pa.bool_()
-    if pa.types.is_list(type_):
-        inner = _bool_twin(type_.value_type)
-        return None if inner is None else pa.list_(inner)
-    return None
-
-
-def _bools_as_uint8(rows: Sequence[Any], type_: pa.DataType) -> pa.Array | None:
-    """Python bools for a uint8 column (a loss mask), as 0/1 (one conversion and one cast), or None.
-
-    ``pyarrow.array`` refuses bools for integer types and integers for bool, so rows that mix them are
-    still refused (None), with the error of the uint8 conversion.
-    """
-    twin = _bool_twin(type_)
-    if twin is None:
-        return None
-    try:
-        return pa.array(rows, type=twin).cast(type_)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-        return None
-
-
-def _integer_leaf(type_: pa.DataType) -> pa.DataType | None:
-    """The integer type at the bottom of ``type_``'s lists (``list<list<int32>>`` -> int32), or None."""
-    while pa.types.is_list(type_):
-        type_ = type_.value_type
-    return type_ if pa.types.is_integer(type_) else None
-
-
-def _non_integer(obj: Any, *, bools: bool) -> bool | float | None:
-    """The first float (or bool, unless ``bools`` are allowed) in ``obj``, a value or nested row, or None."""
-    if isinstance(obj, bool | np.bool_):
-        return None if bools else bool(obj)
-    if isinstance(obj, float | np.floating):
-        return float(obj)
-    if isinstance(obj, np.ndarray):
-        return _non_integer(obj.ravel()[0], bools=bools) if obj.size and obj.dtype.kind in "bf" else None
-    if isinstance(obj, Sequence) and not isinstance(obj, str | bytes):
-        for item in obj:
-            found = _non_integer(item, bools=bools)
-            if found is not None:
-                return found
-    return None
-
-
-def _not_integers(value: bool | float, leaf: pa.DataType, *, column: str, row: int | None) -> SchemaError:
-    where = f"column {column!r}" if row is None else f"column {column!r} row {row}"
-    kind = "bool" if isinstance(value, bool) else "float"
-    return SchemaError(
-        f"{where}: expected integers ({leaf}), got {kind} {value!r}; pass ints (int(x) where x is meant to "
-        "be whole: a float is neither rounded nor truncated for you)",
-        column=column,
-        row=row,
-    )
-
-
-def _integers_from_python(
-    rows: Sequence[Any], type_: pa.DataType, leaf: pa.DataType, *, column: str
-) -> pa.Array | None:
-    """``rows`` for a column of integer leaves: refused when they hold floats (or bools, except for
-    uint8), else the array when Arrow's inference and a safe cast build it; None leaves the conversion
-    (and its error) to ``pyarrow.array``.
-
-    apache/arrow GH-35584: ``pyarrow.array`` truncates Python floats to an integer type (1.5 -> 1) even
-    with ``safe=True``; inferring the values' own type first costs about what the typed conversion does.
-    """
-    if leaf is type_ and all(type(v) is int for v in rows):  # one value per sample, all ints: no float
-        return None
-    try:
-        inferred = pa.array(rows)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-        return None  # mixed kinds (bools and ints): the typed conversion words the error
-    found = _integer_leaf(inferred.type)
-    if found is not None:
-        try:
-            return inferred.cast(type_)  # safe: a value out of the leaf's range raises
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            return None
-    bottom = inferred.type
-    while pa.types.is_list(bottom):
-        bottom = bottom.value_type
-    bools = leaf.id == _UINT8_ID  # the loss mask takes Python bools, as it takes numpy and torch ones
-    if pa.types.is_floating(bottom) or (pa.types.is_boolean(bottom) and not bools):
-        for row, item in enumerate(rows):
-            value = _non_integer(item, bools=bools)
-            if value is not None:
-                raise _not_integers(value, leaf, column=column, row=row)
-    return None
-
-
-def _from_python(rows: Sequence[Any], type_: pa.DataType, *, column: str) -> pa.Array:
-    leaf = _integer_leaf(type_)
-    if leaf is not None:
-        array = _integers_from_python(rows, type_, leaf, column=column)
-        if array is not None:
-            return array
-    try:
-        return pa.array(rows, type=type_)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
-        as_uint8 = _bools_as_uint8(rows, type_)
-        if as_uint8 is not None:
-            return as_uint8
-        row = _first_bad_row(rows, type_)
-        raise SchemaError(
-            f"column {column!r} row {row}: cannot convert to {type_}: {exc}", column=column, row=row
-        ) from exc
-
-
 def _from_arrow(obj: pa.Array | pa.ChunkedArray, type_: pa.DataType, *, column: str) -> pa.Array:
     array = obj.combine_chunks() if isinstance(obj, pa.ChunkedArray) else obj
     if array.type == type_:
@@ -522,7 +402,7 @@ def ragged_array(
         np.cumsum([len(p) for p in parts], out=offsets[1:])
         values = np.concatenate(parts) if parts else np.empty(0, dtype=value_type.to_pandas_dtype())
         return _list_from_values(values, offsets, value_type, column=column)
-    return _no_null_entries(_from_python(obj, list_type, column=column), column=column, allowed=null_entries)
+    return _no_null_entries(from_python(obj, list_type, column=column), column=column, allowed=null_entries)
 
 
 def repeated_row(obj: Any, value_type: pa.DataType, rows: int, *, column: str) -> pa.ListArray:
@@ -591,7 +471,7 @@ def doubly_ragged_array(
         return pa.ListArray.from_arrays(pa.array(outer), inner)
     if isinstance(obj, Sequence) and not isinstance(obj, str | bytes):
         return _no_null_entries(
-            _from_python(obj, list_type, column=column), column=column, allowed=null_entries
+            from_python(obj, list_type, column=column), column=column, allowed=null_entries
         )
     raise SchemaError(
         f"column {column!r}: cannot read {type(obj).__name__} as doubly ragged rows; pass nested lists, a "
@@ -634,14 +514,14 @@ def scalar_array(obj: Any, type_: pa.DataType, *, column: str, rows: int) -> pa.
         if pa.types.is_primitive(type_) and not pa.types.is_boolean(type_):
             array = pa.array(_convert_values(values, type_, column=column), type=type_)
         else:
-            array = _from_python(values.tolist(), type_, column=column)
+            array = from_python(values.tolist(), type_, column=column)
     elif isinstance(obj, Sequence) and not isinstance(obj, str | bytes):
-        array = _from_python(obj, type_, column=column)
+        array = from_python(obj, type_, column=column)
     else:
         if pa.types.is_integer(type_) and isinstance(obj, bool | np.bool_ | float | np.floating):
             # pa.scalar truncates floats (1.5 -> 1) and takes numpy bools; arrays of either are refused.
             value = bool(obj) if isinstance(obj, bool | np.bool_) else float(obj)
-            raise _not_integers(value, type_, column=column, row=None)
+            raise not_integers(value, type_, column=column, row=None)
         try:
             scalar = pa.scalar(obj, type=type_)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:

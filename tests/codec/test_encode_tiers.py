@@ -346,7 +346,7 @@ def _precise_builders_forbidden() -> Iterator[None]:
     with ExitStack() as stack:
         for module, name in (
             (_arrays, "_offsets_int32"),
-            (_arrays, "_from_python"),
+            (_arrays, "from_python"),
             (_encode, "check_ragged_lengths"),
             (_encode, "check_nulls"),
         ):
