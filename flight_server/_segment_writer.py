@@ -124,6 +124,9 @@ class SegmentWriter:
             fd = os.open(key[0], os.O_RDWR)
         except FileNotFoundError:
             return None  # write_segment says it is gone
+        if os.fstat(fd).st_ino != key[1]:  # replaced since it was looked up: not the file seen before
+            os.close(fd)
+            return None
         try:
             # Filled in one call: the writer touches every page it writes, and faulting them one by one
             # cost more here.
