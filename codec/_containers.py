@@ -46,7 +46,8 @@ class DoublyRagged(Generic[ArrayT]):
     """Two levels of raggedness (per sample, per token, candidates), e.g. ``top_p_ids``.
 
     Sample ``i`` spans tokens ``outer_offsets[i]:outer_offsets[i + 1]``; token ``j`` spans values
-    ``inner_offsets[j]:inner_offsets[j + 1]``. Decoded offsets always start at zero.
+    ``inner_offsets[j]:inner_offsets[j + 1]``. Decoded offsets always start at zero. A sample without
+    candidates (a null row, ``None`` at encode) decodes as a sample of zero tokens.
     """
 
     values: ArrayT

@@ -12,7 +12,13 @@ Memory and ownership:
 * Buffers whose address is not a multiple of the element size (seen on Flight receive buffers) are
   copied once to aligned memory.
 * ``bool`` columns are converted to ``uint8`` (one copy): Arrow's bit-packed booleans have no DLPack
-  export. Nulls in primitive columns need ``fill_nulls`` (one copy); nulls in list columns are refused.
+  export. Nulls in primitive columns need ``fill_nulls`` (one copy); null rows of ``list<T>`` columns,
+  and null entries inside the rows of any list column, are refused.
+* A null row of a *nullable* ``list<list<T>>`` column (``top_p_ids``/``top_p_probs``: a sample without
+  candidates, as ``encode_group`` writes ``None``) decodes as a sample of zero tokens
+  (``outer_offsets[i] == outer_offsets[i + 1]``), the way Arrow already stores it: no copy. Only a null
+  row spanning tokens (Arrow allows it; ``encode_group`` never writes one) costs a copy of the column
+  that drops them. A column declared non-nullable refuses null rows.
 * ``layout="padded"`` builds a new ``[rows, max_len]`` tensor (one copy); ``device="cuda"`` adds the
   one pinned staging copy and an asynchronous host-to-device copy (:mod:`trajflight.codec._device`).
 
@@ -200,7 +206,30 @@ def _no_nulls(name: str, array: pa.Array, what: str) -> None:
         )
 
 
-def _plan(name: str, array: pa.Array, fill_nulls: Mapping[str, Any]) -> _Plan:
+def _null_rows_as_no_tokens(name: str, array: pa.Array, schema: pa.Schema) -> pa.Array:
+    """``array`` (a list of lists) whose null rows read as rows of zero tokens: no candidates.
+
+    ``array`` itself (no copy) where it has no null row, or where every null row already spans no token,
+    as Arrow builds them (``encode_group`` given ``None``); otherwise a copy without the tokens under
+    null rows. A column that ``schema`` declares non-nullable refuses null rows.
+    """
+    if not array.null_count:
+        return array
+    if not schema.field(name).nullable:  # looked up only here: ~0.2 us a column on the common path
+        _no_nulls(name, array, "row")  # raises: the column is declared non-nullable
+    spans = np.diff(array.offsets.to_numpy(zero_copy_only=False))
+    valid = array.is_valid().to_numpy(zero_copy_only=False)
+    if not spans[~valid].any():
+        return array
+    offsets = np.zeros(len(array) + 1, dtype=np.int64)
+    np.cumsum(np.where(valid, spans, 0), out=offsets[1:])
+    tokens = pc.list_flatten(array)  # the valid rows' tokens, in order (one copy)
+    if pa.types.is_large_list(array.type):
+        return pa.LargeListArray.from_arrays(pa.array(offsets), tokens)
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), tokens)
+
+
+def _plan(name: str, array: pa.Array, fill_nulls: Mapping[str, Any], schema: pa.Schema) -> _Plan:
     type_ = array.type
     if _is_numeric(type_) or pa.types.is_boolean(type_):
         return _flat(name, array, fill_nulls)
@@ -210,7 +239,7 @@ def _plan(name: str, array: pa.Array, fill_nulls: Mapping[str, Any]) -> _Plan:
         _no_nulls(name, values, "value")
         return _List(_aligned(values), offsets, max_len)
     if _is_list(type_) and _is_list(type_.value_type) and _is_numeric(type_.value_type.value_type):
-        _no_nulls(name, array, "row")
+        array = _null_rows_as_no_tokens(name, array, schema)
         tokens, outer, _ = _rebased(array)
         _no_nulls(name, tokens, "token")
         values, inner, _ = _rebased(tokens)
@@ -244,7 +273,8 @@ def _plans(
             f"columns {missing} are not in the batch (it has {table.schema.names})", column=missing[0]
         )
     fills = dict(fill_nulls or {})
-    return table.num_rows, {n: _plan(n, _single_chunk(table.column(n)), fills) for n in names}
+    schema = table.schema
+    return table.num_rows, {n: _plan(n, _single_chunk(table.column(n)), fills, schema) for n in names}
 
 
 def _check_layout(layout: str) -> None:
@@ -294,10 +324,13 @@ def decode_numpy(
 
     Returns:
         A :class:`NumpyBatch`; primitive arrays and ragged values alias Arrow's buffers (read-only
-        views, no copy) except where the module docstring lists a copy.
+        views, no copy) except where the module docstring lists a copy. ``list<list<T>>`` columns are
+        :class:`DoublyRagged` in every layout; a null row of a nullable one (a sample without top-p
+        candidates) is a sample of zero tokens, as in :func:`decode`.
 
     Raises:
-        SchemaError: a missing column, nulls without a fill value, or batches of different schemas.
+        SchemaError: a missing column, nulls without a fill value, a null row of a ``list<T>`` or
+            non-nullable column, a null inside a list row, or batches of different schemas.
         InvalidRequestError: an unknown layout, an input that is not Arrow data, ``columns`` or
             ``fill_nulls`` of the wrong kind, or a fill or padding value the column's type cannot hold
             (``column`` names it).
@@ -411,11 +444,15 @@ def decode(
     Returns:
         A :class:`TorchBatch`. On the CPU, primitive tensors and the values of ragged tensors alias
         Arrow's buffers (no copy; writes go through to the Arrow data) except where the module
-        docstring lists a copy. ``list<list<T>>`` columns are :class:`DoublyRagged`; strings, structs
-        and dictionaries stay Arrow arrays in ``.arrow``.
+        docstring lists a copy. ``list<list<T>>`` columns are :class:`DoublyRagged` in every layout; a
+        null row of a nullable one (``top_p_*`` of a sample without candidates, ``None`` at encode) is a
+        sample of zero tokens, ``outer_offsets[i] == outer_offsets[i + 1]``, while its response has
+        tokens: index candidates per sample through ``outer_offsets``, not by response token position.
+        Strings, structs and dictionaries stay Arrow arrays in ``.arrow``.
 
     Raises:
-        SchemaError: a missing column, nulls without a fill value, or batches of different schemas.
+        SchemaError: a missing column, nulls without a fill value, a null row of a ``list<T>`` or
+            non-nullable column, a null inside a list row, or batches of different schemas.
         InvalidRequestError: an unknown layout or device, a CUDA device where torch has no CUDA, an input
             that is not Arrow data, ``columns`` or ``fill_nulls`` of the wrong kind, or a fill or padding
             value the column's type cannot hold (``column`` names it).

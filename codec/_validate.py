@@ -12,8 +12,9 @@ those of the precise checks; where it is not sure (an unusual type, a null) it d
 
 It does not check semantic plausibility (token ids inside a vocabulary, logprobs <= 0): NaN and inf
 logprobs are legal data and round-trip unchanged. It does not refuse what decode alone refuses in columns
-the schema lets hold it: a null row of a nullable list column (a sample without top-p candidates) and null
-entries inside rows of user columns are valid groups, which decode takes with ``columns=[...]``.
+the schema lets hold it: null entries inside rows of user columns and null rows of nullable ``list<T>``
+user columns are valid groups, which decode takes with ``columns=[...]``. A null row of a nullable list of
+lists (a sample without top-p candidates) is valid too, and decode reads it as a sample of zero tokens.
 """
 
 from __future__ import annotations
@@ -318,7 +319,7 @@ def validate_group(
     size per token. Only Arrow's own validation depends on ``full``.
 
     A null row of a nullable column (``top_p_ids``/``top_p_probs`` in the standard schema: a sample without
-    candidates, as ``encode_group`` writes ``None``) is valid, though decode refuses that column.
+    candidates, as ``encode_group`` writes ``None``) is valid; decode reads it as a sample of zero tokens.
 
     Args:
         batch: The group.

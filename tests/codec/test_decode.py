@@ -8,7 +8,7 @@ import pyarrow.ipc as ipc
 import pytest
 import torch
 
-from trajflight.codec import decode, decode_numpy, encode_group
+from trajflight.codec import DoublyRagged, decode, decode_numpy, encode_group
 from trajflight.errors import InvalidRequestError, SchemaError
 
 
@@ -340,3 +340,104 @@ def test_list_columns_of_equal_row_lengths_share_one_offsets_tensor(simple_group
     if layout == "jagged":  # torch accepts elementwise operations between them only so
         masked = out.tensors["response_logprobs"] * out.tensors["loss_mask"]
         assert torch.equal(masked.values(), out.tensors["response_logprobs"].values() * 1)
+
+
+# --- Samples without top-p candidates ---------------------------------------------------------------------
+
+# Per sample, per response token, the candidates; sample 1 has none (None, as encode_group documents).
+CANDIDATE_IDS = [[[1, 2], [3], [4, 5, 6]], None, [[7], [8, 9]]]
+CANDIDATE_PROBS = [[[0.5, 0.5], [1.0], [0.25, 0.25, 0.5]], None, [[1.0], [0.75, 0.25]]]
+
+
+@pytest.fixture
+def without_candidates() -> pa.RecordBatch:
+    """A 3-sample group (3, 4 and 2 response tokens) whose sample 1 has no top-p candidates."""
+    lengths = [3, 4, 2]
+    offsets = np.zeros(4, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return encode_group(
+        job_id="job",
+        epoch=1,
+        group_id=0,
+        prompt_ids=np.arange(5, dtype=np.int32),
+        response_ids=(np.arange(9, dtype=np.int32), offsets),
+        response_logprobs=(np.zeros(9, dtype=np.float32), offsets),
+        reward=np.ones(3, dtype=np.float32),
+        top_p_ids=CANDIDATE_IDS,
+        top_p_probs=CANDIDATE_PROBS,
+    )
+
+
+def _samples(top: DoublyRagged) -> list[list[list[float]]]:
+    """Per sample, per token, the candidates a DoublyRagged holds (numpy arrays or tensors)."""
+    outer, inner, values = (
+        np.asarray(a).tolist() for a in (top.outer_offsets, top.inner_offsets, top.values)
+    )
+    return [
+        [values[inner[t] : inner[t + 1]] for t in range(outer[i], outer[i + 1])]
+        for i in range(len(outer) - 1)
+    ]
+
+
+def _ipc_round_trip(batch: pa.RecordBatch) -> pa.RecordBatch:
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return ipc.open_stream(sink.getvalue()).read_next_batch()
+
+
+@pytest.mark.parametrize("layout", ["jagged", "ragged", "padded"])
+@pytest.mark.parametrize("decoder", [decode, decode_numpy], ids=["torch", "numpy"])
+def test_a_sample_without_top_p_candidates_decodes_as_zero_tokens(without_candidates, decoder, layout):
+    """Regression: encode_group wrote ``None`` as a null top-p row (valid, and stored by the server), then
+    decode refused the whole column ("'top_p_ids': row 1 is null"): a trainer distilling from top-p
+    candidates crashed on the first sample without them. The null sample now spans zero tokens; the
+    others keep their candidates, and everything still aliases Arrow's buffers."""
+    for batch in (without_candidates, _ipc_round_trip(without_candidates)):
+        out = decoder(batch, layout=layout)
+        ids, probs = out.doubly_ragged["top_p_ids"], out.doubly_ragged["top_p_probs"]
+        assert np.asarray(ids.outer_offsets).tolist() == [0, 3, 3, 5]
+        assert _samples(ids) == [CANDIDATE_IDS[0], [], CANDIDATE_IDS[2]]
+        assert _samples(probs) == [CANDIDATE_PROBS[0], [], CANDIDATE_PROBS[2]]  # exact in float32
+        assert np.asarray(probs.outer_offsets).tolist() == [0, 3, 3, 5]
+        # Zero copy: a null row that spans no token (as Arrow builds it) needs no rewriting.
+        column = batch.column("top_p_ids")
+        values, outer = ids.values, ids.outer_offsets
+        pointer = values.data_ptr() if isinstance(values, torch.Tensor) else values.ctypes.data
+        assert pointer == column.values.values.buffers()[1].address
+        pointer = outer.data_ptr() if isinstance(outer, torch.Tensor) else outer.ctypes.data
+        assert pointer == column.buffers()[1].address
+
+
+def test_samples_without_candidates_in_a_slice_and_across_groups(without_candidates):
+    sliced = decode_numpy(without_candidates.slice(1), columns=["top_p_ids"]).doubly_ragged["top_p_ids"]
+    assert sliced.outer_offsets.tolist() == [0, 0, 2]
+    assert _samples(sliced) == [[], CANDIDATE_IDS[2]]
+    joined = decode([without_candidates, without_candidates], columns=["top_p_ids"]).doubly_ragged[
+        "top_p_ids"
+    ]
+    assert joined.outer_offsets.tolist() == [0, 3, 3, 5, 8, 8, 10]
+    assert _samples(joined) == [CANDIDATE_IDS[0], [], CANDIDATE_IDS[2]] * 2
+
+
+@pytest.mark.parametrize("decoder", [decode, decode_numpy], ids=["torch", "numpy"])
+def test_a_null_top_p_row_spanning_tokens_decodes_as_zero_tokens(decoder):
+    """Arrow lets a null row span tokens (encode_group never writes one); they are not the sample's, even
+    a null token among them: the row decodes as zero tokens and the others keep their candidates."""
+    tokens = pa.array([[1, 2], [3], [9], None, [4], [5, 6]], pa.list_(pa.int32()))
+    for list_type, offsets_type in ((pa.ListArray, pa.int32()), (pa.LargeListArray, pa.int64())):
+        offsets = pa.array([0, 2, 4, 6], offsets_type)
+        column = list_type.from_arrays(offsets, tokens, mask=pa.array([False, True, False]))
+        top = decoder(pa.record_batch({"top_p_ids": column})).doubly_ragged["top_p_ids"]
+        assert np.asarray(top.outer_offsets).tolist() == [0, 2, 2, 4]
+        assert _samples(top) == [[[1, 2], [3]], [], [[4], [5, 6]]]
+
+
+def test_a_non_nullable_doubly_ragged_column_still_refuses_null_rows(without_candidates):
+    index = without_candidates.schema.get_field_index("top_p_ids")
+    field = without_candidates.schema.field(index).with_nullable(False)
+    strict = without_candidates.set_column(index, field, without_candidates.column(index))
+    for decoder in (decode, decode_numpy):
+        with pytest.raises(SchemaError, match="'top_p_ids': row 1 is null") as info:
+            decoder(strict, columns=["top_p_ids"])
+        assert (info.value.column, info.value.row) == ("top_p_ids", 1)
