@@ -13,7 +13,7 @@ Memory and ownership:
   copied once to aligned memory.
 * ``bool`` columns are converted to ``uint8`` (one copy): Arrow's bit-packed booleans have no DLPack
   export. Nulls in primitive columns need ``fill_nulls`` (one copy); null rows of ``list<T>`` columns,
-  and null entries inside the rows of any list column, are refused.
+  and null entries inside the rows of any list column, are refused (the error names row and entry).
 * A null row of a *nullable* ``list<list<T>>`` column (``top_p_ids``/``top_p_probs``: a sample without
   candidates, as ``encode_group`` writes ``None``) decodes as a sample of zero tokens
   (``outer_offsets[i] == outer_offsets[i + 1]``), the way Arrow already stores it: no copy. Only a null
@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 
 from trajflight.codec._containers import DoublyRagged, NumpyBatch, Padded, Ragged, TorchBatch
 from trajflight.codec._jagged import jagged
+from trajflight.codec._validate import check_null_entries
 from trajflight.errors import InvalidRequestError, SchemaError
 
 if TYPE_CHECKING:
@@ -195,15 +196,36 @@ def _rebased(array: pa.Array, *, longest: bool = False) -> tuple[pa.Array, pa.Ar
     return values, _aligned(offsets), longest_row
 
 
-def _no_nulls(name: str, array: pa.Array, what: str) -> None:
+def _no_null_rows(name: str, array: pa.Array, why: str) -> None:
     if array.null_count:
         row = _first_null(array)
         raise SchemaError(
-            f"column {name!r}: {what} {row} is null; ragged columns decode without nulls: fill them "
-            "(pyarrow.compute.fill_null) or leave the column out with columns=[...]",
+            f"column {name!r}: row {row} is null; {why}: fill them (pyarrow.compute.fill_null) or leave "
+            "the column out with columns=[...]",
             column=name,
-            row=row if what == "row" else None,
+            row=row,
         )
+
+
+def _refuse_null_entry(name: str, array: pa.Array) -> None:
+    """Raise for the first null entry (or token, or candidate) inside a row of list column ``array``,
+    naming the row and the entry in it (:func:`~trajflight.codec._validate.check_null_entries`).
+
+    Called where a child slice that the rows span holds a null (its null count: O(1), Arrow keeps it,
+    so the path without nulls costs nothing more); ``array`` has no null row left, so that null is in a row.
+    """
+    try:
+        check_null_entries(array, column=name)
+    except SchemaError as exc:
+        raise SchemaError(
+            f"{exc.message}; to decode the other columns, leave this one out with columns=[...]",
+            column=name,
+            row=exc.row,
+        ) from None
+    raise SchemaError(  # not reached: check_null_entries finds every null inside the rows
+        f"column {name!r} holds a null inside a row; fill it or leave the column out with columns=[...]",
+        column=name,
+    )
 
 
 def _null_rows_as_no_tokens(name: str, array: pa.Array, schema: pa.Schema) -> pa.Array:
@@ -216,7 +238,7 @@ def _null_rows_as_no_tokens(name: str, array: pa.Array, schema: pa.Schema) -> pa
     if not array.null_count:
         return array
     if not schema.field(name).nullable:  # looked up only here: ~0.2 us a column on the common path
-        _no_nulls(name, array, "row")  # raises: the column is declared non-nullable
+        _no_null_rows(name, array, "the column is declared non-nullable")  # raises
     spans = np.diff(array.offsets.to_numpy(zero_copy_only=False))
     valid = array.is_valid().to_numpy(zero_copy_only=False)
     if not spans[~valid].any():
@@ -234,16 +256,17 @@ def _plan(name: str, array: pa.Array, fill_nulls: Mapping[str, Any], schema: pa.
     if _is_numeric(type_) or pa.types.is_boolean(type_):
         return _flat(name, array, fill_nulls)
     if _is_list(type_) and _is_numeric(type_.value_type):
-        _no_nulls(name, array, "row")
+        _no_null_rows(name, array, "ragged columns decode without nulls")
         values, offsets, max_len = _rebased(array, longest=True)
-        _no_nulls(name, values, "value")
+        if values.null_count:
+            _refuse_null_entry(name, array)
         return _List(_aligned(values), offsets, max_len)
     if _is_list(type_) and _is_list(type_.value_type) and _is_numeric(type_.value_type.value_type):
         array = _null_rows_as_no_tokens(name, array, schema)
         tokens, outer, _ = _rebased(array)
-        _no_nulls(name, tokens, "token")
         values, inner, _ = _rebased(tokens)
-        _no_nulls(name, values, "value")
+        if tokens.null_count or values.null_count:
+            _refuse_null_entry(name, array)
         return _List2(_aligned(values), outer, inner)
     return _Other(array)
 

@@ -441,3 +441,47 @@ def test_a_non_nullable_doubly_ragged_column_still_refuses_null_rows(without_can
         with pytest.raises(SchemaError, match="'top_p_ids': row 1 is null") as info:
             decoder(strict, columns=["top_p_ids"])
         assert (info.value.column, info.value.row) == ("top_p_ids", 1)
+
+
+# --- Null entries inside list rows ------------------------------------------------------------------------
+
+IDS_2 = pa.list_(pa.list_(pa.int32()))
+NULL_ENTRIES = [
+    # (id, column, row, message): 100 full rows first, so that an index into all values is not the row's.
+    (
+        "entry",
+        pa.array([[0.5] * 40] * 100 + [[0.5], [], [1.0, None]], pa.list_(pa.float32())),
+        102,
+        r"'x' row 102 entry 1 is null",
+    ),
+    (
+        "token",
+        pa.array([[[1]] * 40] * 100 + [[[1]], [[2], None]], IDS_2),
+        101,
+        r"'x' row 101 token 1 is null",
+    ),
+    (
+        "candidate",
+        pa.array([[[1]] * 40] * 100 + [[[1]], [[2], [3, None]]], IDS_2),
+        101,
+        r"'x' row 101 token 1 candidate 1 is null",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("column", "row", "message"), [c[1:] for c in NULL_ENTRIES], ids=[c[0] for c in NULL_ENTRIES]
+)
+@pytest.mark.parametrize("decoder", [decode, decode_numpy], ids=["torch", "numpy"])
+def test_a_null_inside_a_list_row_is_refused_naming_row_and_entry(decoder, column, row, message):
+    """Regression: decode said "value 4209 is null" (an index into all the column's values) and set no
+    ``row``; it names the row and the entry in it, as encode_group and validate_group do. In a slice the
+    row counts from the slice's first."""
+    batch = pa.record_batch({"x": column})
+    with pytest.raises(SchemaError, match=message + ".*columns=") as info:
+        decoder(batch)
+    assert (info.value.column, info.value.row) == ("x", row)
+    with pytest.raises(SchemaError, match=message.replace(str(row), str(row - 100))) as info:
+        decoder(batch.slice(100))
+    assert info.value.row == row - 100
+    assert decoder(batch.slice(0, 100)).num_rows == 100  # the null lies outside the slice's rows
