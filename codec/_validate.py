@@ -8,7 +8,8 @@ Storage servers validate every group they receive, so each check has two tiers: 
 accept (null counts, key columns compared as raw bytes, list offsets compared through numpy views of the
 Arrow buffers), and the precise one (``pyarrow.compute``), run only when the cheap one does not accept, that
 finds the first offending row and words the error. The cheap tier never decides a refusal, so errors are
-those of the precise checks; where it is not sure (an unusual type, a null) it defers to them.
+those of the precise checks; where it is not sure (an unusual type, a null) it defers to them. Its
+byte-level checks live in :mod:`trajflight.codec._validate_cheap`; the plan that orders them is below.
 
 It does not check semantic plausibility (token ids inside a vocabulary, logprobs <= 0): NaN and inf
 logprobs are legal data and round-trip unchanged. It does not refuse what decode alone refuses in columns
@@ -19,10 +20,8 @@ lists (a sample without top-p candidates) is valid too, and decode reads it as a
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -30,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from trajflight.codec._schema import KEY_COLUMNS, RAGGED_TOKEN_COLUMNS, STANDARD_SCHEMA, TrajectorySchema
+from trajflight.codec._validate_cheap import UNSURE, Same, ragged_agree, same_for, same_offsets
 from trajflight.errors import SchemaError
 
 __all__ = [
@@ -199,12 +199,6 @@ def _lengths(column: pa.Array) -> np.ndarray:
     return np.diff(offsets)
 
 
-def _same_offsets(a: pa.Array, b: pa.Array) -> bool:
-    return bool(
-        a.offset == b.offset and a.buffers()[1].address == b.buffers()[1].address and len(a) == len(b)
-    )
-
-
 def check_ragged_lengths(batch: pa.RecordBatch) -> None:
     """Per-token columns agree in length per sample, and top-p candidate sets per token.
 
@@ -224,7 +218,7 @@ def check_ragged_lengths(batch: pa.RecordBatch) -> None:
     if _has_candidates(names):
         pair = (columns[present.index("top_p_ids")], columns[present.index("top_p_probs")])
     # encode_group calls this on batches whose per-token columns share response_ids' offsets buffer.
-    if not _ragged_agree(columns, pair, try_shared=True):
+    if not ragged_agree(columns, pair, try_shared=True):
         _check_ragged_precisely(batch)
 
 
@@ -240,7 +234,7 @@ def ragged_columns_agree(columns: Mapping[str, pa.Array]) -> bool:
     pair = None
     if "top_p_ids" in columns and "top_p_probs" in columns:
         pair = (columns["top_p_ids"], columns["top_p_probs"])
-    return _ragged_agree(present, pair, try_shared=True)
+    return bool(ragged_agree(present, pair, try_shared=True))  # bool(): mypy sees the import as Any
 
 
 def _has_candidates(names: Sequence[str]) -> bool:
@@ -256,7 +250,7 @@ def _check_ragged_precisely(batch: pa.RecordBatch) -> None:
     reference: np.ndarray | None = None
     for name in present[1:]:
         column = batch.column(name)
-        if _same_offsets(column, response):
+        if same_offsets(column, response):
             continue  # one offsets buffer shared by both columns (the zero-copy encode path)
         if reference is None:
             reference = _lengths(response)
@@ -366,28 +360,10 @@ def validate_group(
 
 # --- The cheap tier -------------------------------------------------------------------------------------
 #
-# Each function below answers "certainly fine?" (False or _UNSURE when not sure); the caller then runs the
-# precise check of that step, which raises or passes. Steps run in validate_group's order, so the error is
-# the one the precise checks alone would raise.
-
-# same(column, expected or None) -> the value every row holds (expected, or the first row's), or _UNSURE.
-_Same = Callable[[pa.Array, object], object]
-_UNSURE = object()
-
-# Arrow types whose buffers()[1] holds len + 1 offsets (from array.offset), by type id.
-_OFFSET_DTYPES: dict[int, np.dtype] = {
-    t.id: np.dtype(d)
-    for t, d in (
-        (pa.list_(pa.null()), np.int32),
-        (pa.large_list(pa.null()), np.int64),
-        (pa.string(), np.int32),
-        (pa.large_string(), np.int64),
-        (pa.binary(), np.int32),
-        (pa.large_binary(), np.int64),
-    )
-}
-_LIST_TYPE_IDS = frozenset({pa.list_(pa.null()).id, pa.large_list(pa.null()).id})
-_SMALL = 4096  # bytes: below this, bytes() copies and compares faster than wrapping in pa.Buffer
+# The plan below, and the byte-level checks of trajflight.codec._validate_cheap that it calls, answer
+# "certainly fine?" (False or UNSURE when not sure); the caller then runs the precise check of that step,
+# which raises or passes. Steps run in validate_group's order, so the error is the one the precise checks
+# alone would raise.
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,7 +381,7 @@ class _Plan:
     """
 
     non_nullable: tuple[int, ...]
-    keys: tuple[tuple[str, int, _Same], ...]
+    keys: tuple[tuple[str, int, Same], ...]
     ragged: tuple[int, ...]
     candidates: tuple[int, int] | None
     entries: tuple[tuple[str, int, bool], ...]
@@ -436,7 +412,7 @@ def _make_plan(schema: TrajectorySchema, arrow: pa.Schema) -> _Plan | None:
     keys = []
     for name in KEY_COLUMNS[:3]:
         index = where.get(name)
-        same = None if index is None else _same_for(arrow.field(index).type)
+        same = None if index is None else same_for(arrow.field(index).type)
         if index is None or same is None:
             return None
         keys.append((name, index, same))
@@ -473,8 +449,8 @@ def _checks_by_plan(
         if column is None:
             column = columns[i] = batch.column(i)
         expected = None if expect is None else getattr(expect, name)
-        value = _UNSURE if column.null_count else same(column, expected)
-        if value is _UNSURE:
+        value = UNSURE if column.null_count else same(column, expected)
+        if value is UNSURE:
             value = _check_constant(batch, name, expected)  # raises, or finds the cheap check was unsure
         values.append(value)
     if plan.ragged:
@@ -484,174 +460,6 @@ def _checks_by_plan(
             ids, probs = plan.candidates
             pair = (ragged[plan.ragged.index(ids)], ragged[plan.ragged.index(probs)])
         # Batches from IPC (all that servers see) carry one offsets buffer per column.
-        if not _ragged_agree(ragged, pair, try_shared=False):
+        if not ragged_agree(ragged, pair, try_shared=False):
             _check_ragged_precisely(batch)
     return values
-
-
-def _same_for(type_: pa.DataType) -> _Same | None:
-    """The cheap "every row holds one value" for an Arrow type, or None where only the precise one applies."""
-    if pa.types.is_integer(type_):
-        code = {8: "b", 16: "h", 32: "i", 64: "q"}[type_.bit_width]
-        signed = pa.types.is_signed_integer(type_)
-        return partial(_constant_int, packer=struct.Struct("=" + (code if signed else code.upper())))
-    if pa.types.is_string(type_) or pa.types.is_large_string(type_):
-        dtype = _OFFSET_DTYPES[type_.id]
-        return partial(_constant_str, dtype=dtype, limit=int(np.iinfo(dtype).max))
-    if pa.types.is_dictionary(type_) and pa.types.is_integer(type_.index_type):
-        inner = _same_for(type_.value_type)
-        if inner is not None and not pa.types.is_integer(type_.value_type):
-            return partial(_constant_dict, index_size=type_.index_type.bit_width // 8, same=inner)
-    return None
-
-
-def _constant_int(column: pa.Array, value: object, *, packer: struct.Struct) -> object:
-    """``value`` (the first row's when None) if every row of integer ``column`` holds it, else _UNSURE.
-
-    Compares the data bytes with the value packed n times: Arrow stores integers in native byte order, as
-    ``struct`` packs with ``=``.
-    """
-    buffer = column.buffers()[1]
-    n, size = len(column), packer.size
-    start = column.offset * size
-    data = memoryview(buffer)[start : start + n * size].tobytes() if buffer is not None else b""
-    if len(data) != n * size:
-        return _UNSURE
-    if value is None:
-        value = packer.unpack_from(data)[0]
-    elif type(value) is not int:  # bool, float, numpy scalars: the precise check compares them as before
-        return _UNSURE
-    try:
-        packed = packer.pack(value)
-    except struct.error:  # outside the type's range: the precise check words the mismatch
-        return _UNSURE
-    return value if data == packed * n else _UNSURE
-
-
-def _constant_str(column: pa.Array, value: object, *, dtype: np.dtype, limit: int) -> object:
-    """``value`` (the first row's when None) if every row of string ``column`` holds it, else _UNSURE.
-
-    Every row holds it when the offsets step by its UTF-8 length and the bytes they span repeat it.
-    """
-    buffers = column.buffers()
-    n = len(column)
-    offsets = _view(buffers[1], dtype, n + 1, column.offset)
-    if offsets is None or buffers[2] is None:
-        return _UNSURE
-    first = int(offsets[0])
-    if value is None:
-        try:
-            value = memoryview(buffers[2])[first : int(offsets[1])].tobytes().decode()
-        except UnicodeDecodeError:  # only when full=False let bad UTF-8 through
-            return _UNSURE
-    elif type(value) is not str:
-        return _UNSURE
-    try:
-        encoded = value.encode()
-    except UnicodeEncodeError:  # a lone surrogate
-        return _UNSURE
-    width = len(encoded)
-    last = first + width * n
-    if width == 0 or first < 0 or last > limit:
-        return _UNSURE
-    if offsets.tobytes() != np.arange(first, last + 1, width, dtype=dtype).tobytes():
-        return _UNSURE
-    return value if memoryview(buffers[2])[first:last].tobytes() == encoded * n else _UNSURE
-
-
-def _constant_dict(column: pa.Array, value: object, *, index_size: int, same: _Same) -> object:
-    """``value`` (the first row's when None) if every row of dictionary ``column`` holds it, else _UNSURE.
-
-    Every row holds it when the dictionary has one entry, that entry is the value, and every index is 0
-    (indices are read, not trusted: ``full=False`` lets indices out of range through).
-    """
-    dictionary = column.dictionary
-    if len(dictionary) != 1 or dictionary.null_count:
-        return _UNSURE
-    value = same(dictionary, value)
-    buffer = column.buffers()[1]
-    n = len(column)
-    start = column.offset * index_size
-    indices = memoryview(buffer)[start : start + n * index_size].tobytes() if buffer is not None else b""
-    return value if indices == bytes(n * index_size) else _UNSURE
-
-
-def _view(buffer: pa.Buffer | None, dtype: np.dtype, count: int, offset: int) -> np.ndarray | None:
-    """``count`` values of ``dtype`` from element ``offset`` of ``buffer``: a read-only numpy view, no copy.
-
-    It aliases the Arrow buffer (CPU memory the array owns). None where the buffer is missing or too short,
-    which only an array validated with ``full=False`` (or not at all) can present.
-    """
-    if buffer is None or offset < 0 or count < 0:
-        return None
-    try:
-        return np.frombuffer(buffer, dtype, count, offset * dtype.itemsize)
-    except ValueError:
-        return None
-
-
-def _offsets(array: pa.Array) -> np.ndarray | None:
-    """The ``len + 1`` offsets of a list or string ``array``, or None for other types.
-
-    A read-only numpy view of the array's Arrow offsets buffer (no copy; it aliases memory the array owns,
-    on the CPU), from ``array.offset``: a slice's offsets need not start at 0.
-    """
-    dtype = _OFFSET_DTYPES.get(array.type.id)
-    if dtype is None:
-        return None
-    return _view(array.buffers()[1], dtype, len(array) + 1, array.offset)
-
-
-def _same_lengths(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether two offsets arrays give the same row lengths (lengths are differences of offsets)."""
-    if len(a) != len(b):
-        return False
-    if a.dtype == b.dtype and a[0] == b[0]:  # the usual case: both start at 0, so compare bytes
-        if a.nbytes < _SMALL:
-            return a.tobytes() == b.tobytes()
-        a_buffer, b_buffer = pa.py_buffer(a), pa.py_buffer(b)
-        # One buffer shared by two columns (the zero-copy encode path) need not be read twice.
-        return a_buffer.address == b_buffer.address or bool(a_buffer.equals(b_buffer))
-    return bool(np.array_equal(a - a[0], b - b[0]))  # each rebased in its own dtype, as np.diff would
-
-
-def _inner_offsets(column: pa.Array) -> np.ndarray | None:
-    """Offsets of the lists nested in a list-of-lists ``column``'s rows: one per token, plus one."""
-    if column.type.id not in _LIST_TYPE_IDS:
-        return None
-    outer = _offsets(column)
-    child = column.values  # the whole child, not sliced by column.offset
-    dtype = _OFFSET_DTYPES.get(child.type.id)
-    if outer is None or dtype is None:
-        return None
-    start, stop = child.offset + int(outer[0]), child.offset + int(outer[-1])
-    return _view(child.buffers()[1], dtype, stop - start + 1, start)
-
-
-def _ragged_agree(
-    columns: Sequence[pa.Array], candidates: tuple[pa.Array, pa.Array] | None, *, try_shared: bool
-) -> bool:
-    """The cheap check_ragged_lengths: ``columns`` (response_ids first) and the top-p candidate sets.
-
-    ``try_shared`` first asks whether a column shares response_ids' offsets buffer (~0.4 us a column):
-    worth it only where that is likely.
-    """
-    response = columns[0]
-    reference: np.ndarray | None = None
-    for column in columns[1:]:
-        if column.null_count:
-            return False  # null rows are exempt: the precise check masks them
-        if try_shared and _same_offsets(column, response):
-            continue
-        if reference is None:
-            reference = _offsets(response)
-        lengths = _offsets(column)
-        if reference is None or lengths is None or not _same_lengths(lengths, reference):
-            return False
-    if candidates is None:
-        return True
-    ids, probs = candidates
-    if ids.null_count or probs.null_count:
-        return False
-    inner_ids, inner_probs = _inner_offsets(ids), _inner_offsets(probs)
-    return inner_ids is not None and inner_probs is not None and _same_lengths(inner_ids, inner_probs)

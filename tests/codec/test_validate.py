@@ -60,7 +60,7 @@ def _precise_only() -> Iterator[None]:
     """validate_group and check_ragged_lengths with their cheap checks switched off."""
     with (
         mock.patch.object(_validate, "_plan", return_value=None),
-        mock.patch.object(_validate, "_ragged_agree", return_value=False),
+        mock.patch.object(_validate, "ragged_agree", return_value=False),
     ):
         yield
 
