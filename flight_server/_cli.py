@@ -43,6 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(created 0700; orphaned segments of a previous run are swept), or 'auto' for a fresh "
         "/dev/shm/trajflight-<uuid>. Default: none (Flight only)",
     )
+    parser.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="stop (as on SIGTERM) when the process that started this server exits, even if it is killed "
+        "(LocalCluster starts its servers so: a crashed driver leaves no server behind)",
+    )
     parser.add_argument("--shm-pool", default="512MiB", help="free pre-faulted segments kept for reuse")
     parser.add_argument("--shm-ttl", default="30s", help="how long a same-node put may take to publish")
 
@@ -58,6 +64,23 @@ def _secret(args: argparse.Namespace) -> bytes | None:
             ) from exc
     env = os.environ.get("TRAJFLIGHT_SECRET")
     return env.encode() if env else None
+
+
+PARENT_POLL = 0.5
+"""Seconds between two checks of ``--exit-with-parent``."""
+
+
+def _stop_with_parent(stop: threading.Event) -> None:
+    """Set ``stop`` once this process's parent is gone (it is re-parented: its parent id changes)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while not stop.wait(PARENT_POLL):
+            if os.getppid() != parent:
+                print("trajflight server: the process that started it exited; stopping", file=sys.stderr)
+                stop.set()
+
+    threading.Thread(target=watch, name="trajflight-parent-watch", daemon=True).start()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
+    if args.exit_with_parent:
+        _stop_with_parent(stop)
     print(server.location, flush=True)
     print(
         f"trajflight server listening on {server.location}, capacity {format_size(limits.capacity_bytes)}",

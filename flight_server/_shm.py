@@ -574,11 +574,14 @@ _AUTO_NAME = re.compile(r"trajflight-[0-9a-f]{32}\Z")
 
 
 def sweep_dead_arenas(base: str, *, keep: str = "") -> int:
-    """Remove the auto-named arena directories (``trajflight-<uuid>``) under ``base`` whose server is dead:
-    nobody holds their ``.lock`` and nothing changed in them for :data:`ORPHAN_AGE` seconds. Returns how
-    many were removed; directories of live servers, of other names or of other users are left alone.
+    """Remove the auto-named arena directories (``trajflight-<uuid>``) under ``base`` whose servers are
+    dead: nobody holds their ``.lock`` and nothing changed in them for :data:`ORPHAN_AGE` seconds. Returns
+    how many were removed; directories of live servers, of other names or of other users are left alone.
 
-    Readers' mappings of the removed segments stay valid until dropped, as after any unlink.
+    A directory is an arena (``.lock`` inside) or holds one arena per server one level down
+    (``server-<i>/.lock``, as :class:`~trajflight.LocalCluster` lays them out); it goes only when every
+    lock in it can be taken, or when it holds no file at all. Readers' mappings of the removed segments
+    stay valid until dropped, as after any unlink.
     """
     removed = 0
     now = time.time()
@@ -592,22 +595,59 @@ def sweep_dead_arenas(base: str, *, keep: str = "") -> int:
         try:
             if not entry.is_dir(follow_symlinks=False) or now - entry.stat().st_mtime < ORPHAN_AGE:
                 continue
-            fd = os.open(os.path.join(entry.path, ".lock"), os.O_RDWR)
         except OSError:
-            continue  # not ours, or no lock file: not an arena this module made
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            continue  # its server is alive
-        try:  # holding its lock: a server starting on it meanwhile is refused
+            continue
+        locks = _dead_locks(entry.path)
+        if locks is None:
+            if _no_files(entry.path):  # what servers that stopped cleanly left of a crashed cluster's
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed += 1
+            continue  # else a live server, or not an arena this module made
+        try:  # holding every lock: a server starting on it meanwhile is refused
             shutil.rmtree(entry.path, ignore_errors=True)
             removed += 1
         finally:
-            os.close(fd)
+            for fd in locks:
+                os.close(fd)
     if removed:
         log.warning("shared-memory arenas: removed %d directories of dead servers under %s", removed, base)
     return removed
+
+
+def _no_files(path: str) -> bool:
+    """Whether the directory tree at ``path`` holds directories only (no file, socket or link)."""
+    try:
+        return all(not files for _, _, files in os.walk(path))
+    except OSError:
+        return False
+
+
+def _dead_locks(path: str) -> list[int] | None:
+    """The ``.lock`` files of the arena directory ``path`` (its own, or its subdirectories'), opened and
+    locked exclusively; None (and nothing held) when there is none or a live server holds one."""
+    candidates = [os.path.join(path, ".lock")]
+    with contextlib.suppress(OSError):
+        candidates += [
+            os.path.join(e.path, ".lock") for e in os.scandir(path) if e.is_dir(follow_symlinks=False)
+        ]
+    held: list[int] = []
+    try:
+        for lock in candidates:
+            try:
+                fd = os.open(lock, os.O_RDWR)
+            except OSError:
+                continue  # no lock file there
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                raise  # its server is alive
+            held.append(fd)
+    except OSError:
+        for fd in held:
+            os.close(fd)
+        return None
+    return held or None
 
 
 def _unlink(seg: Segment) -> None:

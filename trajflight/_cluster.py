@@ -12,7 +12,9 @@ this host move group data through shared memory; remote ones use Flight, served 
 It does not survive the death of this process: the controller's state lives here unless ``state_dir``
 is given (journal + snapshots), and the storage servers hold groups in memory. A server killed with
 SIGKILL leaves its segment files behind until it is restarted on the same directory (which sweeps them)
-or the cluster closes (which removes the deployment directory).
+or the cluster closes (which removes the deployment directory). When this process dies without closing
+the cluster (a crash, SIGKILL), its server processes notice within a second and stop, removing their
+segments; the next cluster started on the machine removes the deployment directory.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from trajflight._storage import StoragePool, Transport
 from trajflight._units import parse_size
 from trajflight.controller import ControllerClient, LocalController, LocalTransport
 from trajflight.errors import ConfigError, UnavailableError
+from trajflight.flight_server._shm import sweep_dead_arenas
 
 __all__ = ["LocalCluster"]
 
@@ -178,6 +181,7 @@ class LocalCluster:
                 str(self.capacity),
                 "--max-groups",
                 str(self.max_groups),
+                "--exit-with-parent",  # a crashed driver leaves no server (nor its memory) behind
             ]
             shm_dir = self.server_shm_dir(i)
             if shm_dir is not None:
@@ -232,7 +236,11 @@ class LocalCluster:
         """The arena directory of storage server ``index`` (None without ``shm``)."""
         if self.shm_dir is None:
             return None
-        os.makedirs(self.shm_dir, mode=0o700, exist_ok=True)
+        if not os.path.isdir(self.shm_dir):
+            # Servers given a directory sweep nothing beside it: the cluster removes the deployment
+            # directories that crashed clusters left here (their servers dead, untouched for a minute).
+            sweep_dead_arenas(os.path.dirname(self.shm_dir), keep=self.shm_dir)
+            os.makedirs(self.shm_dir, mode=0o700, exist_ok=True)
         return os.path.join(self.shm_dir, f"server-{index}")
 
     @property

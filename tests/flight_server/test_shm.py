@@ -7,6 +7,7 @@ and reads either over Flight or through shared memory, against the same server (
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import gc
 import itertools
 import multiprocessing
@@ -436,6 +437,46 @@ def test_only_dead_auto_named_arena_directories_left_untouched_for_a_while_are_r
     named = arena_dir("my-arena", age=2 * ORPHAN_AGE)  # a --shm-dir of the user's: never touched
     assert sweep_dead_arenas(str(tmp_path)) == 1
     assert (os.path.exists(young), os.path.exists(dead), os.path.exists(named)) == (True, False, True)
+
+
+def test_a_cluster_s_directory_of_server_arenas_goes_only_when_all_its_servers_are_dead(tmp_path):
+    """LocalCluster's layout, trajflight-<uuid>/server-<i>/: the whole directory goes once no server
+    holds its lock; one live server keeps it; a directory holding only empty directories goes too; one
+    with files but no lock is not an arena and stays."""
+    old = time.time() - 2 * ORPHAN_AGE
+
+    def cluster_dir(name: str, servers: int) -> str:
+        root = tmp_path / name
+        for i in range(servers):
+            (root / f"server-{i}").mkdir(parents=True)
+            (root / f"server-{i}" / ".lock").touch()
+            (root / f"server-{i}" / "seg-x-0").write_bytes(b"x")
+        os.utime(root, (old, old))
+        return str(root)
+
+    crashed = cluster_dir("trajflight-" + "c" * 32, 2)
+    running = cluster_dir("trajflight-" + "d" * 32, 2)
+    emptied = tmp_path / ("trajflight-" + "e" * 32)
+    (emptied / "server-0").mkdir(parents=True)
+    os.utime(emptied, (old, old))
+    foreign = tmp_path / ("trajflight-" + "f" * 32)
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("not an arena")
+    os.utime(foreign, (old, old))
+    held = os.open(os.path.join(running, "server-1", ".lock"), os.O_RDWR)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)  # server-1 of that cluster is alive
+        assert sweep_dead_arenas(str(tmp_path)) == 2
+        assert not os.path.exists(crashed)
+        assert not os.path.exists(emptied)
+        assert os.path.isdir(running)
+        assert os.path.isdir(foreign)
+    finally:
+        os.close(held)
+    os.utime(running, (old, old))
+    assert sweep_dead_arenas(str(tmp_path)) == 1
+    assert not os.path.exists(running)
+    assert os.path.isdir(foreign)
 
 
 def test_a_server_without_an_arena_refuses_shm_calls_with_a_hint():

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import signal
+import tempfile
 import time
 from collections.abc import Iterator
 
@@ -15,9 +19,10 @@ import trajflight
 from trajflight._lease import fetch_table
 from trajflight._storage import StoragePool
 from trajflight.errors import ConfigError, StaleFenceError
+from trajflight.flight_server._shm import ORPHAN_AGE
 from trajflight.workload import make_workload
 
-from .conftest import WRITER, run_child
+from .conftest import WRITER, run_child, start_child
 
 
 @pytest.fixture(scope="module")
@@ -201,3 +206,57 @@ def test_a_lease_maps_its_segments_when_granted_and_its_first_read_maps_nothing(
         assert [o.mapped for o in opened] == mapped  # the read mapped nothing more
         assert tensors.num_rows == 12
     assert shm_cluster.wait_idle(job) == (0, 0)
+
+
+KILLED_DRIVER = """
+import json, os, signal, sys
+import trajflight
+from trajflight.workload import make_workload
+cluster = trajflight.LocalCluster(servers=1, capacity="64MiB", shm_root=sys.argv[1]).start()
+client = cluster.client()
+client.open_job("j", 1)
+(group,) = make_workload(1, 8, seed=1, response_median=64)
+client.writer("j", 1).put(group.encode("j", 1))
+print(json.dumps({"server": cluster._procs[0].pid, "dir": cluster.shm_dir}), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # a crash: the cluster never closes
+"""
+
+
+@pytest.fixture
+def short_root() -> Iterator[str]:
+    """A deployment root with a short path (a Unix socket's path has at most 107 bytes)."""
+    root = tempfile.mkdtemp(prefix="tf-", dir="/tmp")
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_killed_driver_leaves_no_server_and_the_next_cluster_removes_its_directory(short_root):
+    """The servers of a LocalCluster whose process is SIGKILLed stop by themselves (removing their
+    segments), and the next cluster on the machine removes the crashed one's deployment directory."""
+    child = start_child(KILLED_DRIVER, short_root)
+    try:
+        out, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == -signal.SIGKILL, err[-2000:]
+    left = json.loads(out.strip().splitlines()[-1])
+    deadline = time.monotonic() + 15
+    while _alive(left["server"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(left["server"]), "the orphaned server is still running"
+    assert [files for _, _, files in os.walk(left["dir"])] == [[]]  # it removed its segments on the way
+    old = time.time() - 2 * ORPHAN_AGE
+    os.utime(left["dir"], (old, old))  # a minute later
+    with trajflight.LocalCluster(servers=1, capacity="64MiB", shm_root=short_root, processes=False) as fresh:
+        fresh.client()
+        assert not os.path.exists(left["dir"])
+        assert os.path.isdir(str(fresh.shm_dir))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie (not reaped yet by its new parent) is gone too
+        return f.read().split(") ", 1)[1].split()[0] != "Z"
