@@ -426,7 +426,7 @@ class StorageClient:
                 tuple(k.group_id for k, _ in groups),
                 tuple(rows for _, rows in groups),
                 size,
-                None if sigs is None else tuple(sigs),  # all str: checked above
+                None if sigs is None else tuple(s for s in sigs if s is not None),  # all str: checked above
                 writer,
                 ttl,
             )

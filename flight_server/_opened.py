@@ -142,10 +142,10 @@ class ShmOpened:
         """Whether every read (same key and generation) and every named column is in this open."""
         if reads is self.reads:
             wanted = None if columns is None else tuple(columns)
-            found = self._covers.get(wanted)
-            if found is None:
-                found = self._covers[wanted] = self.covers(list(reads), columns)
-            return found
+            covered = self._covers.get(wanted)
+            if covered is None:
+                covered = self._covers[wanted] = self.covers(list(reads), columns)
+            return covered
         for r in reads:
             found = self._groups.get(r.key)
             if found is None or found[0] != (None if r.token is None else r.token.generation):

@@ -492,8 +492,8 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
             seg = batch.segment
             return {"batch": {"reservation": batch.id, "path": seg.path, "capacity": seg.capacity}}
         if isinstance(body, ShmBatchPublishRequest):
-            groups = store.publish_shm_batch(body.reservation, body.size)
-            return {"published": len(groups), "bytes": sum(g.nbytes for g in groups)}
+            published = store.publish_shm_batch(body.reservation, body.size)
+            return {"published": len(published), "bytes": sum(g.nbytes for g in published)}
         if isinstance(body, ShmReserveRequest):
             ttl = self.shm_ttl if body.ttl is None else body.ttl
             puts = []
@@ -523,8 +523,8 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
                 ]
             }
         if isinstance(body, ShmPublishRequest):
-            groups = store.publish_shm(body.items)
-            return {"published": len(groups), "bytes": sum(g.nbytes for g in groups)}
+            published = store.publish_shm(body.items)
+            return {"published": len(published), "bytes": sum(g.nbytes for g in published)}
         if isinstance(body, ShmAbortRequest):
             return {"aborted": store.abort_shm(body.reservations)}
         ticket: GetTicket = body
@@ -536,7 +536,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         # its byte "offset" (omitted when 0).
         index: dict[tuple[int, int], int] = {}
         segments: list[dict[str, Any]] = []
-        groups = []
+        groups: list[dict[str, Any]] = []
         for g, segs, fence in opened:
             parts = []
             for i, seg in enumerate(segs):

@@ -129,7 +129,7 @@ class ShmStoreMixin:
     _clock: Any
     begin_put: Any
     begin_puts: Any
-    _commit_puts: Any
+    _commit_puts: Callable[[Sequence[Reservation], list[StoredGroup], pa.Schema], list[StoredGroup]]
     _check_token: Any
     _fenced_reads_locked: Any
     board: Any

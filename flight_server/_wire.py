@@ -227,7 +227,7 @@ def group_descriptor(key: GroupKey) -> flight.FlightDescriptor:
 # --------------------------------------------------------------------------------------------- decode
 
 
-def _load(data: bytes, what: str) -> dict[str, Any]:
+def _load(data: bytes | bytearray, what: str) -> dict[str, Any]:
     if not isinstance(data, bytes | bytearray | memoryview):
         raise InvalidRequestError(f"{what}: expected bytes, got {type(data).__name__}")
     if len(data) > _MAX_MESSAGE_BYTES:
@@ -334,7 +334,7 @@ def _batch_reads(batch: object, what: str) -> tuple[GroupRead, ...]:
         if not all(type(v) is int and v >= 0 for v in values):  # type() refuses booleans, as _field does
             raise InvalidRequestError(f"{what}: batch {name!r} must be integers >= 0", field=name)
     return tuple(
-        GroupRead(GroupKey(job_id, epoch, g), LeaseToken(n))  # type: ignore[arg-type]
+        GroupRead(GroupKey(job_id, epoch, g), LeaseToken(n))
         for g, n in zip(group_ids, generations, strict=True)
     )
 
@@ -469,7 +469,7 @@ def decode_criteria(data: bytes) -> ListCriteria:
 
 def _objects(body: Mapping[str, Any], name: str, what: str, *, noun: str = "entry") -> list[dict[str, Any]]:
     """The non-empty list of objects ``body[name]``; a typed error names the field or entry otherwise."""
-    entries = _field(body, name, list, what)
+    entries: list[Any] = _field(body, name, list, what)
     if not entries:
         raise InvalidRequestError(f"{what}: {name!r} must name at least one {noun}", field=name)
     for i, entry in enumerate(entries):
@@ -577,7 +577,7 @@ def _batch_reserve(
         raise InvalidRequestError(f"{what}: 'batch_bytes' must be > 0", field="batch_bytes")
     return ShmBatchReserveRequest(
         job_id,
-        int(epoch),  # type: ignore[arg-type]
+        int(epoch),
         tuple(group_ids),
         tuple(rows),
         batch_bytes,
@@ -588,7 +588,7 @@ def _batch_reserve(
 
 
 def decode_action_body(
-    action: str, data: bytes
+    action: str, data: bytes | bytearray
 ) -> (
     DeleteRequest
     | FenceRequest

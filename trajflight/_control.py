@@ -107,7 +107,7 @@ def host_identity() -> str:
     return socket.gethostname()
 
 
-class ControlServer(flight.FlightServerBase):
+class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow has no type stubs
     """Serve a :class:`LocalController` to other processes over Flight.
 
     Args:
