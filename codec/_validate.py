@@ -15,7 +15,8 @@ It does not check semantic plausibility (token ids inside a vocabulary, logprobs
 logprobs are legal data and round-trip unchanged. It does not refuse what decode alone refuses in columns
 the schema lets hold it: null entries inside rows of user columns and null rows of nullable ``list<T>``
 user columns are valid groups, which decode takes with ``columns=[...]``. A null row of a nullable list of
-lists (a sample without top-p candidates) is valid too, and decode reads it as a sample of zero tokens.
+lists (a sample without top-p candidates) is valid too, and decode reads it as a sample of zero tokens;
+where both top-p columns are present it must be null in both (decode would otherwise misalign them).
 """
 
 from __future__ import annotations
@@ -200,7 +201,8 @@ def _lengths(column: pa.Array) -> np.ndarray:
 
 
 def check_ragged_lengths(batch: pa.RecordBatch) -> None:
-    """Per-token columns agree in length per sample, and top-p candidate sets per token.
+    """Per-token columns agree in length per sample, and top-p candidate sets per token; top_p_ids and
+    top_p_probs (where both are present) are null, a sample without candidates, for the same samples.
 
     Raises:
         SchemaError: naming the column and the first row (and token) that disagree.
@@ -272,12 +274,18 @@ def _check_ragged_precisely(batch: pa.RecordBatch) -> None:
 
 
 def _check_candidate_sets(ids: pa.Array, probs: pa.Array) -> None:
+    """top_p_ids and top_p_probs null (no candidates) for the same samples, then candidate sets of equal
+    size per token in the other samples. Without null rows (Arrow's kept null counts) the first part costs
+    nothing; with them it reads the validity of both columns, and the second filters both (a copy)."""
     rows = np.arange(len(ids))
     if ids.null_count or probs.null_count:
-        # Rows without candidates on either side are exempt (filtering copies; only with nulls).
-        both = pc.and_(pc.is_valid(ids), pc.is_valid(probs))
-        ids, probs = ids.filter(both), probs.filter(both)
-        rows = rows[both.to_numpy(zero_copy_only=False)]
+        valid = ids.is_valid().to_numpy(zero_copy_only=False)
+        disagree = valid != probs.is_valid().to_numpy(zero_copy_only=False)
+        if disagree.any():
+            row = int(np.argmax(disagree))
+            _refuse_lone_null_row(row, ids_valid=bool(valid[row]))
+        ids, probs = ids.filter(valid), probs.filter(valid)
+        rows = rows[valid]
     # list_flatten of a null-free list array is a zero-copy slice of its values.
     inner_ids, inner_probs = _lengths(pc.list_flatten(ids)), _lengths(pc.list_flatten(probs))
     differs = inner_ids != inner_probs
@@ -292,6 +300,19 @@ def _check_candidate_sets(ids: pa.Array, probs: pa.Array) -> None:
             column="top_p_probs",
             row=row,
         )
+
+
+def _refuse_lone_null_row(row: int, *, ids_valid: bool) -> None:
+    """Raise for a sample that is null (None, no candidates) in one top-p column and not in the other:
+    decode reads a null row as zero tokens, so the two columns' samples would no longer line up."""
+    name, other = ("top_p_probs", "top_p_ids") if ids_valid else ("top_p_ids", "top_p_probs")
+    raise SchemaError(
+        f"column {name!r} row {row} is None but {other} row {row} is not: both must be None for the same "
+        "samples (a sample without candidates is None in top_p_ids and top_p_probs alike); pass None in "
+        "both, or the candidates and their probabilities in both",
+        column=name,
+        row=row,
+    )
 
 
 def validate_group(
@@ -314,6 +335,9 @@ def validate_group(
 
     A null row of a nullable column (``top_p_ids``/``top_p_probs`` in the standard schema: a sample without
     candidates, as ``encode_group`` writes ``None``) is valid; decode reads it as a sample of zero tokens.
+    Where both top-p columns are present it must be null in both (decode would give the two columns
+    different outer offsets); either column alone may have null rows. Checked only where a column has
+    null rows (Arrow's kept null counts: O(1) without).
 
     Args:
         batch: The group.

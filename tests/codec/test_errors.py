@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from trajflight.codec import STANDARD_SCHEMA, GroupKey, Padded, encode_group, validate_group
+from trajflight.codec import STANDARD_SCHEMA, DoublyRagged, GroupKey, Padded, encode_group, validate_group
 from trajflight.errors import SchemaError
 
 from .conftest import ragged
@@ -34,6 +34,32 @@ BAD_INPUTS = [
         "top_p_probs",
         2,
         "token 6 has 2 candidates but top_p_ids has 1",
+    ),
+    # A sample without candidates is None in both top-p columns: one alone left the two columns' decoded
+    # outer offsets apart (a distillation loss pairing ids with probs silently misaligned).
+    (
+        "top_p ids none where probs are not",
+        {"top_p_ids": [None, [], [[1]] * 7], "top_p_probs": [[[0.5]] * 4, [], [[0.5]] * 7]},
+        "top_p_ids",
+        0,
+        "row 0 is None but top_p_probs row 0 is not",
+    ),
+    (
+        "top_p probs none in arrow where ids are not",
+        {
+            "top_p_ids": DoublyRagged(np.ones(11, np.int32), OFFSETS, np.arange(12, dtype=np.int32)),
+            "top_p_probs": pa.array([[[0.5]] * 4, [], None], pa.list_(pa.list_(pa.float32()))),
+        },
+        "top_p_probs",
+        2,
+        "row 2 is None but top_p_ids row 2 is not",
+    ),
+    (
+        "top_p none against an empty sample",
+        {"top_p_ids": [[[1]] * 4, [], [[1]] * 7], "top_p_probs": [[[0.5]] * 4, None, [[0.5]] * 7]},
+        "top_p_probs",
+        1,
+        "both must be None for the same samples",
     ),
     (
         "token id over int32",

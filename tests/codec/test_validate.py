@@ -131,7 +131,10 @@ def groups(draw: st.DrawFn) -> tuple[pa.RecordBatch, TrajectorySchema, GroupKey 
 
     mutation = draw(
         st.sampled_from(
-            ["none", "key", "null", "entry", "entry", "length", "length", "length", "candidate", "candidate"]
+            [
+                *("none", "key", "null", "no candidates", "entry", "entry"),
+                *("length", "length", "length", "candidate", "candidate"),
+            ]
         )
     )
     row = draw(st.sampled_from([0, n - 1]) | st.integers(0, n - 1))
@@ -140,9 +143,11 @@ def groups(draw: st.DrawFn) -> tuple[pa.RecordBatch, TrajectorySchema, GroupKey 
         data[name][row] = (
             draw(st.sampled_from(["k", "jo", "job2"])) if name == "job_id" else data[name][row] + 1
         )
-    elif mutation == "null":  # refused in non-nullable columns; an exempt row in top_p_* (half the time)
-        exempt = [c for c in RAGGED[2:] if c in data]
-        data[draw(st.sampled_from(exempt if exempt and draw(st.booleans()) else sorted(data)))][row] = None
+    elif mutation == "null":  # refused: a non-nullable column, or one top_p_* column alone (half the time)
+        columns = [c for c in RAGGED[2:] if c in data]
+        data[draw(st.sampled_from(columns if columns and draw(st.booleans()) else sorted(data)))][row] = None
+    elif mutation == "no candidates" and top_p:  # a sample without candidates: valid
+        data["top_p_ids"][row] = data["top_p_probs"][row] = None
     elif mutation == "entry":  # a null inside a row: refused in every standard ragged column
         name = draw(st.sampled_from([c for c in ("prompt_ids", "response_ids", *RAGGED) if c in data]))
         cell = [list(x) if isinstance(x, list) else x for x in data[name][row]]  # rows may share lists
@@ -445,3 +450,71 @@ def test_a_null_top_p_row_that_encode_group_writes_is_valid():
     responses = [len(r) for r in batch.column("response_ids").to_pylist()]
     assert lengths == [0 if i == 1 else n for i, n in enumerate(responses)]
     assert decode(batch, columns=["response_ids", "loss_mask"]).columns == ("response_ids", "loss_mask")
+
+
+def _without_candidates(group: pa.RecordBatch, name: str, rows: set[int]) -> pa.RecordBatch:
+    """``group`` with ``rows`` of top-p column ``name`` null (no candidates), built with pyarrow directly."""
+    index = group.schema.get_field_index(name)
+    field = group.schema.field(index)
+    values = [None if i in rows else r for i, r in enumerate(group.column(index).to_pylist())]
+    return group.set_column(index, field, pa.array(values, field.type))
+
+
+@pytest.mark.parametrize("row", [0, 2], ids=["first-row", "third-row"])
+@pytest.mark.parametrize(("name", "other"), [("top_p_ids", "top_p_probs"), ("top_p_probs", "top_p_ids")])
+def test_a_sample_without_candidates_in_one_top_p_column_only_is_refused(name, other, row):
+    """Regression: validate_group exempted a top-p row null on either side, so a group whose top_p_ids
+    and top_p_probs disagree about which samples have no candidates was stored; decode reads a null row as
+    zero tokens, so the two columns came back with different outer offsets and a distillation loss
+    pairing ids with probs silently misaligned."""
+    group = workload.make_workload(1, 4, seed=0, top_p=True, response_median=8.0)[0].encode("job", 1)
+    holed = _without_candidates(group, name, {row})
+    top = decode(holed).doubly_ragged  # why the group is refused: the columns' samples no longer line up
+    assert top[name].outer_offsets.tolist() != top[other].outer_offsets.tolist()
+    message = f"column {name!r} row {row} is None but {other} row {row} is not"
+    for batch in (holed, _ipc(holed)):
+        for full in (True, False):  # not Arrow's structural validation: refused either way
+            for checks in (contextlib.nullcontext(), _precise_only()):
+                with checks, pytest.raises(SchemaError, match=message) as info:
+                    validate_group(batch, expect=GroupKey("job", 1, 0), full=full)
+                assert "both must be None for the same samples" in str(info.value)
+                assert (info.value.column, info.value.row) == (name, row)
+
+
+def test_top_p_columns_null_for_the_same_samples_pass_and_a_slice_is_judged_on_its_own_rows():
+    """Both columns None for a sample is a sample without candidates; a disagreement outside a slice's
+    rows is not the slice's, and one inside is named by the slice's row."""
+    a, b = (g.encode("job", 1) for g in workload.make_workload(2, 3, seed=0, top_p=True, response_median=8.0))
+    both = pa.concat_batches([a, b])
+    both = _without_candidates(_without_candidates(both, "top_p_ids", {0, 4}), "top_p_probs", {0, 4})
+    apart = _without_candidates(both, "top_p_ids", {1})  # in a's rows only
+    second = _without_candidates(apart, "top_p_probs", {5}).slice(3)  # and in b's row 2
+    keys = GroupKey("job", 1, 0), GroupKey("job", 1, 1)
+    for checks in (contextlib.nullcontext(), _precise_only()):
+        with checks:
+            assert validate_group(_ipc(both.slice(0, 3)), expect=keys[0]) == keys[0]
+            assert validate_group(_ipc(both.slice(3)), expect=keys[1]) == keys[1]
+            assert validate_group(_ipc(apart.slice(3)), expect=keys[1]) == keys[1]
+            with pytest.raises(SchemaError, match="'top_p_probs' row 2 is None but top_p_ids row 2") as info:
+                validate_group(_ipc(second), expect=keys[1])
+            assert info.value.row == 2
+
+
+def test_one_top_p_column_alone_may_have_samples_without_candidates():
+    """Both top-p columns are optional (README, schema): one alone, with null rows, has nothing to
+    disagree with and stays valid, from encode_group as from pyarrow."""
+    group = workload.make_workload(1, 3, seed=0, top_p=True, response_median=8.0)[0]
+    columns = group.columns(job_id="job", epoch=1, group_id=0)
+    encoded = group.encode("job", 1)
+    del columns["top_p_probs"]
+    columns["top_p_ids"] = [
+        None if i == 1 else r for i, r in enumerate(encoded.column("top_p_ids").to_pylist())
+    ]
+    alone = encode_group(**columns)
+    assert "top_p_probs" not in alone.schema.names
+    assert alone.column("top_p_ids").null_count == 1
+    built = _without_candidates(encoded, "top_p_probs", {0}).drop_columns(["top_p_ids"])
+    for checks in (contextlib.nullcontext(), _precise_only()):
+        with checks:
+            for batch in (alone, built):
+                assert validate_group(_ipc(batch), expect=GroupKey("job", 1, 0)) == GroupKey("job", 1, 0)
