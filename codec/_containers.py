@@ -47,7 +47,8 @@ class DoublyRagged(Generic[ArrayT]):
 
     Sample ``i`` spans tokens ``outer_offsets[i]:outer_offsets[i + 1]``; token ``j`` spans values
     ``inner_offsets[j]:inner_offsets[j + 1]``. Decoded offsets always start at zero. A sample without
-    candidates (a null row, ``None`` at encode) decodes as a sample of zero tokens.
+    candidates (a null row, ``None`` at encode in ``top_p_ids`` and ``top_p_probs`` alike) decodes as a
+    sample of zero tokens.
     """
 
     values: ArrayT

@@ -423,8 +423,11 @@ def encode_group(
             single string is refused, not repeated); default
             ``"{job_id}/{epoch}/{group_id}/{sample_index}"``. Ids repeated within the group are refused
             (uniqueness across groups is the caller's).
-        top_p_ids: Per sample, per response token, the candidate token ids (doubly ragged).
-        top_p_probs: The candidates' probabilities, same shape as ``top_p_ids``.
+        top_p_ids: Per sample, per response token, the candidate token ids (doubly ragged); ``None`` for
+            a sample without candidates (a null row, decoded as a sample of zero tokens).
+        top_p_probs: The candidates' probabilities, same shape as ``top_p_ids``: ``None`` for the same
+            samples (one column ``None`` where the other is not is refused). Either column may be given
+            alone.
         finish_reason: One string per sample (stored as ``dictionary<int8, string>``).
         telemetry: Per-sample engine telemetry: a list of dicts, a dict of per-sample columns or a
             pyarrow struct array.
