@@ -8,8 +8,10 @@ Storage servers validate every group they receive, so each check has two tiers: 
 accept (null counts, key columns compared as raw bytes, list offsets compared through numpy views of the
 Arrow buffers), and the precise one (``pyarrow.compute``), run only when the cheap one does not accept, that
 finds the first offending row and words the error. The cheap tier never decides a refusal, so errors are
-those of the precise checks; where it is not sure (an unusual type, a null) it defers to them. Its
-byte-level checks live in :mod:`trajflight.codec._validate_cheap`; the plan that orders them is below.
+those of the precise checks; where it is not sure (an unusual type, a null) it defers to them. The one
+null it accepts is a sample without top-p candidates: None in top_p_ids and top_p_probs alike, a null row
+spanning no token (its validity bitmaps and offsets compared, a few bytes a row). Its byte-level checks
+live in :mod:`trajflight.codec._validate_cheap`; the plan that orders them is below.
 
 It does not check semantic plausibility (token ids inside a vocabulary, logprobs <= 0): NaN and inf
 logprobs are legal data and round-trip unchanged. It does not refuse what decode alone refuses in columns
@@ -337,7 +339,9 @@ def validate_group(
     candidates, as ``encode_group`` writes ``None``) is valid; decode reads it as a sample of zero tokens.
     Where both top-p columns are present it must be null in both (decode would give the two columns
     different outer offsets); either column alone may have null rows. Checked only where a column has
-    null rows (Arrow's kept null counts: O(1) without).
+    null rows (Arrow's kept null counts: O(1) without); rows null in both columns and spanning no token,
+    as ``encode_group`` and pyarrow build them, cost a comparison of the two validity bitmaps and
+    offsets (no ``pyarrow.compute`` pass), any other null row the precise checks.
 
     Args:
         batch: The group.

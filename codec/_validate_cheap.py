@@ -7,9 +7,11 @@ would accept too; :data:`UNSURE` or False wherever it is not sure (an unusual ty
 shorter than its array, as ``full=False`` validation lets through, offsets not starting at 0).
 
 It does not guarantee anything beyond that: it never refuses, never words an error, does not look at
-nulls or at Arrow's structural validity (``RecordBatch.validate`` does), and it is correct only as a
-filter in front of the precise checks, which :func:`validate_group` runs whenever an answer here is not
-a certain yes.
+Arrow's structural validity (``RecordBatch.validate`` does) nor at nulls, but for one case: top_p_ids and
+top_p_probs null for the same samples, rows that span no token (a sample without candidates, as Arrow and
+``encode_group`` build it), whose validity bitmaps and offsets it compares. It is correct only as a filter
+in front of the precise checks, which :func:`validate_group` runs whenever an answer here is not a
+certain yes.
 """
 
 from __future__ import annotations
@@ -190,18 +192,62 @@ def _inner_offsets(column: pa.Array) -> np.ndarray | None:
     return _view(child.buffers()[1], dtype, stop - start + 1, start)
 
 
+def _validity(array: pa.Array) -> np.ndarray | None:
+    """One bool per row of ``array`` (True: not null), unpacked from its validity bitmap (a copy of
+    ``len(array)`` bools; the bitmap itself is read through a view). None where the array has no bitmap
+    or one too short for its rows, which only ``full=False`` validation lets through."""
+    buffer = array.buffers()[0]
+    start, n = array.offset, len(array)
+    if buffer is None or start < 0 or buffer.size * 8 < start + n:
+        return None
+    first = start // 8
+    bytes_ = np.frombuffer(buffer, np.uint8, (start + n + 7) // 8 - first, first)
+    skip = start - first * 8
+    return np.unpackbits(bytes_, count=skip + n, bitorder="little")[skip:].view(np.bool_)
+
+
+def _null_rows_agree(ids: pa.Array, probs: pa.Array, reference: np.ndarray) -> bool:
+    """Whether top_p_ids and top_p_probs, each with null rows, are null for the same rows, those rows
+    span no token in either column, and every other row spans as many tokens as response_ids' row
+    (``reference``: its offsets). What the precise checks accept, as Arrow and ``encode_group`` build a
+    sample without candidates; False where not sure (a null row spanning tokens, one column null alone).
+
+    Reads the two validity bitmaps and the three offsets buffers (views; copies of a few bools and
+    lengths per row), never the tokens.
+    """
+    if not ids.null_count or not probs.null_count:
+        return False  # null rows in one column only: the precise check names the first
+    valid, other = _validity(ids), _validity(probs)
+    if valid is None or other is None or valid.tobytes() != other.tobytes():
+        return False
+    if len(valid) + 1 != len(reference):  # before the batch (ragged_columns_agree): no broadcasting
+        return False
+    ids_offsets, probs_offsets = _offsets(ids), _offsets(probs)
+    if ids_offsets is None or probs_offsets is None or not _same_lengths(ids_offsets, probs_offsets):
+        return False
+    # Lengths in each column's own offsets dtype, as the precise check's np.diff takes them (slices
+    # subtracted: np.diff's own cost is several us at a group's few rows).
+    lengths = ids_offsets[1:] - ids_offsets[:-1]
+    return bool((lengths == (reference[1:] - reference[:-1]) * valid).all())
+
+
 def ragged_agree(
     columns: Sequence[pa.Array], candidates: tuple[pa.Array, pa.Array] | None, *, try_shared: bool
 ) -> bool:
     """The cheap check_ragged_lengths: ``columns`` (response_ids first) and the top-p candidate sets.
 
     ``try_shared`` first asks whether a column shares response_ids' offsets buffer (~0.4 us a column):
-    worth it only where that is likely.
+    worth it only where that is likely. A per-token column with null rows is not sure, except the two of
+    ``candidates`` (the same array objects as in ``columns``) null for the same rows that span no token
+    (:func:`_null_rows_agree`).
     """
     response = columns[0]
+    pair = () if candidates is None else candidates
     reference: np.ndarray | None = None
     for column in columns[1:]:
         if column.null_count:
+            if any(column is c for c in pair):
+                continue  # samples without candidates: the pair's rows are compared below
             return False  # null rows are exempt: the precise check masks them
         if try_shared and same_offsets(column, response):
             continue
@@ -213,7 +259,11 @@ def ragged_agree(
     if candidates is None:
         return True
     ids, probs = candidates
-    if ids.null_count or probs.null_count:
-        return False
+    if ids.null_count or probs.null_count:  # Arrow keeps the counts: O(1) without null rows
+        if reference is None:
+            reference = _offsets(response)
+        if reference is None or not _null_rows_agree(ids, probs, reference):
+            return False
+    # Null rows that span no token leave in both columns the valid rows' tokens alone, in order.
     inner_ids, inner_probs = _inner_offsets(ids), _inner_offsets(probs)
     return inner_ids is not None and inner_probs is not None and _same_lengths(inner_ids, inner_probs)

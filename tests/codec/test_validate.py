@@ -14,6 +14,7 @@ import contextlib
 import io
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 from unittest import mock
 
@@ -100,16 +101,22 @@ _JUNK: dict[str, list[Any]] = {
 
 
 @st.composite
-def groups(draw: st.DrawFn) -> tuple[pa.RecordBatch, TrajectorySchema, GroupKey | None]:
-    """A batch (mostly one group, sometimes several or a slice), its schema and the key to expect."""
+def groups(
+    draw: st.DrawFn, *, without_candidates: bool = False
+) -> tuple[pa.RecordBatch, TrajectorySchema, GroupKey | None]:
+    """A batch (mostly one group, sometimes several or a slice), its schema and the key to expect;
+    ``without_candidates``: always top-p columns, always with null rows (:func:`_samples_without_candidates`).
+    """
     schema_name = draw(st.sampled_from(sorted(SCHEMAS)))
     schema = SCHEMAS[schema_name]
     groups_ = draw(st.sampled_from([1, 1, 1, 1, 1, 2, 3]))  # several: rows of other groups, or slices of one
     sizes = draw(st.lists(st.integers(1, 3), min_size=groups_, max_size=groups_))
     group_ids = [5 + g for g, size in enumerate(sizes) for _ in range(size)]
     n = len(group_ids)
-    lengths = draw(st.lists(st.integers(0, 4), min_size=n, max_size=n))
-    top_p = draw(st.booleans())
+    # Samples of zero tokens more often with null top-p rows: only the validity bitmaps tell them apart.
+    length = st.integers(0, 4) | st.just(0) if without_candidates else st.integers(0, 4)
+    lengths = draw(st.lists(length, min_size=n, max_size=n))
+    top_p = without_candidates or draw(st.booleans())
     candidates = [draw(st.lists(st.integers(0, 3), min_size=k, max_size=k)) for k in lengths]
     job = draw(st.sampled_from(["j", "job", "jé"]))
     data: dict[str, list[Any]] = {
@@ -131,7 +138,10 @@ def groups(draw: st.DrawFn) -> tuple[pa.RecordBatch, TrajectorySchema, GroupKey 
 
     mutation = draw(
         st.sampled_from(
-            [
+            # Fewer refusals before the ragged checks where the null top-p rows are what is tested.
+            ["none", "none", "none", "key", "entry", "length", "length", "candidate", "candidate"]
+            if without_candidates
+            else [
                 *("none", "key", "null", "no candidates", "entry", "entry"),
                 *("length", "length", "length", "candidate", "candidate"),
             ]
@@ -160,15 +170,25 @@ def groups(draw: st.DrawFn) -> tuple[pa.RecordBatch, TrajectorySchema, GroupKey 
             data[name][row] = cell
     elif mutation == "length":
         name = draw(st.sampled_from([c for c in RAGGED if c in data]))
-        cell = data[name][row]
-        data[name][row] = cell[:-1] if cell and draw(st.booleans()) else [*cell, _ONE_MORE[name]]
+        shorter = bool(data[name][row]) and draw(st.booleans())
+        # Both top-p columns alike, some of the time: they agree with each other, not with response_ids.
+        both = top_p and name in RAGGED[2:] and draw(st.booleans())
+        for column in RAGGED[2:] if both else (name,):
+            cell = data[column][row]
+            data[column][row] = cell[:-1] if shorter else [*cell, _ONE_MORE[column]]
     elif mutation == "candidate" and top_p and lengths[row]:
         token = draw(st.integers(0, lengths[row] - 1))
         data["top_p_probs"][row][token] = [*data["top_p_probs"][row][token], 0.25]
+    holes = without_candidates or (top_p and draw(st.booleans()))
+    # Half the time the mutated row keeps its candidates, so the null rows do not hide the mutation.
+    keep = row if n > 1 and draw(st.booleans()) else None
+    spanning = _samples_without_candidates(draw, data, lengths, keep) if holes else {}
 
     arrays = []
     for name, values in data.items():
         array = pa.array(values, schema.field(name).type)
+        if name in spanning:
+            array = _null_rows_over_tokens(array, spanning[name])
         if name == "job_id" and draw(st.booleans()):
             array = _dictionary(array, many=draw(st.booleans()))
         elif name in _JUNK and draw(st.booleans()):
@@ -195,6 +215,41 @@ def groups(draw: st.DrawFn) -> tuple[pa.RecordBatch, TrajectorySchema, GroupKey 
     return batch, schema, key
 
 
+def _samples_without_candidates(
+    draw: st.DrawFn, data: dict[str, list[Any]], lengths: list[int], keep: int | None
+) -> dict[str, set[int]]:
+    """Over whatever mutation ``data`` (with top-p columns) has: samples without candidates, None in both
+    top-p columns (valid); or, one time in four each, one row None in one column alone (refused), or null
+    rows left spanning their tokens in one column or both (Arrow allows it; encode_group never builds it).
+
+    ``lengths`` are the samples' token counts; row ``keep`` (if not None) is not made null. Returns the
+    rows to make null over their tokens, by column (:func:`_null_rows_over_tokens`); the other null rows
+    are set to None in ``data``.
+    """
+    rows = draw(st.sets(st.sampled_from([r for r in range(len(lengths)) if r != keep]), min_size=1))
+    twist = draw(st.sampled_from(["both", "both", "one side", "spanning"]))
+    names = ("top_p_ids", "top_p_probs")
+    if twist == "spanning":  # in one column (refused) or both (valid where the rest is)
+        return {name: rows for name in draw(st.sampled_from([names, names[:1], names[1:]]))}
+    # The lone row of zero tokens half the time (where there is one): the offsets then agree.
+    empty = sorted(r for r in rows if not lengths[r])
+    lone = draw(st.sampled_from(empty if empty and draw(st.booleans()) else sorted(rows)))
+    if twist != "one side":
+        lone = None
+    kept = draw(st.sampled_from(names))  # the column whose row ``lone`` keeps its candidates
+    for name in names:
+        for row in rows:
+            if row != lone or name != kept:
+                data[name][row] = None
+    return {}
+
+
+def _null_rows_over_tokens(array: pa.Array, rows: set[int]) -> pa.Array:
+    """``array`` (a list column) with ``rows`` null but still spanning the tokens they held."""
+    mask = pa.array([i in rows or not array[i].is_valid for i in range(len(array))])
+    return type(array).from_arrays(array.offsets, array.values, mask=mask)
+
+
 def _dictionary(array: pa.Array, *, many: bool) -> pa.Array:
     """``array`` dictionary-encoded: a one-entry dictionary where it can be, else (or if ``many``) more."""
     encoded = array.dictionary_encode()
@@ -213,6 +268,23 @@ def test_cheap_and_precise_checks_give_the_same_verdict(case: tuple[pa.RecordBat
     with _precise_only():
         precise = _outcome(lambda: validate_group(batch, schema, expect=expect))
     assert cheap == precise
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(groups(without_candidates=True))
+def test_cheap_and_precise_checks_agree_on_samples_without_candidates(
+    case: tuple[pa.RecordBatch, TrajectorySchema, Any],
+):
+    """The cheap checks accept top-p null rows (None in both columns, spanning no token); every group
+    here has some, valid or not (one column None alone, null rows over tokens, and the other mutations)."""
+    batch, schema, expect = case
+    cheap = _outcome(lambda: validate_group(batch, schema, expect=expect))
+    with _precise_only():
+        precise = _outcome(lambda: validate_group(batch, schema, expect=expect))
+    assert cheap == precise
+    ragged = _outcome(lambda: check_ragged_lengths(batch))  # encode_group's entry to the same checks
+    with _precise_only():
+        assert ragged == _outcome(lambda: check_ragged_lengths(batch))
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -518,3 +590,109 @@ def test_one_top_p_column_alone_may_have_samples_without_candidates():
         with checks:
             for batch in (alone, built):
                 assert validate_group(_ipc(batch), expect=GroupKey("job", 1, 0)) == GroupKey("job", 1, 0)
+
+
+def _edited(group: pa.RecordBatch, **rows: list[Any]) -> pa.RecordBatch:
+    """``group`` with the named columns replaced by these Python rows, built with pyarrow directly."""
+    for name, values in rows.items():
+        index = group.schema.get_field_index(name)
+        field = group.schema.field(index)
+        group = group.set_column(index, field, pa.array(values, field.type))
+    return group
+
+
+@pytest.mark.parametrize("rows", [{0}, {2}, {3}, {0, 1, 3}], ids=["first", "middle", "last", "three"])
+def test_samples_without_candidates_pass_on_the_cheap_checks_alone(rows):
+    """Regression: any null top-p row made validate_group leave its cheap checks for the precise ones,
+    ~560 us instead of ~50 us per group of the standard top-p workload, on every put a server validated."""
+    group = workload.make_workload(1, 4, seed=0, top_p=True, response_median=8.0)[0].encode("job", 1)
+    holed = _without_candidates(_without_candidates(group, "top_p_ids", rows), "top_p_probs", rows)
+    second = pa.concat_batches([group, holed]).slice(group.num_rows)  # bitmaps and offsets mid-buffer
+    with _precise_checks_forbidden():
+        for batch in (_ipc(holed), holed, second, _ipc(second)):
+            assert validate_group(batch, expect=GroupKey("job", 1, 0)) == GroupKey("job", 1, 0)
+            check_ragged_lengths(batch)
+
+
+def _one_side_on_an_empty_sample(group: pa.RecordBatch) -> pa.RecordBatch:
+    """Row 1 has no tokens and is None in top_p_ids alone; row 0 is None in both. The outer offsets of
+    the two columns agree: only their validity bitmaps differ."""
+    edits = {n: group.column(n).to_pylist() for n in ("response_ids", *RAGGED)}
+    for values in edits.values():
+        values[1] = []
+    edits["top_p_ids"][0] = edits["top_p_probs"][0] = edits["top_p_ids"][1] = None
+    return _edited(group, **edits)
+
+
+def _both_top_p_one_token_long(group: pa.RecordBatch) -> pa.RecordBatch:
+    """Row 0 None in both top-p columns; row 2 one token longer in both than its response."""
+    ids, probs = (group.column(n).to_pylist() for n in RAGGED[2:])
+    ids[0] = probs[0] = None
+    ids[2], probs[2] = [*ids[2], [7]], [*probs[2], [0.25]]
+    return _edited(group, top_p_ids=ids, top_p_probs=probs)
+
+
+def _probs_rows_shifted(group: pa.RecordBatch) -> pa.RecordBatch:
+    """Row 3 None in both top-p columns; top_p_probs' last token of row 0 moved to the start of row 1:
+    the same tokens and candidate sets in order as top_p_ids, in rows of other lengths."""
+    ids, probs = (group.column(n).to_pylist() for n in RAGGED[2:])
+    ids[3] = probs[3] = None
+    probs[0], probs[1] = probs[0][:-1], [probs[0][-1], *probs[1]]
+    return _edited(group, top_p_ids=ids, top_p_probs=probs)
+
+
+def _one_candidate_more(group: pa.RecordBatch) -> pa.RecordBatch:
+    """Row 0 None in both top-p columns; row 2 token 1 with one probability more than ids."""
+    ids, probs = (group.column(n).to_pylist() for n in RAGGED[2:])
+    ids[0] = probs[0] = None
+    probs[2][1] = [*probs[2][1], 0.25]
+    return _edited(group, top_p_ids=ids, top_p_probs=probs)
+
+
+def _null_over_tokens(*names: str) -> Callable[[pa.RecordBatch], pa.RecordBatch]:
+    """Row 1 null in ``names`` while still spanning its tokens (Arrow allows it; encode_group never
+    builds it), row 3 None in both top-p columns."""
+
+    def edit(group: pa.RecordBatch) -> pa.RecordBatch:
+        group = _without_candidates(_without_candidates(group, "top_p_ids", {3}), "top_p_probs", {3})
+        for name in names:
+            index = group.schema.get_field_index(name)
+            array = _null_rows_over_tokens(group.column(index), {1})
+            group = group.set_column(index, group.schema.field(index), array)
+        return group
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (_one_side_on_an_empty_sample, "'top_p_ids' row 1 is None but top_p_probs row 1 is not"),
+        (_both_top_p_one_token_long, r"'top_p_ids' row 2 has \d+ entries but response_ids has \d+"),
+        (_probs_rows_shifted, r"'top_p_probs' row 0 has \d+ entries but response_ids has \d+"),
+        (_one_candidate_more, r"'top_p_probs' row 2 token 1 has \d+ candidates but top_p_ids has \d+"),
+        (_null_over_tokens("top_p_probs"), "'top_p_probs' row 1 is None but top_p_ids row 1 is not"),
+        (_null_over_tokens(*RAGGED[2:]), None),  # valid, on the precise checks
+    ],
+    ids=[
+        *("one-side-empty-sample", "both-one-token-long", "probs-rows-shifted", "candidate-more"),
+        *("one-over-tokens", "both-over"),
+    ],
+)
+def test_groups_with_samples_without_candidates_get_the_precise_verdict(edit, message):
+    """Each thing the cheap checks must see before they accept null top-p rows (the validity bitmaps,
+    each column's lengths against response_ids, the candidate sets, null rows spanning no token), shown
+    by a group that differs from a valid one in that alone."""
+    group = edit(workload.make_workload(1, 4, seed=0, top_p=True, response_median=8.0)[0].encode("job", 1))
+    assert group.column("top_p_ids").null_count
+    assert group.column("top_p_probs").null_count
+    for batch in (group, _ipc(group)):
+        call = partial(validate_group, batch, expect=GroupKey("job", 1, 0))
+        cheap = _outcome(call)
+        with _precise_only():
+            assert cheap == _outcome(call)
+        if message is None:
+            assert cheap == ("returned", GroupKey("job", 1, 0))
+        else:
+            with pytest.raises(SchemaError, match=message):
+                validate_group(batch, expect=GroupKey("job", 1, 0))
