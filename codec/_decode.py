@@ -18,7 +18,9 @@ Memory and ownership:
   candidates, as ``encode_group`` writes ``None``) decodes as a sample of zero tokens
   (``outer_offsets[i] == outer_offsets[i + 1]``), the way Arrow already stores it: no copy. Only a null
   row spanning tokens (Arrow allows it; ``encode_group`` never writes one) costs a copy of the column
-  that drops them. A column declared non-nullable refuses null rows.
+  that drops them. A column declared non-nullable refuses null rows. Where ``top_p_ids`` and
+  ``top_p_probs`` are decoded together they must be null for the same samples (or their outer offsets
+  would disagree); checked only where one has null rows.
 * ``layout="padded"`` builds a new ``[rows, max_len]`` tensor (one copy); ``device="cuda"`` adds the
   one pinned staging copy and an asynchronous host-to-device copy (:mod:`trajflight.codec._device`).
 
@@ -38,7 +40,7 @@ import pyarrow.compute as pc
 
 from trajflight.codec._containers import DoublyRagged, NumpyBatch, Padded, Ragged, TorchBatch
 from trajflight.codec._jagged import jagged
-from trajflight.codec._validate import check_null_entries
+from trajflight.codec._validate import check_null_entries, check_same_null_rows
 from trajflight.errors import InvalidRequestError, SchemaError
 
 if TYPE_CHECKING:
@@ -297,7 +299,30 @@ def _plans(
         )
     fills = dict(fill_nulls or {})
     schema = table.schema
-    return table.num_rows, {n: _plan(n, _single_chunk(table.column(n)), fills, schema) for n in names}
+    arrays = {n: _single_chunk(table.column(n)) for n in names}
+    plans = {n: _plan(n, array, fills, schema) for n, array in arrays.items()}
+    if isinstance(plans.get("top_p_ids"), _List2) and isinstance(plans.get("top_p_probs"), _List2):
+        _check_candidate_rows(arrays["top_p_ids"], arrays["top_p_probs"])
+    return table.num_rows, plans
+
+
+def _check_candidate_rows(ids: pa.Array, probs: pa.Array) -> None:
+    """top_p_ids and top_p_probs, both decoded, null (no candidates) for the same samples: a null row
+    decodes as zero tokens, so one null in one column alone would give the two columns different outer
+    offsets, and a loss pairing ids with probs would read another sample's. validate_group refuses such a
+    group; data that skipped it (a file written by another tool) is refused here.
+
+    O(1) where neither column has a null row (Arrow's kept null counts); otherwise reads both validity
+    bitmaps (a copy of one bool per row).
+    """
+    try:
+        check_same_null_rows(ids, probs)
+    except SchemaError as exc:
+        raise SchemaError(
+            f"{exc.message}; to decode the other columns, leave these two out with columns=[...]",
+            column=exc.column,
+            row=exc.row,
+        ) from None
 
 
 def _check_layout(layout: str) -> None:
@@ -353,7 +378,8 @@ def decode_numpy(
 
     Raises:
         SchemaError: a missing column, nulls without a fill value, a null row of a ``list<T>`` or
-            non-nullable column, a null inside a list row, or batches of different schemas.
+            non-nullable column, a null inside a list row, ``top_p_ids`` and ``top_p_probs`` (decoded
+            together) null for different samples, or batches of different schemas.
         InvalidRequestError: an unknown layout, an input that is not Arrow data, ``columns`` or
             ``fill_nulls`` of the wrong kind, or a fill or padding value the column's type cannot hold
             (``column`` names it).
@@ -475,7 +501,8 @@ def decode(
 
     Raises:
         SchemaError: a missing column, nulls without a fill value, a null row of a ``list<T>`` or
-            non-nullable column, a null inside a list row, or batches of different schemas.
+            non-nullable column, a null inside a list row, ``top_p_ids`` and ``top_p_probs`` (decoded
+            together) null for different samples, or batches of different schemas.
         InvalidRequestError: an unknown layout or device, a CUDA device where torch has no CUDA, an input
             that is not Arrow data, ``columns`` or ``fill_nulls`` of the wrong kind, or a fill or padding
             value the column's type cannot hold (``column`` names it).

@@ -41,6 +41,7 @@ __all__ = [
     "check_null_entries",
     "check_nulls",
     "check_ragged_lengths",
+    "check_same_null_rows",
     "ragged_columns_agree",
     "validate_group",
 ]
@@ -280,12 +281,8 @@ def _check_candidate_sets(ids: pa.Array, probs: pa.Array) -> None:
     size per token in the other samples. Without null rows (Arrow's kept null counts) the first part costs
     nothing; with them it reads the validity of both columns, and the second filters both (a copy)."""
     rows = np.arange(len(ids))
-    if ids.null_count or probs.null_count:
-        valid = ids.is_valid().to_numpy(zero_copy_only=False)
-        disagree = valid != probs.is_valid().to_numpy(zero_copy_only=False)
-        if disagree.any():
-            row = int(np.argmax(disagree))
-            _refuse_lone_null_row(row, ids_valid=bool(valid[row]))
+    valid = check_same_null_rows(ids, probs)
+    if valid is not None:
         ids, probs = ids.filter(valid), probs.filter(valid)
         rows = rows[valid]
     # list_flatten of a null-free list array is a zero-copy slice of its values.
@@ -302,6 +299,27 @@ def _check_candidate_sets(ids: pa.Array, probs: pa.Array) -> None:
             column="top_p_probs",
             row=row,
         )
+
+
+def check_same_null_rows(ids: pa.Array, probs: pa.Array) -> np.ndarray | None:
+    """top_p_ids and top_p_probs (arrays of equal length) null, a sample without candidates, for the
+    same rows: decode reads a null row as zero tokens, so a row null in one alone misaligns the two.
+
+    Returns:
+        The rows' validity (a new numpy bool array), or None where neither column has a null row (Arrow's
+        kept null counts: O(1), nothing read).
+
+    Raises:
+        SchemaError: naming the column that is null alone and the first such row.
+    """
+    if not (ids.null_count or probs.null_count):
+        return None
+    valid: np.ndarray = ids.is_valid().to_numpy(zero_copy_only=False)
+    disagree = valid != probs.is_valid().to_numpy(zero_copy_only=False)
+    if disagree.any():
+        row = int(np.argmax(disagree))
+        _refuse_lone_null_row(row, ids_valid=bool(valid[row]))
+    return valid
 
 
 def _refuse_lone_null_row(row: int, *, ids_valid: bool) -> None:

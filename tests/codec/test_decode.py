@@ -443,6 +443,40 @@ def test_a_non_nullable_doubly_ragged_column_still_refuses_null_rows(without_can
         assert (info.value.column, info.value.row) == ("top_p_ids", 1)
 
 
+def _candidates_in_one_column(batch: pa.RecordBatch, name: str) -> pa.RecordBatch:
+    """``batch`` (the ``without_candidates`` group) with sample 1's candidates in top-p column ``name``
+    (one per token of its 4), None in the other: a group validate_group refuses, as another tool could
+    still write one to a file."""
+    index = batch.schema.get_field_index(name)
+    rows = batch.column(index).to_pylist()
+    rows[1] = [[7 if name == "top_p_ids" else 1.0]] * 4
+    return batch.set_column(index, batch.schema.field(index), pa.array(rows, batch.schema.field(index).type))
+
+
+@pytest.mark.parametrize(("name", "other"), [("top_p_probs", "top_p_ids"), ("top_p_ids", "top_p_probs")])
+@pytest.mark.parametrize("decoder", [decode, decode_numpy], ids=["torch", "numpy"])
+def test_top_p_columns_null_for_different_samples_are_refused(without_candidates, decoder, name, other):
+    """Regression: data that skipped validate_group (a file written by another tool) with a sample None in
+    one top-p column only decoded with the two columns' outer offsets misaligned ([0, 3, 3, 5] against
+    [0, 3, 7, 9]): a loss pairing ids with probs read another sample's probabilities. Decoding both
+    columns refuses it, naming the None column and the row as validate_group does."""
+    lone = _candidates_in_one_column(without_candidates, name)
+    message = f"column {other!r} row 1 is None but {name} row 1 is not: both must be None"
+    for batch in (lone, _ipc_round_trip(lone)):
+        with pytest.raises(SchemaError, match=message + ".*columns=") as info:
+            decoder(batch)
+        assert (info.value.column, info.value.row) == (other, 1)
+        with pytest.raises(SchemaError, match=message):
+            decoder(batch, columns=["top_p_probs", "response_ids", "top_p_ids"])
+    with pytest.raises(SchemaError, match=f"column {other!r} row 4 is None") as info:
+        decoder([without_candidates, lone])  # rows count through the batches, as in the other errors
+    assert info.value.row == 4
+    # Each column alone has nothing to disagree with; a slice past the sample is not refused.
+    assert decoder(lone, columns=[other]).num_rows == 3
+    assert decoder(lone, columns=[name, "response_ids"]).num_rows == 3
+    assert decoder(lone.slice(2)).num_rows == 1
+
+
 # --- Null entries inside list rows ------------------------------------------------------------------------
 
 IDS_2 = pa.list_(pa.list_(pa.int32()))
