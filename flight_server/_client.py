@@ -416,8 +416,9 @@ class StorageClient:
             )
         size = stream_size(batch.schema, [batch])
         first = groups[0][0]
+        signed = None if sigs is None else tuple(s for s in sigs if isinstance(s, str))
         if all(k.job_id == first.job_id and k.epoch == first.epoch for k, _ in groups) and (
-            sigs is None or all(isinstance(s, str) for s in sigs)
+            signed is None or len(signed) == len(groups)
         ):
             # The compact form: a few arrays out, one segment and one reservation back, one publish.
             request = ShmBatchReserveRequest(
@@ -426,7 +427,7 @@ class StorageClient:
                 tuple(k.group_id for k, _ in groups),
                 tuple(rows for _, rows in groups),
                 size,
-                None if sigs is None else tuple(s for s in sigs if s is not None),  # all str: checked above
+                signed,  # every group's signature, or None
                 writer,
                 ttl,
             )

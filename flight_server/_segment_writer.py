@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from trajflight.errors import InvalidRequestError, NotFoundError
+from trajflight.errors import InvalidRequestError
 from trajflight.flight_server._segments import write_stream
 from trajflight.flight_server._shm import write_segment
 
@@ -93,7 +93,7 @@ class SegmentWriter:
         try:
             st = os.stat(path)
         except FileNotFoundError:
-            raise NotFoundError(f"shared-memory segment {path} is gone (the reservation expired)") from None
+            return int(write_segment(path, capacity, schema, batches))  # raises its NotFoundError
         key = (path, st.st_ino)
         kept = self._take(key, st.st_size)
         if kept is None:
