@@ -4,6 +4,8 @@ Pure conversion: no I/O, no threads. torch is imported lazily, by the calls that
 
 * :data:`STANDARD_SCHEMA` / :class:`TrajectorySchema`: the columns of a group, extensible.
 * :func:`encode_group`: what rollout code holds -> one ``pyarrow.RecordBatch`` per group.
+* :func:`encode_groups` / :class:`EncodedGroups`: many groups -> one joined record batch (one copy), each
+  group a zero-copy slice of it, with its rows and stored bytes.
 * :func:`decode` / :func:`decode_numpy`: one or many groups -> torch tensors / numpy arrays.
 * :func:`validate_group`: typed checks of data that comes from outside.
 """
@@ -13,12 +15,14 @@ from __future__ import annotations
 from trajflight.codec._containers import DoublyRagged, NumpyBatch, Padded, Ragged, TorchBatch
 from trajflight.codec._decode import Layout, decode, decode_numpy
 from trajflight.codec._encode import encode_group
+from trajflight.codec._encode_many import EncodedGroups, encode_groups
 from trajflight.codec._schema import STANDARD_SCHEMA, TrajectorySchema
 from trajflight.codec._validate import GroupKey, validate_group
 
 __all__ = [
     "STANDARD_SCHEMA",
     "DoublyRagged",
+    "EncodedGroups",
     "GroupKey",
     "Layout",
     "NumpyBatch",
@@ -29,5 +33,6 @@ __all__ = [
     "decode",
     "decode_numpy",
     "encode_group",
+    "encode_groups",
     "validate_group",
 ]
