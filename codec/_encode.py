@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,7 @@ from trajflight.codec._schema import STANDARD_SCHEMA, TrajectorySchema
 from trajflight.codec._validate import GroupKey, check_nulls, check_ragged_lengths, ragged_columns_agree
 from trajflight.errors import SchemaError
 
-__all__ = ["encode_group"]
+__all__ = ["default_sample_ids", "encode_group"]
 
 _FINISH_REASON_TYPE = pa.dictionary(pa.int8(), pa.string())
 _INT32_MAX = int(np.iinfo(np.int32).max)
@@ -214,6 +215,41 @@ def _fast_sample_ids(key: GroupKey, rows: int) -> pa.Array | None:
     offsets += digit_offsets
     buffers = [None, pa.py_buffer(offsets), pa.py_buffer(data)]
     return pa.Array.from_buffers(pa.string(), rows, buffers, null_count=0)
+
+
+@lru_cache(maxsize=64)
+def _group_digits(samples: int) -> tuple[list[bytes], np.ndarray]:
+    """``[b"", b"0", ..., b"{samples - 1}"]`` and the lengths of the digits (read-only)."""
+    parts = [b"", *(str(i).encode() for i in range(samples))]
+    lengths = np.fromiter((len(p) for p in parts[1:]), dtype=np.int64, count=samples)
+    lengths.flags.writeable = False
+    return parts, lengths
+
+
+def default_sample_ids(job_id: str, epoch: int, ids: Sequence[int], counts: Sequence[int]) -> pa.Array:
+    """The default ids ``"{job_id}/{epoch}/{group_id}/{sample_index}"`` of the samples of several groups
+    (``counts[i]`` samples of group ``ids[i]``, in order), as :func:`_sample_ids` gives them group by
+    group: each group's prefix joined with its digits (one ``bytes.join`` per group), offsets from the
+    lengths in numpy (~30 us for 64 groups of 8, where 64 calls of ``_sample_ids`` and a join take 200).
+
+    Raises:
+        SchemaError: the ids would pass 2**31 - 1 bytes (a string column's int32 offsets).
+        UnicodeEncodeError: a job id that is not valid UTF-8 (a lone surrogate).
+    """
+    prefixes = [f"{job_id}/{epoch}/{gid}/".encode() for gid in ids]
+    data = b"".join([p.join(_group_digits(k)[0]) for p, k in zip(prefixes, counts, strict=True)])
+    if len(set(counts)) == 1:
+        digit_lengths = np.tile(_group_digits(counts[0])[1], len(counts))
+    else:
+        digit_lengths = np.concatenate([_group_digits(k)[1] for k in counts])
+    prefix_lengths = np.fromiter(map(len, prefixes), dtype=np.int64, count=len(prefixes))
+    lengths = np.repeat(prefix_lengths, counts) + digit_lengths
+    if len(data) > _INT32_MAX:
+        raise SchemaError("sample ids past 2**31 - 1 bytes", column="sample_id")
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:], dtype=np.int32)
+    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    return pa.Array.from_buffers(pa.string(), len(lengths), buffers, null_count=0)
 
 
 def _finish_reason_array(value: Any, rows: int) -> pa.Array:

@@ -24,14 +24,13 @@ such as columns past 2**31 - 1 values in all). The arrays it builds are new: not
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from trajflight.codec._containers import DoublyRagged, Ragged
-from trajflight.codec._encode import encode_group
+from trajflight.codec._encode import default_sample_ids, encode_group
 from trajflight.codec._schema import TrajectorySchema
 from trajflight.errors import SchemaError
 
@@ -326,36 +325,8 @@ def _with_group_columns(
     built = {
         "group_id": pa.Array.from_buffers(pa.int64(), total, [None, pa.py_buffer(group_ids)], null_count=0),
         "sample_index": pa.Array.from_buffers(pa.int32(), total, [None, pa.py_buffer(indices)], null_count=0),
-        "sample_id": _sample_ids(job_id, int(epoch), ids, counts),
+        "sample_id": default_sample_ids(job_id, int(epoch), ids, counts),
     }
     names = batch.schema.names
     columns = [built.get(name, column) for name, column in zip(names, batch.columns, strict=True)]
     return pa.RecordBatch.from_arrays(columns, schema=batch.schema)
-
-
-@lru_cache(maxsize=64)
-def _digits(samples: int) -> tuple[list[bytes], np.ndarray]:
-    """``[b"", b"0", ..., b"{samples - 1}"]`` and the lengths of the digits (read-only)."""
-    parts = [b"", *(str(i).encode() for i in range(samples))]
-    lengths = np.fromiter((len(p) for p in parts[1:]), dtype=np.int64, count=samples)
-    lengths.flags.writeable = False
-    return parts, lengths
-
-
-def _sample_ids(job_id: str, epoch: int, ids: list[int], counts: list[int]) -> pa.Array:
-    """The default ids ``"{job_id}/{epoch}/{group_id}/{sample_index}"`` of every sample: each group's
-    prefix joined with its digits (one ``bytes.join`` per group), offsets from the lengths in numpy."""
-    prefixes = [f"{job_id}/{epoch}/{gid}/".encode() for gid in ids]
-    data = b"".join([p.join(_digits(k)[0]) for p, k in zip(prefixes, counts, strict=True)])
-    if len(set(counts)) == 1:
-        digit_lengths = np.tile(_digits(counts[0])[1], len(counts))
-    else:
-        digit_lengths = np.concatenate([_digits(k)[1] for k in counts])
-    prefix_lengths = np.fromiter(map(len, prefixes), dtype=np.int64, count=len(prefixes))
-    lengths = np.repeat(prefix_lengths, counts) + digit_lengths
-    if len(data) > _INT32_MAX:
-        raise SchemaError("sample ids past 2**31 - 1 bytes")  # caught: the precise tier
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:], dtype=np.int32)
-    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(data)]
-    return pa.Array.from_buffers(pa.string(), len(lengths), buffers, null_count=0)
