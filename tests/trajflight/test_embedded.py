@@ -418,3 +418,82 @@ def test_put_many_larger_than_the_whole_capacity_fails_at_its_deadline_and_publi
     assert info.value.retry_after > 0
     assert client.controller.counts(job)["READY"] == 0
     assert cluster.wait_idle(job) == (0, 0)  # the 3 grants it held expired and were collected
+
+
+def test_groups_put_from_their_columns_get_the_sample_ids_of_their_own_partition(cluster, job):
+    """Regression: ``put(**columns)`` encoded every group under the placeholder group id 0, and the ids it
+    defaulted to (``job/epoch/0/i``) were the same for every group; DESIGN.md says they are globally
+    unique. Now they follow the partition the controller assigns, for put and for put_many of mappings."""
+    client = cluster.client()
+    client.open_job(job, 1)
+    writer = client.writer(job, 1)
+    groups = trajflight.workload.make_workload(5, 3, response_median=64, seed=11)
+    singles = [writer.put(**g.columns()) for g in groups[:2]]
+    mixed = [groups[2].columns(), groups[3].columns(sample_ids=["x", "y", "z"]), groups[4].columns()]
+    many = writer.put_many(mixed)  # the writer's ids for two groups, the caller's for one
+    many += writer.put_many([g.columns() for g in groups[2:]])  # the writer's for all
+    given = writer.put(**groups[0].columns(sample_ids=["a", "b", "c"]))  # the caller's ids stay
+    own = {given.partition.group_id: ["a", "b", "c"], many[1].partition.group_id: ["x", "y", "z"]}
+    with client.trainer(job).lease(9, wait=5) as batch:
+        table = batch.fetch_table(["group_id", "sample_index", "sample_id"])
+    ids = table.column("sample_id").to_pylist()
+    keys = zip(table.column("group_id").to_pylist(), table.column("sample_index").to_pylist(), strict=True)
+    assert ids == [own[g][i] if g in own else f"{job}/1/{g}/{i}" for g, i in keys]
+    assert sorted(i.partition.group_id for i in [*singles, *many, given]) == sorted(
+        set(table.column("group_id").to_pylist())
+    )
+    assert len(set(ids)) == len(ids) == 27
+    assert cluster.wait_idle(job) == (0, 0)
+
+
+def test_put_many_of_mappings_decodes_as_the_groups_put_one_by_one(cluster, job):
+    """Groups given as columns are encoded together; each is published with its own rows, response tokens
+    and oldest policy version (read for all groups at once from the joined batch)."""
+    client = cluster.client()
+    client.open_job(job, 1)
+    client.trainer(job).announce_policy(3)
+    writer = client.writer(job, 1, policy_version=3)
+    groups = trajflight.workload.make_workload(4, 2, response_median=64, seed=12)
+    columns = [g.columns() for g in groups]
+    columns[2]["policy_version"] = np.array([3, 1])  # per sample: the group's oldest is 1
+    infos = writer.put_many(columns)
+    assert [i.rows for i in infos] == [2] * 4
+    assert [i.policy_version for i in infos] == [3, 3, 1, 3]  # the writer's version by default, as put
+    assert [i.tokens for i in infos] == [len(g.response_values) for g in groups]
+    with client.trainer(job).lease(4, wait=5) as batch:
+        table = batch.fetch_table(["group_id", "response_ids", "reward", "policy_version"])
+    by_id = {i.partition.group_id: g for i, g in zip(infos, groups, strict=True)}
+    for gid in set(table.column("group_id").to_pylist()):
+        rows = table.filter(pa.compute.equal(table.column("group_id"), gid))
+        assert np.array_equal(rows.column("response_ids").combine_chunks().values, by_id[gid].response_values)
+        assert rows.column("reward").to_pylist() == by_id[gid].reward.tolist()
+    assert cluster.wait_idle(job) == (0, 0)
+
+
+def test_put_many_mixing_record_batches_and_mappings_is_refused(cluster, job):
+    client = cluster.client()
+    client.open_job(job, 1)
+    (g,) = trajflight.workload.make_workload(1, 2, response_median=64)
+    with pytest.raises(InvalidRequestError, match="all as mappings"):
+        client.writer(job, 1).put_many([g.columns(), g.encode(job, 1)])
+    with pytest.raises(InvalidRequestError, match="assigns group_id"):
+        client.writer(job, 1).put_many([g.columns(group_id=3)])
+    assert client.controller.counts(job)["READY"] == 0
+
+
+def test_a_group_sliced_from_encoded_groups_asks_capacity_for_its_own_rows(cluster, job):
+    """A slice's buffers are its parent's: counting them whole would ask capacity for every group."""
+    client = cluster.client()
+    client.open_job(job, 1)
+    groups = trajflight.workload.make_workload(8, 4, response_median=256, seed=13)
+    encoded = trajflight.codec.encode_groups(
+        job_id=job, epoch=1, groups=[{**g.columns(), "group_id": g.group_id} for g in groups]
+    )
+    writer = client.writer(job, 1)
+    for i in (0, 5):  # the first slice has no offset, but its buffers are the parent's
+        info = writer.put(encoded[i])
+        own = groups[i].encode(job, 1).nbytes
+        assert own <= info.nbytes < own + 1024
+    with client.trainer(job).lease(2, wait=5) as batch:
+        assert batch.fetch_table(["reward"]).num_rows == 8
+    assert cluster.wait_idle(job) == (0, 0)

@@ -154,6 +154,35 @@ def test_put_many_lands_as_one_segment_and_a_lease_in_order_decodes_with_no_copy
         assert client.storage.client(location).stats()["shm"]["live_segments"] == 0
 
 
+def test_put_many_of_encoded_groups_writes_their_joined_batch_with_no_copy_to_join(monkeypatch):
+    """Groups from encode_groups are slices of one joined batch: the shared-memory put writes it as it
+    is (no join), and a lease in order reads exactly the groups' data from one segment."""
+    import trajflight._storage as storage
+
+    def no_join(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the groups were joined again")
+
+    monkeypatch.setattr(storage, "join_batches", no_join)
+    with trajflight.LocalCluster(servers=1, processes=False) as cluster:
+        client = cluster.client()
+        client.open_job("j", 1)
+        groups = make_workload(5, 3, seed=10, response_median=64)
+        encoded = trajflight.codec.encode_groups(
+            job_id="j", epoch=1, groups=[{**g.columns(), "group_id": g.group_id} for g in groups]
+        )
+        infos = client.writer("j", 1).put_many(encoded)
+        location = infos[0].location
+        assert client.storage.client(location).stats()["shm"]["live_segments"] == 1
+        with client.trainer("j").lease(5, wait=5) as batch:
+            table = batch.fetch_table()
+            assert table.column("group_id").to_pylist() == [
+                i.partition.group_id for i in infos for _ in range(3)
+            ]
+            mine = encoded.joined.drop_columns(["job_id", "epoch", "group_id"])
+            assert table.drop_columns(["job_id", "epoch", "group_id"]).to_batches()[0].equals(mine)
+        assert cluster.wait_idle("j") == (0, 0)
+
+
 def test_a_lease_reads_through_the_segments_it_opened_and_sees_its_own_appends(shm_cluster, job):
     client = shm_cluster.client()
     client.open_job(job, 1)
