@@ -2,10 +2,11 @@
 
 ``LocalCluster(servers=2, processes=True)``: the controller in this process, two storage servers as
 processes on loopback. One :class:`~trajflight.Writer` puts each group (``Writer.put`` of the group's
-record batch, encoded from the numpy arrays inside the timing; ``Writer.put_many`` of the whole workload
-for the batched figure, where the client has it); one :class:`~trajflight.Trainer` leases the whole
-workload and ``LeasedBatch.fetch`` reads it to torch (both servers in parallel). A put is finished when the
-group is READY in the controller, i.e. visible to the trainer.
+record batch, encoded from the numpy arrays inside the timing; ``Writer.put_many`` of the whole workload's
+columns for the batched figure, encoded together, where the client has it, else of per-group batches);
+one :class:`~trajflight.Trainer` leases the whole workload and ``LeasedBatch.fetch`` reads it to torch
+(both servers in parallel). A put is finished when the group is READY in the controller, i.e. visible
+to the trainer.
 
 Two entries: ``trajflight`` is the client's default transport (``"auto"``: the servers' shared-memory
 arenas on this host, Flight to other hosts), what a same-node trainer gets; ``trajflight-flight`` forces
@@ -68,6 +69,7 @@ class TrajflightSystem(System):
         self._trainer: Any = None
         self._lease: Any = None
         self._small: Any = None
+        self._columns_batched = False
 
     def setup(self) -> None:
         from trajflight import LocalCluster
@@ -81,6 +83,10 @@ class TrajflightSystem(System):
         self._writer = self._client.writer(JOB, 1, writer_id="bench-writer")
         self._trainer = self._client.trainer(JOB, owner="bench-trainer", ttl=120.0)
         self.supports_batched = callable(getattr(self._writer, "put_many", None))
+        import trajflight.codec
+
+        # A client from before encode_groups takes record batches only.
+        self._columns_batched = hasattr(trajflight.codec, "encode_groups")
 
     def close(self) -> None:
         if self._client is not None:
@@ -99,7 +105,10 @@ class TrajflightSystem(System):
             put(g.encode(JOB, 1))
 
     def put_batched_all(self) -> None:
-        self._writer.put_many([g.encode(JOB, 1) for g in self.groups])
+        if self._columns_batched:  # the groups' columns, encoded together by put_many
+            self._writer.put_many([g.columns() for g in self.groups])
+        else:
+            self._writer.put_many([g.encode(JOB, 1) for g in self.groups])
 
     def prepare_get(self) -> None:
         self._lease = self._trainer.lease(len(self.groups), wait=30.0, renew=False)

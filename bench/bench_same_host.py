@@ -3,16 +3,19 @@
 Same run, same machine, the standard workload (``make_workload(64, 8)``, about 9.5 MB of payload):
 
 * references measured here: numpy memcpy of the payload (group by group into a pre-faulted buffer, as
-  ``trajflight bench`` does), and Ray's object store with **one object per batch**: a producer actor
-  ``ray.put``s the whole batch's arrays (concatenated per column), the driver ``ray.get``s it and builds
-  jagged torch tensors over the returned numpy views (no copy). Ray runs on loopback (PITFALLS.md).
+  ``trajflight bench`` does), back to back (hot caches) and after the pause the puts follow (cold); and
+  Ray's object store with **one object per batch**: a producer actor ``ray.put``s the whole batch's arrays
+  (concatenated per column), the driver ``ray.get``s it and builds jagged torch tensors over the returned
+  numpy views (no copy). Ray runs on loopback (PITFALLS.md).
 * trajflight, public client over ``LocalCluster(servers=1)`` (one storage server process with its arena,
   the controller in this process), with the transport chosen automatically (shared memory here) and,
   beside it, forced to Flight:
 
   - put: ``Writer.put`` per group, and ``Writer.put_many`` of the whole batch, from the numpy arrays
-    (encoding included) to READY in the controller; and ``put_many`` of batches encoded beforehand (the
-    data plane alone, as Ray's figure puts ready-made arrays);
+    (encoding included) to READY in the controller: given the groups' columns (encoded together,
+    ``encode_groups``), and given one ``encode_group`` batch per group (joined by the put); and
+    ``put_many`` of groups encoded together beforehand (the data plane alone, as Ray's figure puts
+    ready-made arrays);
   - get: ``Trainer.lease`` of every group, then ``LeasedBatch.fetch(columns)`` to jagged torch tensors of
     the six payload columns Ray's object holds (timed from the lease's return: "from lease granted"), for
     the batch put with ``put_many`` and for the groups put one by one; and ``fetch()`` of all 12 stored
@@ -48,6 +51,10 @@ import numpy as np
 import trajflight
 from trajflight.bench._system import SystemUnavailable
 from trajflight.workload import SyntheticGroup, make_workload
+
+# Seconds between a batch's drain and the next put: the server re-creates pre-faulted segments meanwhile.
+# The puts start with cold caches after it (the 32 MiB L3 is shared), so memcpy is timed after it too.
+PAUSE = 0.3
 
 COLUMNS = ("prompt_ids", "response_ids", "response_logprobs", "loss_mask", "reward", "advantage")
 RAGGED = ("prompt_ids", "response_ids", "response_logprobs", "loss_mask")
@@ -96,7 +103,12 @@ def bench_memcpy(groups: list[SyntheticGroup], repeats: int) -> dict[str, Any]:
                 pos += src.nbytes
 
     copy()
-    return {"copy": _stats([_timed(copy) for _ in range(max(repeats, 15))])}
+    hot = [_timed(copy) for _ in range(max(repeats, 15))]
+    cold = []
+    for _ in range(max(repeats, 7)):
+        time.sleep(PAUSE)
+        cold.append(_timed(copy))
+    return {"copy": _stats(hot), "copy_after_pause": _stats(cold)}
 
 
 # ------------------------------------------------------------------------------------------- Ray
@@ -192,28 +204,33 @@ def bench_trajflight(
         trainer = client.trainer(job, owner="bench-trainer", ttl=300.0)
         location = cluster.server_locations[0]
         out["shm"] = client.storage.uses_shm(location)
+        columns = [{**g.columns(), "group_id": g.group_id} for g in groups]
 
         def drain() -> None:
             while (lease := trainer.try_lease(4096, wait=0.0, renew=False)) is not None:
                 lease.commit()
             cluster.wait_idle(job, timeout=60.0)
-            time.sleep(0.3)  # let the server re-create pre-faulted segments in the background
+            time.sleep(PAUSE)  # let the server re-create pre-faulted segments in the background
 
         def one_by_one() -> None:
             for g in groups:
                 writer.put(g.encode(job, 1))
 
-        def batched() -> None:
+        def batched() -> None:  # from the numpy arrays: the groups' columns, encoded together
+            writer.put_many([g.columns() for g in groups])
+
+        def batched_groupwise() -> None:  # each group encoded on its own (encode_group), then put together
             writer.put_many([g.encode(job, 1) for g in groups])
 
-        encoded: list[Any] = []
+        encoded: list[Any] = [None]
 
-        def batched_encoded() -> None:  # the data plane alone: batches encoded before the clock starts
-            writer.put_many(encoded)
+        def batched_encoded() -> None:  # the data plane alone: groups encoded (together) before the clock
+            writer.put_many(encoded[0])
 
         keys = (
             "put",
             "put_many",
+            "put_many_groupwise",
             "put_many_encoded",
             "lease",
             "lease_and_get",
@@ -228,10 +245,12 @@ def bench_trajflight(
             plan = (
                 ("put", one_by_one, "get_one_by_one"),
                 ("put_many", batched, "get"),
+                ("put_many_groupwise", batched_groupwise, None),
                 ("put_many_encoded", batched_encoded, None),
             )
             for name, put, get_name in plan:
-                encoded[:] = [g.encode(job, 1) for g in groups]
+                if name == "put_many_encoded":
+                    encoded[0] = trajflight.codec.encode_groups(job_id=job, epoch=1, groups=columns)
                 took = _timed(put)
                 t0 = time.perf_counter()
                 lease = trainer.lease(len(groups), wait=30.0, renew=False)
@@ -310,7 +329,11 @@ def main(argv: list[str] | None = None) -> int:
         f"workload: {args.groups} groups x {args.samples} samples, payload {payload / 1e6:.2f} MB", flush=True
     )
     report["memcpy"] = bench_memcpy(groups, args.repeats)
-    print(f"memcpy of the payload           {_fmt(report['memcpy']['copy'], payload)}", flush=True)
+    print(f"memcpy of the payload           {_fmt(report['memcpy']['copy'], payload)}")
+    print(
+        f"memcpy after a {PAUSE:g} s pause      {_fmt(report['memcpy']['copy_after_pause'], payload)}",
+        flush=True,
+    )
     if not args.no_ray:
         try:
             report["ray"] = bench_ray(args)
@@ -327,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         label = f"trajflight {'shm' if t['shm'] else 'flight'}"
         print(f"{label} put (one by one)      {_fmt(t['put'], payload)}")
         print(f"{label} put_many (batched)    {_fmt(t['put_many'], payload)}")
+        print(f"{label} put_many, group-wise  {_fmt(t['put_many_groupwise'], payload)}")
         print(f"{label} put_many, pre-encoded {_fmt(t['put_many_encoded'], payload)}")
         print(f"{label} lease (64 groups)     {_fmt(t['lease'])}")
         print(f"{label} get to torch          {_fmt(t['get'], payload)}")
@@ -351,6 +375,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  put_many / memcpy throughput: {targets['put_many >= 0.5x memcpy'][0]:.3f} (target >= 0.5)")
     pre = memcpy / shm["put_many_encoded"]["median"]
     print(f"  put_many of pre-encoded batches / memcpy throughput: {pre:.3f}")
+    cold = report["memcpy"]["copy_after_pause"]["median"]
+    print(
+        f"  against memcpy after the puts' pause: put_many {cold / shm['put_many']['median']:.3f}, "
+        f"pre-encoded {cold / shm['put_many_encoded']['median']:.3f}"
+    )
+    if "ray" in report:
+        ray_put = report["ray"]["put_in_actor"]["median"]
+        print(
+            f"  put_many, Ray's put time / trajflight time: {ray_put / shm['put_many']['median']:.2f} "
+            f"(pre-encoded {ray_put / shm['put_many_encoded']['median']:.2f})"
+        )
     if "ray" in report:
         ratio = report["ray"]["get_to_torch"]["median"] / shm["get"]["median"]
         targets["get >= ray"] = (ratio, 1.0)
