@@ -88,6 +88,27 @@ def test_flight_forced_by_the_setting(shm_cluster, job):
     assert shm_cluster.wait_idle(job) == (0, 0)
 
 
+@pytest.mark.parametrize("transport", ["auto", "flight"])
+def test_put_many_of_columns_over_two_servers_reads_back_group_by_group(shm_cluster, job, transport):
+    """Groups encoded together and placed on two servers: on shared memory each server's groups are
+    joined from their slices (or written as joined, when one server takes them all), over Flight sent
+    as slices; every group reads back as it was given, with the writer's default sample ids."""
+    client = shm_cluster.client(transport=transport)
+    client.open_job(job, 1)
+    groups = make_workload(6, 3, seed=14, response_median=64)
+    infos = client.writer(job, 1).put_many([g.columns() for g in groups])
+    assert [i.rows for i in infos] == [3] * 6
+    by_id = {i.partition.group_id: g for i, g in zip(infos, groups, strict=True)}
+    with client.trainer(job).lease(6, wait=5) as batch:
+        table = batch.fetch_table(["group_id", "sample_id", "response_ids", "advantage"])
+    for gid, g in by_id.items():
+        rows = table.filter(pa.compute.equal(table.column("group_id"), gid))
+        assert np.array_equal(rows.column("response_ids").combine_chunks().values, g.response_values)
+        assert rows.column("advantage").to_pylist() == g.advantage.tolist()
+        assert rows.column("sample_id").to_pylist() == [f"{job}/1/{gid}/{i}" for i in range(3)]
+    assert shm_cluster.wait_idle(job) == (0, 0)
+
+
 def test_a_superseded_lease_is_refused_on_the_shared_memory_path(shm_cluster, job):
     client = shm_cluster.client()
     client.open_job(job, 1, {"default_lease_ttl": "1s"})
