@@ -13,7 +13,6 @@ It does not guarantee that the returned batch is independent of the inputs: copy
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
@@ -22,7 +21,6 @@ import numpy as np
 import pyarrow as pa
 
 from trajflight.codec._arrays import (
-    as_numpy,
     doubly_ragged_array,
     is_tensor,
     ragged_array,
@@ -30,9 +28,10 @@ from trajflight.codec._arrays import (
     repeated_row,
     scalar_array,
 )
-from trajflight.codec._containers import DoublyRagged, Padded, Ragged
 from trajflight.codec._device import stage_to_host
+from trajflight.codec._infer import infer_type
 from trajflight.codec._schema import STANDARD_SCHEMA, TrajectorySchema
+from trajflight.codec._telemetry import telemetry_array
 from trajflight.codec._validate import GroupKey, check_nulls, check_ragged_lengths, ragged_columns_agree
 from trajflight.errors import SchemaError
 
@@ -267,113 +266,6 @@ def _finish_reason_array(value: Any, rows: int) -> pa.Array:
     return array.cast(_FINISH_REASON_TYPE)
 
 
-def _telemetry_array(value: Any, declared: pa.DataType, rows: int) -> pa.Array:
-    # The standard schema declares an empty struct: the engine's fields are then inferred.
-    struct_type = None if declared == pa.struct([]) else declared
-    if isinstance(value, Mapping):
-        fields = [
-            scalar_array(v, _infer_type(v, column=f"telemetry.{k}"), column=f"telemetry.{k}", rows=rows)
-            for k, v in value.items()
-        ]
-        array: pa.Array = pa.StructArray.from_arrays(fields, names=list(value))
-    elif isinstance(value, pa.Array | pa.ChunkedArray):
-        array = value.combine_chunks() if isinstance(value, pa.ChunkedArray) else value
-    else:
-        try:
-            array = pa.array(value, type=struct_type)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
-            raise SchemaError(
-                f"column 'telemetry': {exc}; pass a list of dicts (one per sample), a dict of per-sample "
-                "columns or a pyarrow struct array",
-                column="telemetry",
-            ) from exc
-    if not pa.types.is_struct(array.type):
-        raise SchemaError(
-            f"column 'telemetry' must be a struct (list of dicts or dict of columns), got {array.type}",
-            column="telemetry",
-        )
-    if struct_type is not None and array.type != struct_type:
-        try:
-            array = array.cast(struct_type)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-            raise SchemaError(
-                f"column 'telemetry' of type {array.type} does not fit the declared {struct_type}: {exc}",
-                column="telemetry",
-            ) from exc
-    if len(array) != rows:
-        raise SchemaError(
-            f"column 'telemetry' has {len(array)} entries but the group has {rows} samples",
-            column="telemetry",
-        )
-    return array
-
-
-def _cannot_infer(value: Any, column: str, reason: object) -> SchemaError:
-    return SchemaError(
-        f"column {column!r}: cannot infer an Arrow type from {type(value).__name__} ({reason}); declare "
-        f"the column with schema.extend(pa.field({column!r}, <type>)) and pass schema=, or pass a "
-        "pyarrow array",
-        column=column,
-    )
-
-
-def _dtype_type(array: Any, column: str) -> pa.DataType:
-    """The Arrow type of the elements of a numpy array or CPU tensor, as the builders will read them.
-
-    A tensor is read through ``as_numpy`` (so bfloat16 is float32, as the builders convert it); numpy
-    object arrays are inferred from their values.
-    """
-    if is_tensor(array):  # nested tensors too: their dtype is their values'
-        array = as_numpy(sys.modules["torch"].empty(0, dtype=array.dtype), column=column)
-    elif not isinstance(array, np.ndarray):
-        array = as_numpy(array, column=column)
-    try:
-        if array.dtype == object:
-            return pa.array(array.ravel().tolist()).type
-        return pa.from_numpy_dtype(array.dtype)
-    except (pa.ArrowException, TypeError, ValueError) as exc:
-        raise _cannot_infer(array, column, exc) from exc
-
-
-def _infer_type(value: Any, *, column: str) -> pa.DataType:
-    """The Arrow type of an undeclared column's input: ragged containers give lists of their values'
-    type, arrays and tensors their dtype, one scalar its own type (it is repeated per sample).
-
-    Raises:
-        SchemaError: no type can be inferred; the message says how to declare one.
-    """
-    if isinstance(value, pa.Array | pa.ChunkedArray):
-        return value.type
-    if isinstance(value, Ragged | Padded):
-        return pa.list_(_dtype_type(value.values, column))
-    if isinstance(value, DoublyRagged):
-        return pa.list_(pa.list_(_dtype_type(value.values, column)))
-    if isinstance(value, tuple) and len(value) == 2:  # (values, offsets), as ragged_array reads it
-        return pa.list_(_dtype_type(value[0], column))
-    if isinstance(value, np.ndarray) or is_tensor(value):
-        if getattr(value, "is_nested", False):
-            return pa.list_(_dtype_type(value, column))
-        element = _dtype_type(value, column)
-        return pa.list_(element) if value.ndim == 2 else element
-    if isinstance(value, Mapping):
-        raise SchemaError(
-            f"column {column!r}: got a dict; pass one value per sample (a list of dicts for a struct "
-            "column) or a pyarrow array",
-            column=column,
-        )
-    if isinstance(value, list) and value and any(is_tensor(item) for item in value):
-        # Per-sample tensors: ragged_array concatenates them, so their common dtype is the values' type.
-        parts = [_dtype_type(item, column) for item in value]
-        dtypes = [np.dtype(t.to_pandas_dtype()) for t in parts]
-        return pa.list_(pa.from_numpy_dtype(np.result_type(*dtypes)))
-    try:
-        if isinstance(value, Sequence) and not isinstance(value, str | bytes):
-            return pa.array(list(value)).type
-        return pa.scalar(value).type  # one value, repeated for every sample
-    except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
-        raise _cannot_infer(value, column, exc) from exc
-
-
 def _check_per_sample_shape(name: str, value: Any, declared: pa.DataType | None) -> None:
     """Refuse an array of more dimensions than the column has, saying how such a column is stored.
 
@@ -398,7 +290,7 @@ def _check_per_sample_shape(name: str, value: Any, declared: pa.DataType | None)
 
 def _user_column(name: str, value: Any, declared: pa.DataType | None, rows: int) -> pa.Array:
     _check_per_sample_shape(name, value, declared)
-    type_ = declared if declared is not None else _infer_type(value, column=name)
+    type_ = declared if declared is not None else infer_type(value, column=name)
     if pa.types.is_list(type_) and pa.types.is_list(type_.value_type):
         array = doubly_ragged_array(value, type_.value_type.value_type, column=name, null_entries=True)
     elif pa.types.is_list(type_) and pa.types.is_primitive(type_.value_type):
@@ -544,7 +436,7 @@ def encode_group(
     if finish_reason is not None:
         arrays["finish_reason"] = _finish_reason_array(finish_reason, rows)
     if "telemetry" in inputs:
-        arrays["telemetry"] = _telemetry_array(inputs["telemetry"], schema.field("telemetry").type, rows)
+        arrays["telemetry"] = telemetry_array(inputs["telemetry"], schema.field("telemetry").type, rows)
     for name in extra or {}:
         if name not in inputs:
             continue  # None: left out, as the optional keyword arguments are
