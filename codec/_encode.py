@@ -3,8 +3,8 @@
 Memory: from contiguous numpy arrays and CPU tensors of the schema's dtypes the batch aliases the
 caller's memory (no payload copy; Arrow keeps the sources alive, so do not write to them afterwards).
 Per-sample arrays are concatenated, padded inputs packed and other dtypes converted: one copy each.
-Python lists go through one ``pyarrow.array`` conversion (for integer columns, a type inference and a
-cast: a float is refused, not truncated). CUDA tensors are staged through one pinned host buffer
+Python lists go through one ``pyarrow.array`` conversion (for integer columns, after a check that a
+float is refused, not truncated). CUDA tensors are staged through one pinned host buffer
 (:mod:`trajflight.codec._device`) and the batch aliases that buffer.
 
 It does not guarantee that the returned batch is independent of the inputs: copy them first

@@ -244,6 +244,25 @@ def test_python_bool_masks_are_stored_as_uint8(simple_group):
         assert batch.column("loss_mask").to_pylist() == as_ints
 
 
+def test_integer_lists_of_numpy_ints_and_nulls_convert_exactly(simple_group):
+    """The float check's tiers (apache/arrow GH-40910 made pyarrow's own inference unusable for it) keep
+    what was accepted: numpy integer scalars in lists, nulls in user columns, ids past 2**31 in an int64
+    column, and numpy int64 scalars whose sum overflows (summed on the way, without a warning)."""
+    big = np.int64(2**62)
+    batch = encode_group(
+        **{**simple_group, "prompt_ids": [np.int64(1), 2, np.uint8(3)]},
+        policy_version=[np.int32(4), 5, 6],
+        top_p_ids=[[[np.int16(1), 2]] * 4, None, [[3]] * 7],
+        extra={"hashes": [[big, big], [], [None, -big]], "n": [[2**40], None, [np.int64(-(2**63))]]},
+    )
+    assert batch.column("prompt_ids").to_pylist() == [[1, 2, 3]] * 3
+    assert batch.column("policy_version").to_pylist() == [4, 5, 6]
+    assert batch.column("top_p_ids").to_pylist()[0] == [[1, 2]] * 4
+    assert batch.schema.field("hashes").type == pa.list_(pa.int64())
+    assert batch.column("hashes").to_pylist() == [[2**62, 2**62], [], [None, -(2**62)]]
+    assert batch.column("n").to_pylist() == [[2**40], None, [-(2**63)]]
+
+
 def test_undeclared_ragged_user_columns_take_the_values_dtype(simple_group):
     """Regression: an undeclared user column given as Ragged, Padded, DoublyRagged, per-sample tensors, a
     bfloat16 tensor or a (uint8 values, offsets) tuple failed with a raw TypeError or ArrowInvalid."""

@@ -186,6 +186,83 @@ BAD_INPUTS = [
         None,
         "got float 1.5",
     ),
+    # apache/arrow GH-40910: numpy float16, longdouble and complex scalars mixed with Python ints infer as
+    # int64 and were truncated (np.float16(6.5) stored as 6), past the float check; now refused as floats.
+    (
+        "token ids float16 among ints",
+        {"response_ids": [[1, 2, 3, 4], [], [5] * 6 + [np.float16(6.5)]]},
+        "response_ids",
+        2,
+        "got float 6.5",
+    ),
+    (
+        "token ids whole float16 among ints",
+        {"response_ids": [[1, 2, 3, np.float16(4.0)], [], [5] * 7]},
+        "response_ids",
+        0,
+        "got float 4.0",
+    ),
+    (
+        "token ids longdouble among ints",
+        {"response_ids": [[1, 2, 3, 4], [], [5] * 6 + [np.longdouble(6.5)]]},
+        "response_ids",
+        2,
+        "got float 6.5",
+    ),
+    (
+        "token ids complex among ints",
+        {"response_ids": [[1, 2, 3, np.complex64(4.5)], [], [5] * 7]},
+        "response_ids",
+        0,
+        "got complex (4.5+0j)",
+    ),
+    (
+        "token ids a float16 array among lists",
+        {"response_ids": [[1, 2, 3, 4], [], np.full(7, 2.5, np.float16)]},
+        "response_ids",
+        2,
+        "got float 2.5",
+    ),
+    (
+        "token ids float16 among numpy ints",
+        {"response_ids": [[np.int32(1)] * 4, [], [np.int32(5)] * 6 + [np.float16(6.5)]]},
+        "response_ids",
+        2,
+        "got float 6.5",
+    ),
+    ("prompt with a float16", {"prompt_ids": [1, np.float16(2.5)]}, "prompt_ids", 0, "got float 2.5"),
+    ("policy version float16", {"policy_version": np.float16(1.5)}, "policy_version", None, "got float 1.5"),
+    (
+        "policy versions with a float16",
+        {"policy_version": [1, np.float16(1.5), 2]},
+        "policy_version",
+        1,
+        "got float 1.5",
+    ),
+    (
+        "top_p ids float16 among ints",
+        {"top_p_ids": [[[1]] * 4, None, [[1]] * 6 + [[2, np.float16(1.5)]]]},
+        "top_p_ids",
+        2,
+        "got float 1.5",
+    ),
+    (
+        "mask float16 among ints",
+        {"loss_mask": [[1, 0, 1, np.float16(1.0)], [], [1] * 7]},
+        "loss_mask",
+        0,
+        "got float 1.0",
+    ),
+    (
+        "inferred int user column with a float16",
+        {"extra": {"n": [[1, np.float16(1.5)], [], [2]]}},
+        "n",
+        0,
+        "got float 1.5",
+    ),
+    # Python bools in token-id lists were refused with pyarrow's "cannot convert ... got bool"; now worded
+    # as bools in policy_version are.
+    ("token ids bools in lists", {"response_ids": [[1, 2, True, 4], [], [5] * 7]}, "response_ids", 0, "bool"),
     (
         "mask null entry",
         {"loss_mask": [[1, None, 1, 1], [], [1] * 7]},
