@@ -163,48 +163,86 @@ def _non_integer(obj: Any, *, bools: bool) -> bool | float | complex | None:
 
 
 def not_integers(
-    value: bool | float | complex, leaf: pa.DataType, *, column: str, row: int | None
+    value: bool | float | complex,
+    leaf: pa.DataType,
+    *,
+    column: str,
+    row: int | None,
+    field: str | None = None,
 ) -> SchemaError:
     """The error for ``value``, a float, complex or bool met where the integer type ``leaf`` is due
-    (returned, for the caller to raise); it names the column and, when given, the row."""
-    where = f"column {column!r}" if row is None else f"column {column!r} row {row}"
+    (returned, for the caller to raise); it names the column and, when given, the struct field and the
+    row (``field`` is then an attribute of the error too)."""
+    where = f"column {column!r}"
+    if field is not None:
+        where += f" field {field!r}"
+    if row is not None:
+        where += f" row {row}"
     kind = "bool" if isinstance(value, bool) else type(value).__name__
+    fields = {} if field is None else {"field": field}
     return SchemaError(
         f"{where}: expected integers ({leaf}), got {kind} {value!r}; pass ints (int(x) where x is meant to "
         "be whole: a float is neither rounded nor truncated for you)",
         column=column,
         row=row,
+        **fields,
     )
 
 
-def _refuse_non_integers(rows: Sequence[Any], leaf: pa.DataType, *, column: str) -> None:
-    """Precise tier of :func:`check_integers`: raise on the first row holding a float, complex or bool
-    (bools allowed for uint8), searched value by value."""
-    bools = leaf.id == _UINT8_ID
+def _refuse_non_integers(
+    rows: Sequence[Any],
+    type_: pa.DataType,
+    *,
+    column: str,
+    field: str | None = None,
+    bools: bool | None = None,
+) -> None:
+    """Precise tier of :func:`check_integers`, searched value by value: raise on the first row holding a
+    float, complex or bool (see there for ``bools``); no-op unless ``type_`` has an integer leaf."""
+    leaf, _ = _integer_leaf(type_)
+    if leaf is None:
+        return
+    allowed = leaf.id == _UINT8_ID if bools is None else bools
     for row, item in enumerate(rows):
-        value = _non_integer(item, bools=bools)
+        value = _non_integer(item, bools=allowed)
         if value is not None:
-            raise not_integers(value, leaf, column=column, row=row)
+            raise not_integers(value, leaf, column=column, row=row, field=field)
 
 
-def check_integers(rows: Sequence[Any], type_: pa.DataType, *, column: str) -> None:
-    """Refuse floats (Python or numpy, whole or not), complex numbers and bools (except for a uint8 leaf)
-    among ``rows``, one Python object per sample, given for ``type_``; no-op unless ``type_`` is an
-    integer type or lists of one. What passes converts exactly with ``pyarrow.array(rows, type=type_)``
-    (bools aside, which that refuses), or fails there for another reason (strings, values out of range).
+def check_integers(
+    rows: Sequence[Any],
+    type_: pa.DataType,
+    *,
+    column: str,
+    field: str | None = None,
+    bools: bool | None = None,
+) -> None:
+    """Refuse floats (Python or numpy, whole or not), complex numbers and bools among ``rows``, one Python
+    object per sample, given for ``type_``; no-op unless ``type_`` is an integer type or lists of one.
+
+    What passes converts exactly with ``pyarrow.array(rows, type=type_)``, or fails there for another
+    reason (strings, values out of range) or, by default, for Python bools in lists: the cheap tier sums
+    lists, which lets bools through, as that conversion refuses them (:func:`from_python` words it).
+
+    Args:
+        bools: Whether bools are taken (as 0/1). Default: for a uint8 leaf only (the loss mask), and Python
+            bools in lists left to the conversion. ``False`` refuses every bool here (lists are then read
+            by their values' types, about four times the cost of their sum): for callers that convert
+            otherwise than with ``pyarrow.array(rows, type=type_)``.
 
     Raises:
-        SchemaError: naming the column and the first row that holds such a value.
+        SchemaError: naming the column, the field (``field``, for a struct's field) and the first row that
+            holds such a value.
     """
     leaf, depth = _integer_leaf(type_)
-    if leaf is None or _python_ints(rows, depth):
+    if leaf is None or ((bools is not False or depth == 0) and _python_ints(rows, depth)):
         return
     try:
-        if _integral(_leaf_types(rows, depth), bools=leaf.id == _UINT8_ID):
+        if _integral(_leaf_types(rows, depth), bools=leaf.id == _UINT8_ID if bools is None else bools):
             return
     except TypeError:
         pass  # a row that is not a list: the search words a float in it, the conversion anything else
-    _refuse_non_integers(rows, leaf, column=column)
+    _refuse_non_integers(rows, type_, column=column, field=field, bools=bools)
 
 
 def from_python(rows: Sequence[Any], type_: pa.DataType, *, column: str) -> pa.Array:
@@ -223,9 +261,7 @@ def from_python(rows: Sequence[Any], type_: pa.DataType, *, column: str) -> pa.A
         as_uint8 = _bools_as_uint8(rows, type_)
         if as_uint8 is not None:
             return as_uint8
-        leaf, _ = _integer_leaf(type_)
-        if leaf is not None:  # Python bools in lists pass the cheap proof; the conversion refused them
-            _refuse_non_integers(rows, leaf, column=column)
+        _refuse_non_integers(rows, type_, column=column)  # Python bools in lists pass the cheap proof
         row = _first_bad_row(rows, type_)
         raise SchemaError(
             f"column {column!r} row {row}: cannot convert to {type_}: {exc}", column=column, row=row

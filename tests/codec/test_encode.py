@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from trajflight.codec import DoublyRagged, Padded, Ragged, decode_numpy, encode_group
+from trajflight.codec import STANDARD_SCHEMA, DoublyRagged, Padded, Ragged, decode_numpy, encode_group
 
 
 def _values_address(batch: pa.RecordBatch, name: str) -> int:
@@ -181,6 +181,77 @@ def test_telemetry_as_a_dict_of_columns(simple_group):
         **simple_group, telemetry={"ttft_ms": np.array([1.0, 2.0, 3.0]), "retries": [0, 1, 0]}
     )
     assert batch.column("telemetry").to_pylist()[1] == {"ttft_ms": 2.0, "retries": 1}
+
+
+def test_declared_integer_telemetry_fields_keep_their_integers(simple_group):
+    """The refusal of floats and bools in declared integer fields (they were truncated) keeps what was
+    accepted: Python and numpy ints, None (a null), a missing field (a null), a null sample, lists and a
+    nested struct; as a list of dicts, a generator of them, a dict of columns (lists, integer arrays, one
+    int for every sample) and a pyarrow struct array, which is cast as any Arrow input is (2.0 becomes 2)."""
+    schema = STANDARD_SCHEMA.with_telemetry(
+        pa.struct(
+            [
+                ("num_preemptions", pa.int64()),
+                ("ttft_ms", pa.float64()),
+                ("cached", pa.list_(pa.int32())),
+                ("kv", pa.struct([("blocks", pa.int16())])),
+            ]
+        )
+    )
+    rows = [
+        {"num_preemptions": 1, "ttft_ms": 0.5, "cached": [1, np.int64(2)], "kv": {"blocks": np.int16(3)}},
+        {"num_preemptions": np.int64(2), "ttft_ms": 1, "cached": None, "kv": None},
+        None,
+    ]
+    expected = [
+        {"num_preemptions": 1, "ttft_ms": 0.5, "cached": [1, 2], "kv": {"blocks": 3}},
+        {"num_preemptions": 2, "ttft_ms": 1.0, "cached": None, "kv": None},
+        None,
+    ]
+    for given in (rows, (row for row in rows)):
+        batch = encode_group(**simple_group, telemetry=given, schema=schema)
+        assert batch.column("telemetry").to_pylist() == expected
+    missing = encode_group(
+        **simple_group, telemetry=[{"ttft_ms": 0.5}, {}, {"num_preemptions": None}], schema=schema
+    )
+    assert [row["num_preemptions"] for row in missing.column("telemetry").to_pylist()] == [None] * 3
+    columns = {
+        "num_preemptions": [1, None, np.int32(3)],
+        "cached": [[1], [], None],
+        "kv": [{"blocks": 1}, None, {"blocks": np.int64(2)}],
+    }
+    for given_column, expected_column in [
+        (np.array([1, 2, 3]), [1, 2, 3]),
+        (torch.tensor([1, 2, 3]), [1, 2, 3]),
+        (7, [7, 7, 7]),
+        (pa.array([1.0, 2.0, 3.0]), [1, 2, 3]),
+    ]:
+        batch = encode_group(
+            **simple_group, telemetry={**columns, "num_preemptions": given_column}, schema=schema
+        )
+        assert [row["num_preemptions"] for row in batch.column("telemetry").to_pylist()] == expected_column
+    batch = encode_group(**simple_group, telemetry=columns, schema=schema)
+    assert [row["kv"] for row in batch.column("telemetry").to_pylist()] == [
+        {"blocks": 1},
+        None,
+        {"blocks": 2},
+    ]
+    arrow = pa.array([{"num_preemptions": 2.0}] * 3)
+    batch = encode_group(**simple_group, telemetry=arrow, schema=schema)
+    assert [row["num_preemptions"] for row in batch.column("telemetry").to_pylist()] == [2] * 3
+
+
+def test_undeclared_telemetry_keeps_its_inferred_types(simple_group):
+    """The check of fields inference made integer (apache/arrow GH-40910) leaves floats floats and ints
+    ints, numpy ints included."""
+    rows = [{"n": 1, "ms": 0.5}, {"n": np.int64(2), "ms": 1}, {"n": None, "ms": np.float16(1.5)}]
+    batch = encode_group(**simple_group, telemetry=rows)
+    assert str(batch.schema.field("telemetry").type) == "struct<n: int64, ms: double>"
+    assert batch.column("telemetry").to_pylist() == [
+        {"n": 1, "ms": 0.5},
+        {"n": 2, "ms": 1.0},
+        {"n": None, "ms": 1.5},
+    ]
 
 
 def test_user_columns_of_several_arrow_types(simple_group):

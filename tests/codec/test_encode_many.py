@@ -43,7 +43,7 @@ from trajflight.codec._nbytes import group_nbytes
 from trajflight.errors import InvalidRequestError, SchemaError
 
 from .test_encode_tiers import UNUSUAL
-from .test_errors import BAD_INPUTS
+from .test_errors import BAD_INPUTS, TELEMETRY, telemetry_rows
 
 JOB, EPOCH = "job", 3
 USER_SCHEMA = STANDARD_SCHEMA.extend(("score", pa.float64()), ("ref", pa.list_(pa.float32())))
@@ -410,6 +410,18 @@ def test_a_group_encode_group_refuses_is_refused_naming_it(simple_group, overrid
     else:
         assert f"group 1 (group_id {bad['group_id']!r})" in str(error)
         assert error.group == 1
+
+
+def test_a_float_in_a_declared_integer_telemetry_field_is_refused_naming_group_field_and_row(simple_group):
+    """encode_groups takes telemetry on its precise tier (encode_group per group): a float there is refused
+    as encode_group refuses it, not truncated, with the group added to column, field and row."""
+    group = {k: v for k, v in simple_group.items() if k not in _CALL_KEYS}
+    good, bad = telemetry_rows(), telemetry_rows(num_preemptions=1.7)
+    groups = [{**group, "group_id": 10, "telemetry": good["telemetry"]}]
+    groups.append({**group, "group_id": 11, "telemetry": bad["telemetry"]})
+    error = _refused(groups, schema=TELEMETRY)
+    assert (error.group, error.column, error.field, error.row) == (1, "telemetry", "num_preemptions", 1)
+    assert "group 1 (group_id 11): column 'telemetry' field 'num_preemptions' row 1" in str(error)
 
 
 @pytest.mark.parametrize("overrides", UNUSUAL.values(), ids=list(UNUSUAL))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+import torch
 
 from trajflight.codec import STANDARD_SCHEMA, DoublyRagged, GroupKey, Padded, encode_group, validate_group
 from trajflight.errors import SchemaError
@@ -13,6 +14,32 @@ from .conftest import ragged
 
 IDS, OFFSETS = ragged([4, 0, 7], np.int32)
 LOGPROBS, _ = ragged([4, 0, 7], np.float32, seed=1)
+
+# A declared telemetry struct with integer fields: a scalar, a list, a nested struct's and a uint8.
+TELEMETRY = STANDARD_SCHEMA.with_telemetry(
+    pa.struct(
+        [
+            ("num_preemptions", pa.int64()),
+            ("ttft_ms", pa.float64()),
+            ("cached", pa.list_(pa.int32())),
+            ("kv", pa.struct([("blocks", pa.int16()), ("util", pa.float32())])),
+            ("flag", pa.uint8()),
+        ]
+    )
+)
+
+
+def telemetry_rows(**sample_1: object) -> dict[str, object]:
+    """encode_group arguments: telemetry of three samples (a list of dicts), sample 1 overridden."""
+    rows: list[dict[str, object]] = [{"num_preemptions": i, "ttft_ms": 0.5 + i} for i in range(3)]
+    rows[1].update(sample_1)
+    return {"telemetry": rows, "schema": TELEMETRY}
+
+
+def telemetry_columns(**columns: object) -> dict[str, object]:
+    """encode_group arguments: telemetry as a dict of per-sample columns over three samples."""
+    return {"telemetry": {"ttft_ms": [0.5, 1.5, 2.5], **columns}, "schema": TELEMETRY}
+
 
 BAD_INPUTS = [
     # (id, overrides, column, row, message)
@@ -263,6 +290,93 @@ BAD_INPUTS = [
     # Python bools in token-id lists were refused with pyarrow's "cannot convert ... got bool"; now worded
     # as bools in policy_version are.
     ("token ids bools in lists", {"response_ids": [[1, 2, True, 4], [], [5] * 7]}, "response_ids", 0, "bool"),
+    # Telemetry fields declared as integers: pyarrow truncated a float there (1.7 stored as 1; a dict of
+    # columns refused it only through the struct cast, naming neither field nor row, and kept 2.0 or a bool
+    # array as 2 and 1). Now refused as policy_version refuses them: floats whole or not, bools.
+    (
+        "telemetry int field a float",
+        telemetry_rows(num_preemptions=1.7),
+        "telemetry",
+        1,
+        "column 'telemetry' field 'num_preemptions' row 1: expected integers (int64), got float 1.7",
+    ),
+    ("telemetry int field a whole float", telemetry_rows(num_preemptions=2.0), "telemetry", 1, "float 2.0"),
+    ("telemetry int field a bool", telemetry_rows(num_preemptions=True), "telemetry", 1, "got bool True"),
+    (
+        "telemetry int field numpy float",
+        telemetry_rows(num_preemptions=np.float32(1.5)),
+        "telemetry",
+        1,
+        "1.5",
+    ),
+    ("telemetry int field float16", telemetry_rows(num_preemptions=np.float16(1.5)), "telemetry", 1, "1.5"),
+    ("telemetry uint8 field a bool", telemetry_rows(flag=True), "telemetry", 1, "field 'flag' row 1"),
+    ("telemetry int list field a float", telemetry_rows(cached=[1, 2.5]), "telemetry", 1, "field 'cached'"),
+    ("telemetry int list field a bool", telemetry_rows(cached=[True]), "telemetry", 1, "got bool True"),
+    (
+        "telemetry nested struct int field a float",
+        telemetry_rows(kv={"blocks": 3.5, "util": 0.5}),
+        "telemetry",
+        1,
+        "field 'kv.blocks' row 1: expected integers (int16), got float 3.5",
+    ),
+    (
+        "telemetry column of ints with a float",
+        telemetry_columns(num_preemptions=[0, 1.7, 2]),
+        "telemetry",
+        1,
+        "field 'num_preemptions' row 1: expected integers (int64), got float 1.7",
+    ),
+    (
+        "telemetry column of ints with a float16",
+        telemetry_columns(num_preemptions=[0, np.float16(1.5), 2]),
+        "telemetry",
+        1,
+        "got float 1.5",
+    ),
+    (
+        "telemetry column a float array",
+        telemetry_columns(num_preemptions=np.array([0.0, 1.0, 2.0])),
+        "telemetry",
+        None,
+        "field 'num_preemptions': wrong dtype float64, expected integers (int64)",
+    ),
+    (
+        "telemetry column a bool array",
+        telemetry_columns(flag=np.array([True, False, True])),
+        "telemetry",
+        None,
+        "wrong dtype bool",
+    ),
+    (
+        "telemetry column a float tensor",
+        telemetry_columns(num_preemptions=torch.ones(3)),
+        "telemetry",
+        None,
+        "wrong dtype float32",
+    ),
+    (
+        "telemetry column one float",
+        telemetry_columns(num_preemptions=1.5),
+        "telemetry",
+        None,
+        "field 'num_preemptions': expected integers (int64), got float 1.5",
+    ),
+    (
+        "telemetry nested struct column with a float",
+        telemetry_columns(kv=[None, {"blocks": 1.5}, {"blocks": 2}]),
+        "telemetry",
+        1,
+        "field 'kv.blocks' row 1",
+    ),
+    # apache/arrow GH-40910 in undeclared telemetry: inference made the field int64 and truncated 1.5.
+    (
+        "undeclared telemetry float16 among ints",
+        {"telemetry": [{"n": 0}, {"n": np.float16(1.5)}, {"n": 2}]},
+        "telemetry",
+        1,
+        "field 'n' row 1: expected integers (int64), got float 1.5",
+    ),
     (
         "mask null entry",
         {"loss_mask": [[1, None, 1, 1], [], [1] * 7]},
@@ -326,6 +440,24 @@ def test_bad_input_gives_a_typed_error_naming_column_and_row(simple_group, overr
     assert message in str(info.value)
     assert info.value.column == column
     assert info.value.row == row
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        (telemetry_rows(num_preemptions=1.5), "num_preemptions"),
+        (telemetry_rows(kv={"blocks": 1.5}), "kv.blocks"),
+        (telemetry_columns(cached=[[1], [2.5], []]), "cached"),
+        (telemetry_columns(num_preemptions=np.ones(3)), "num_preemptions"),
+    ],
+    ids=["list of dicts", "nested struct", "dict of columns", "numpy column"],
+)
+def test_a_telemetry_refusal_carries_the_field(simple_group, overrides, field):
+    """The field is a structured detail of the error (it travels with column and row), not only words."""
+    with pytest.raises(SchemaError) as info:
+        encode_group(**{**simple_group, **overrides})
+    assert (info.value.column, info.value.field) == ("telemetry", field)
+    assert info.value.fields["field"] == field
 
 
 def _group(**overrides) -> pa.RecordBatch:
