@@ -71,11 +71,14 @@ def telemetry_array(value: Any, declared: pa.DataType, rows: int) -> pa.Array:
             _check_rows(samples, _plan(struct_type))  # before the conversion, which truncates floats
         try:
             array = pa.array(value if samples is None else samples, type=struct_type)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+            row = None if samples is None else _first_bad_sample(samples, struct_type)
+            where = "column 'telemetry'" if row is None else f"column 'telemetry' row {row}"
             raise SchemaError(
-                f"column 'telemetry': {exc}; pass a list of dicts (one per sample), a dict of per-sample "
-                "columns or a pyarrow struct array",
+                f"{where}: {exc}; pass a list of dicts (one per sample) whose values fit the fields' types, "
+                "a dict of per-sample columns or a pyarrow struct array",
                 column="telemetry",
+                row=row,
             ) from exc
     if not pa.types.is_struct(array.type):
         raise SchemaError(
@@ -112,6 +115,16 @@ def _samples(value: Any) -> list[Any] | tuple[Any, ...] | None:
         return list(value)
     except TypeError:
         return None
+
+
+def _first_bad_sample(samples: Sequence[Any], struct_type: pa.DataType | None) -> int | None:
+    """The first sample that does not convert on its own (an error path: one conversion per sample)."""
+    for row, sample in enumerate(samples):
+        try:
+            pa.array([sample], type=struct_type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+            return row
+    return None
 
 
 def _may_hide_floats(samples: Sequence[Any]) -> bool:

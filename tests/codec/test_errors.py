@@ -369,6 +369,28 @@ BAD_INPUTS = [
         1,
         "field 'kv.blocks' row 1",
     ),
+    # An int past its field's type in a list of dicts raised pyarrow's raw OverflowError.
+    (
+        "telemetry int past int64",
+        telemetry_rows(num_preemptions=2**70),
+        "telemetry",
+        1,
+        "column 'telemetry' row 1: Python int too large",
+    ),
+    (
+        "telemetry uint8 field negative",
+        telemetry_rows(flag=-1),
+        "telemetry",
+        1,
+        "row 1: can't convert negative",
+    ),
+    (
+        "undeclared telemetry int past int64",
+        {"telemetry": [{"n": 1}, {"n": 2**64}, {}]},
+        "telemetry",
+        1,
+        "row 1",
+    ),
     # apache/arrow GH-40910 in undeclared telemetry: inference made the field int64 and truncated 1.5.
     (
         "undeclared telemetry float16 among ints",
