@@ -42,7 +42,7 @@ from trajflight.codec import (
 from trajflight.codec._nbytes import group_nbytes
 from trajflight.errors import InvalidRequestError, SchemaError
 
-from .test_encode_tiers import UNUSUAL
+from .test_encode_tiers import UNUSUAL, input_memory
 from .test_errors import BAD_INPUTS, TELEMETRY, telemetry_rows
 
 JOB, EPOCH = "job", 3
@@ -81,26 +81,6 @@ def _has_bitmap(array: pa.Array) -> bool:
     return False
 
 
-def _input_memory(obj: Any, out: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """(address, bytes) of every numpy array and tensor among the inputs."""
-    if isinstance(obj, np.ndarray):
-        if obj.nbytes:
-            out.append((obj.ctypes.data, obj.nbytes))
-    elif isinstance(obj, torch.Tensor):
-        if obj.numel():
-            out.append((obj.data_ptr(), obj.numel() * obj.element_size()))
-    elif isinstance(obj, Ragged | DoublyRagged):
-        for name in obj.__dataclass_fields__:
-            _input_memory(getattr(obj, name), out)
-    elif isinstance(obj, list | tuple):
-        for item in obj:
-            _input_memory(item, out)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            _input_memory(item, out)
-    return out
-
-
 def _buffers(array: pa.Array) -> list[pa.Buffer]:
     found = [b for b in array.buffers() if b is not None and b.size]
     if pa.types.is_dictionary(array.type):
@@ -109,7 +89,7 @@ def _buffers(array: pa.Array) -> list[pa.Buffer]:
 
 
 def _assert_not_aliased(joined: pa.RecordBatch, groups: Sequence[dict[str, Any]]) -> None:
-    inputs = _input_memory(list(groups), [])
+    inputs = [(at, n) for at, n in input_memory(list(groups), []) if n]  # an empty array aliases nothing
     for column in joined.columns:
         for buffer in _buffers(column):
             start, stop = buffer.address, buffer.address + buffer.size

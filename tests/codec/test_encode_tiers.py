@@ -78,7 +78,7 @@ def _precise_only() -> Iterator[None]:
         yield
 
 
-def _memory(obj: Any, out: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def input_memory(obj: Any, out: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """(address, bytes) of every numpy array and tensor among the inputs, to tell aliased buffers apart."""
     if isinstance(obj, np.ndarray):
         out.append((obj.ctypes.data, obj.nbytes))
@@ -87,13 +87,13 @@ def _memory(obj: Any, out: list[tuple[int, int]]) -> list[tuple[int, int]]:
             out.append((t.data_ptr(), t.numel() * t.element_size()))
     elif isinstance(obj, Ragged | Padded | DoublyRagged):
         for name in obj.__dataclass_fields__:
-            _memory(getattr(obj, name), out)
+            input_memory(getattr(obj, name), out)
     elif isinstance(obj, list | tuple):
         for item in obj:
-            _memory(item, out)
+            input_memory(item, out)
     elif isinstance(obj, dict):
         for item in obj.values():
-            _memory(item, out)
+            input_memory(item, out)
     return out
 
 
@@ -123,7 +123,7 @@ def _outcome(kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], pa.RecordBatch | 
         return ("SchemaError", str(exc), exc.column, exc.row), None
     except Exception as exc:  # none is expected (every refusal is a SchemaError), but it must match too
         return (type(exc).__name__, str(exc)), None
-    inputs = _memory(kwargs, [])
+    inputs = input_memory(kwargs, [])
     layout = [_layout(column, inputs) for column in batch.columns]
     return ("batch", batch.schema, batch.to_pydict() if batch.num_rows else {}, layout), batch
 
