@@ -483,8 +483,8 @@ class Writer:
         for i, group in enumerate(groups):
             if not isinstance(group, Mapping):
                 raise InvalidRequestError(
-                    f"put_many() item {i} is a {type(group).__name__} where item 0.. are mappings of a "
-                    "group's columns; pass all groups as record batches or all as mappings"
+                    f"put_many() got mappings of groups' columns and, as item {i}, a {type(group).__name__}; "
+                    "pass all groups as record batches or all as mappings of their columns"
                 )
             columns.append({**self._group_columns(group), "group_id": i})
         encoded = encode_groups(job_id=self.job_id, epoch=self.epoch, groups=columns)
