@@ -36,13 +36,15 @@ import pyarrow as pa
 
 from trajflight.errors import SchemaError
 
-__all__ = ["check_integers", "from_python", "not_integers"]
+__all__ = ["check_integers", "first_bad_row", "from_python", "not_integers"]
 
 _UINT8_ID = pa.uint8().id
 _NONE_TYPE = type(None)
 
 
-def _first_bad_row(rows: Sequence[Any], type_: pa.DataType) -> int | None:
+def first_bad_row(rows: Sequence[Any], type_: pa.DataType | None) -> int | None:
+    """The first of ``rows`` (one Python object per sample) that does not convert to ``type_`` on its own
+    (``None``: the type pyarrow infers), or None: an error path, one conversion per row."""
     for i, row in enumerate(rows):
         try:
             pa.array([row], type=type_)
@@ -262,7 +264,7 @@ def from_python(rows: Sequence[Any], type_: pa.DataType, *, column: str) -> pa.A
         if as_uint8 is not None:
             return as_uint8
         _refuse_non_integers(rows, type_, column=column)  # Python bools in lists pass the cheap proof
-        row = _first_bad_row(rows, type_)
+        row = first_bad_row(rows, type_)
         raise SchemaError(
             f"column {column!r} row {row}: cannot convert to {type_}: {exc}", column=column, row=row
         ) from exc

@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from trajflight.codec._arrays import as_numpy, is_tensor, scalar_array
 from trajflight.codec._infer import infer_type
-from trajflight.codec._pylists import check_integers, not_integers
+from trajflight.codec._pylists import check_integers, first_bad_row, not_integers
 from trajflight.errors import SchemaError
 
 __all__ = ["telemetry_array"]
@@ -72,7 +72,7 @@ def telemetry_array(value: Any, declared: pa.DataType, rows: int) -> pa.Array:
         try:
             array = pa.array(value if samples is None else samples, type=struct_type)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
-            row = None if samples is None else _first_bad_sample(samples, struct_type)
+            row = None if samples is None else first_bad_row(samples, struct_type)
             where = "column 'telemetry'" if row is None else f"column 'telemetry' row {row}"
             raise SchemaError(
                 f"{where}: {exc}; pass a list of dicts (one per sample) whose values fit the fields' types, "
@@ -115,16 +115,6 @@ def _samples(value: Any) -> list[Any] | tuple[Any, ...] | None:
         return list(value)
     except TypeError:
         return None
-
-
-def _first_bad_sample(samples: Sequence[Any], struct_type: pa.DataType | None) -> int | None:
-    """The first sample that does not convert on its own (an error path: one conversion per sample)."""
-    for row, sample in enumerate(samples):
-        try:
-            pa.array([sample], type=struct_type)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-            return row
-    return None
 
 
 def _may_hide_floats(samples: Sequence[Any]) -> bool:
