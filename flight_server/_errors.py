@@ -78,18 +78,42 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+_MAX_MESSAGE_CHARS = 1500
+_MAX_FIELD_CHARS = 1100  # a job id (at most 1024 characters on the wire) fits whole
+_MAX_EXTRA_BYTES = 6000
+# The message travels twice (grpc-message and extra_info, in gRPC trailers); past ~10 KB of trailers the
+# client gets an untyped RESOURCE_EXHAUSTED instead of the error, so both are bounded here, whatever the
+# raiser put in them.
+
+
+def _bounded(value: Any) -> Any:
+    value = _jsonable(value)
+    if isinstance(value, str) and len(value) > _MAX_FIELD_CHARS:
+        return value[: _MAX_FIELD_CHARS - 3] + "..."
+    return value
+
+
 def to_flight_error(exc: TrajflightError) -> flight.FlightError:
-    """Build the Flight error that carries ``exc`` to the client (class, message, fields)."""
+    """Build the Flight error that carries ``exc`` to the client (class, message, fields).
+
+    The message is cut to 1500 characters and string fields to 1100; fields are dropped where they would
+    still make the error too large to cross gRPC (the message always travels)."""
     flight_type = WIRE_ERRORS.get(type(exc))
     if flight_type is None:  # a subclass defined elsewhere: use its nearest mapped ancestor
         flight_type = next(WIRE_ERRORS[c] for c in type(exc).__mro__ if c in WIRE_ERRORS)
+    message = exc.message
+    if len(message) > _MAX_MESSAGE_CHARS:
+        message = message[: _MAX_MESSAGE_CHARS - 3] + "..."
     extra = {
         "v": _EXTRA_VERSION,
         "code": exc.code,
-        "message": exc.message,
-        "fields": {k: _jsonable(v) for k, v in exc.fields.items()},
+        "message": message,
+        "fields": {k: _bounded(v) for k, v in exc.fields.items()},
     }
-    return flight_type(f"[trajflight:{exc.code}] {exc.message}", json.dumps(extra).encode())
+    body = json.dumps(extra).encode()
+    if len(body) > _MAX_EXTRA_BYTES:
+        body = json.dumps({**extra, "fields": {}}).encode()
+    return flight_type(f"[trajflight:{exc.code}] {message}", body)
 
 
 def from_flight_error(exc: BaseException) -> TrajflightError | None:
@@ -157,6 +181,12 @@ def translate_errors(what: str) -> Iterator[None]:
         raise err from exc
 
 
+def _cut(exc: BaseException, limit: int = 300) -> str:
+    """An exception's text for a message, cut: it may quote what the caller sent."""
+    text = str(exc)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 @contextlib.contextmanager
 def server_errors(what: str) -> Iterator[None]:
     """Server side: turn errors of a handler into Flight errors a client maps back.
@@ -172,7 +202,7 @@ def server_errors(what: str) -> Iterator[None]:
     except flight.FlightError:
         raise  # cancellation or transport errors of the stream itself: already Flight errors
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowIndexError, pa.ArrowSerializationError) as exc:
-        raise to_flight_error(InvalidRequestError(f"{what}: malformed Arrow data: {exc}")) from exc
+        raise to_flight_error(InvalidRequestError(f"{what}: malformed Arrow data: {_cut(exc)}")) from exc
     except OSError as exc:  # the stream broke (client gone, cancelled): nothing to tell it, little to log
         log.info("%s: stream broke: %s", what, exc)
         raise to_flight_error(UnavailableError(f"{what}: the stream broke: {exc}")) from exc
@@ -180,6 +210,6 @@ def server_errors(what: str) -> Iterator[None]:
         log.exception("%s failed unexpectedly", what)
         raise to_flight_error(
             TrajflightError(
-                f"{what}: internal server error ({type(exc).__name__}: {exc}); see the server log"
+                f"{what}: internal server error ({type(exc).__name__}: {_cut(exc)}); see the server log"
             )
         ) from exc

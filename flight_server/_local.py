@@ -35,6 +35,7 @@ import pyarrow.flight as flight
 
 from trajflight.errors import DeadlineExceededError, TrajflightError, UnavailableError
 from trajflight.flight_server._errors import from_flight_error, server_errors
+from trajflight.flight_server._wire_bounds import echo
 
 __all__ = ["MAX_FRAME", "LocalChannel", "LocalChannelServer"]
 
@@ -242,7 +243,7 @@ def run_handler(run: Callable[[str, bytearray, bytearray], dict[str, Any]]) -> H
     """Wrap the server's action runner so errors leave it as Flight errors (as ``do_action`` does)."""
 
     def handler(name: str, body: bytearray, payload: bytearray) -> bytes:
-        with server_errors(f"action {name!r}"):
+        with server_errors(f"action {echo(name)}"):
             return json.dumps(run(name, body, payload)).encode()
 
     return handler

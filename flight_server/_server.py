@@ -39,6 +39,7 @@ from trajflight.flight_server._local import LocalChannelServer, run_handler
 from trajflight.flight_server._segments import Placement
 from trajflight.flight_server._shm import ShmArena, host_id
 from trajflight.flight_server._store import GroupStore, Reservation, StoredGroup, StoreLimits
+from trajflight.flight_server._store_shm import fmt_key
 from trajflight.flight_server._wire import (
     WIRE_VERSION,
     AppendDescriptor,
@@ -62,6 +63,7 @@ from trajflight.flight_server._wire import (
     encode,
     group_descriptor,
 )
+from trajflight.flight_server._wire_bounds import MAX_NAME_CHARS, echo
 
 __all__ = ["ACTIONS", "StorageServer"]
 
@@ -180,7 +182,9 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         if name == "shm_put":
             return self._shm_put_inline(body, payload)
         if payload:
-            raise InvalidRequestError(f"action {name!r} takes no payload; only shm_put carries group bytes")
+            raise InvalidRequestError(
+                f"action {echo(name)} takes no payload; only shm_put carries group bytes", field="payload"
+            )
         return self._run_action(name, decode_action_body(name, body))
 
     def _shm_put_inline(self, body: bytes | bytearray, payload: bytes | bytearray) -> dict[str, Any]:
@@ -278,11 +282,23 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
                 self._signer.sign_lease(r.key, r.token.generation), r.token.sig
             ):
                 raise InvalidRequestError(
-                    f"lease token of group ({r.key.job_id!r}, {r.key.epoch}, {r.key.group_id}) does not "
+                    f"lease token of group {fmt_key(r.key)} does not "
                     "verify; tokens come from the controller of this deployment (check the shared secret)"
                 )
 
     # ------------------------------------------------------------------------------------------ put
+
+    @staticmethod
+    def _check_stream_schema(schema: pa.Schema) -> pa.Schema:
+        """The schema of a put or append stream, its column names bounded before any message names one."""
+        for name in schema.names:
+            if len(name) > MAX_NAME_CHARS:
+                raise InvalidRequestError(
+                    f"do_put: a column name has {len(name)} characters, more than the {MAX_NAME_CHARS} "
+                    f"allowed ({echo(name)})",
+                    field="schema",
+                )
+        return schema
 
     def do_put(
         self,
@@ -307,7 +323,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
                     )
                 request = PutDescriptor(request, writer="bare")
             self._verify_put(request)
-            key, schema = request.key, reader.schema
+            key, schema = request.key, self._check_stream_schema(reader.schema)
             with self.store.begin_put(key, schema, request.nbytes) as res:
                 batches = _receive(context, reader, res)
                 rows = sum(b.num_rows for b in batches)
@@ -328,7 +344,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
             self._verify_put(put)
             if not put.num_rows:
                 raise InvalidRequestError(f"put_many: group {put.key.group_id} announces no samples")
-        schema = reader.schema
+        schema = self._check_stream_schema(reader.schema)
         with contextlib.ExitStack() as stack:
             reservations = [stack.enter_context(self.store.begin_put(p.key, schema, p.nbytes)) for p in puts]
             per_group: list[list[pa.RecordBatch]] = [[] for _ in puts]
@@ -367,11 +383,11 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         reader: flight.MetadataRecordBatchReader,
     ) -> None:
         self._verify_tokens([GroupRead(request.key, request.token)])
-        schema = reader.schema
+        schema = self._check_stream_schema(reader.schema)
         for name in ("job_id", "epoch", "group_id", "sample_index"):
             if name in schema.names:
                 raise SchemaError(
-                    f"column {name!r} is a key column; appends add new columns only", column=name
+                    f"column {echo(name)} is a key column; appends add new columns only", column=name
                 )
         with self.store.begin_append(request.key, request.token, schema, request.nbytes) as res:
             batches = _receive(context, reader, res)
@@ -436,7 +452,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
     def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> list[flight.Result]:
         """Run one action; the result is one JSON message."""
         name = action.type
-        with server_errors(f"action {name!r}"):
+        with server_errors(f"action {echo(name)}"):
             body = decode_action_body(name, action.body.to_pybytes() if action.body is not None else b"")
             result = self._run_action(name, body)
             return [flight.Result(json.dumps(result).encode())]

@@ -51,6 +51,7 @@ from trajflight.flight_server._shm import Segment, ShmArena
 from trajflight.flight_server._store_records import Reservation, StoredGroup, StoreLimits
 from trajflight.flight_server._store_shm import ShmBatch, ShmPut, ShmStoreMixin, fmt_key, key_fields
 from trajflight.flight_server._wire import GroupRead, LeaseToken, ListCriteria
+from trajflight.flight_server._wire_bounds import echo
 
 __all__ = ["GroupStore", "Reservation", "ShmBatch", "ShmPut", "StoreLimits", "StoredGroup"]
 
@@ -167,7 +168,7 @@ class GroupStore(ShmStoreMixin):
         state = self._jobs.get(key.job_id)
         if state is not None and key.epoch < state.min_epoch:
             raise StaleFenceError(
-                f"{what} of group {_fmt(key)} refused: epoch {key.epoch} of job {key.job_id!r} is fenced "
+                f"{what} of group {_fmt(key)} refused: epoch {key.epoch} of job {echo(key.job_id)} is fenced "
                 f"(epochs below {state.min_epoch} are closed); this process belongs to an old incarnation "
                 "of the job: stop it",
                 job_id=key.job_id,
@@ -202,7 +203,8 @@ class GroupStore(ShmStoreMixin):
             known = state.column_types.get(f.name)
             if known is not None and known != f.type:
                 raise SchemaError(
-                    f"column {f.name!r} of group {_fmt(key)} has type {f.type}, but job {key.job_id!r} "
+                    f"column {echo(f.name)} of group {_fmt(key)} has type {f.type}, but job "
+                    f"{echo(key.job_id)} "
                     f"stores it as {known}; every group of a job uses one type per column",
                     column=f.name,
                 )
@@ -477,12 +479,12 @@ class GroupStore(ShmStoreMixin):
         for f in schema:
             if f.name in existing:
                 raise AlreadyExistsError(
-                    f"group {_fmt(key)} already has column {f.name!r}; appends add new columns only",
+                    f"group {_fmt(key)} already has column {echo(f.name)}; appends add new columns only",
                     column=f.name,
                 )
             if f.name in self.schema and not self.schema.accepts(f.name, f.type):
                 raise SchemaError(
-                    f"column {f.name!r} has type {f.type}, the schema declares "
+                    f"column {echo(f.name)} has type {f.type}, the schema declares "
                     f"{self.schema.field(f.name).type}",
                     column=f.name,
                 )
@@ -573,23 +575,28 @@ class GroupStore(ShmStoreMixin):
         Raises:
             NotFoundError, StaleFenceError, SchemaError (a projected column is not stored).
         """
+        # Every check passes before any generation rises: the projection (and the join, which can
+        # refuse groups of two jobs whose columns differ in type) runs on groups checked under the lock,
+        # and the tokens are checked again, then raised, only once the table exists.
         with self._lock:
-            groups = self._fenced_reads_locked(reads)
-        return concat_groups([_project(g, columns) for g in groups])
+            groups = self._checked_reads_locked(reads)
+        table = concat_groups([_project(g, columns) for g in groups])
+        with self._lock:
+            self._fenced_reads_locked(reads)
+        return table
 
     def _raise_locked(self, key: GroupKey, generation: int) -> None:
-        """Raise ``key``'s highest generation to ``generation`` (never lowers it), on the board too."""
+        """Raise ``key``'s highest generation to ``generation`` (never lowers it), on the board too.
+
+        The board is written first: a failure there leaves the store's memory of the group unchanged."""
         if generation > self._generation.get(key, -1):
-            self._generation[key] = generation
             if self.board is not None:
                 self.board.raise_to(key, generation)
+            self._generation[key] = generation
 
-    def _fenced_reads_locked(self, reads: Sequence[GroupRead]) -> list[StoredGroup]:
-        """The groups of ``reads`` (in order) after the read checks; raises each read's generation.
-
-        Tokened reads are fenced by generation; every check passes before any generation is raised.
-        Call with the lock held.
-        """
+    def _checked_reads_locked(self, reads: Sequence[GroupRead]) -> list[StoredGroup]:
+        """The groups of ``reads`` (in order) after the read checks (stored; tokens not stale); changes
+        nothing. Call with the lock held."""
         groups = []
         for r in reads:
             group = self._groups.get(r.key)
@@ -601,6 +608,15 @@ class GroupStore(ShmStoreMixin):
             if r.token is not None:
                 self._check_token(r.key, r.token, "read", required=False)
             groups.append(group)
+        return groups
+
+    def _fenced_reads_locked(self, reads: Sequence[GroupRead]) -> list[StoredGroup]:
+        """The groups of ``reads`` (in order) after the read checks; raises each read's generation.
+
+        Tokened reads are fenced by generation; every check passes before any generation is raised.
+        Call with the lock held.
+        """
+        groups = self._checked_reads_locked(reads)
         for r in reads:
             if r.token is not None:
                 self._raise_locked(r.key, r.token.generation)
@@ -680,12 +696,14 @@ class GroupStore(ShmStoreMixin):
 
     def advance_generation(self, reads: Iterable[GroupRead]) -> int:
         """Raise the highest generation of groups (the controller re-granted them); returns how many rose."""
+        reads = list(reads)
+        missing = next((r for r in reads if r.token is None), None)
+        if missing is not None:  # checked for every group before any rises
+            raise InvalidRequestError(f"advance_generation of group {_fmt(missing.key)} needs a generation")
         raised = 0
         with self._lock:
             for r in reads:
-                if r.token is None:
-                    raise InvalidRequestError(f"advance_generation of group {_fmt(r.key)} needs a generation")
-                if r.token.generation > self._generation.get(r.key, -1):
+                if r.token is not None and r.token.generation > self._generation.get(r.key, -1):
                     self._raise_locked(r.key, r.token.generation)
                     raised += 1
         return raised
@@ -743,7 +761,8 @@ def _project(group: StoredGroup, columns: Sequence[str] | None) -> pa.Table:
     missing = [c for c in columns if c not in names]
     if missing:
         raise SchemaError(
-            f"group {_fmt(group.key)} has no column {missing[0]!r}; stored columns: {', '.join(names)}",
+            f"group {_fmt(group.key)} has no column {echo(missing[0])}; stored columns: "
+            f"{echo(', '.join(names))}",
             column=missing[0],
         )
     return group.table.select(list(columns))

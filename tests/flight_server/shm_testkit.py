@@ -1,13 +1,16 @@
-"""Child-process targets of the shared-memory tests (importable by name, like ``flight_testkit``)."""
+"""Shared-memory test helpers: child-process targets (importable by name, like ``flight_testkit``) and a
+server with an arena."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 
 from flight_testkit import make_group
 
 from trajflight.codec import GroupKey
-from trajflight.flight_server import StorageClient
+from trajflight.flight_server import ShmArena, StorageClient, StorageServer, StoreLimits
 from trajflight.flight_server._wire import PutDescriptor, ShmReserveRequest, encode
 
 
@@ -26,3 +29,15 @@ def killed_writer(location: str, key: GroupKey, ready: object) -> None:
     ready.set()  # type: ignore[attr-defined]
     while True:
         time.sleep(1)
+
+
+@contextlib.contextmanager
+def shm_serving(
+    limits: StoreLimits | None = None, **kwargs: object
+) -> Iterator[tuple[StorageServer, StorageClient]]:
+    """A storage server with a fresh shared-memory arena (and its fence board) and a client to it."""
+    with (
+        StorageServer(limits=limits, arena=ShmArena(), **kwargs) as server,  # type: ignore[arg-type]
+        StorageClient(server.location, timeout=20) as client,
+    ):
+        yield server, client
