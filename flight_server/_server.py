@@ -2,7 +2,9 @@
 
 * ``do_put`` receives a whole group (or appended columns), checks the writer's credentials, the schema,
   ``validate_group(full=True)`` and the size limits, and publishes it atomically: a stream that fails, is
-  cancelled or whose client dies leaves nothing visible and gives its reservation back.
+  cancelled or whose client dies leaves nothing visible and gives its reservation back. Every put
+  announces its row count, and a stream whose call was cancelled is refused even when the count
+  matches (see ``_check_finished``).
 * ``do_get`` streams one or more stored groups, projected, from C++ (``RecordBatchStream`` over a table
   that aliases the stored buffers: no Python loop per batch, no re-serialisation in Python).
 * ``list_flights`` / ``get_flight_info`` / ``get_schema`` let any Flight client list and read groups.
@@ -33,7 +35,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from trajflight.codec import STANDARD_SCHEMA, GroupKey, TrajectorySchema, validate_group
-from trajflight.errors import InvalidRequestError, SchemaError
+from trajflight.errors import InvalidRequestError, SchemaError, UnavailableError
 from trajflight.flight_server._errors import server_errors
 from trajflight.flight_server._local import LocalChannelServer, run_handler
 from trajflight.flight_server._segments import Placement
@@ -314,18 +316,25 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
                 self._append(context, request, reader)
                 return
             if isinstance(request, PutManyDescriptor):
-                self._put_many(request, reader)
+                self._put_many(context, request, reader)
                 return
             if isinstance(request, GroupKey):
+                raise InvalidRequestError(
+                    "a path-descriptor put names its row count: FlightDescriptor.for_path(job_id, "
+                    "str(epoch), str(group_id), str(num_rows)); a stream's end alone does not prove the "
+                    "group complete (a writer that fails mid-stream may still close it cleanly)",
+                    field="num_rows",
+                )
+            if descriptor.descriptor_type == flight.DescriptorType.PATH:
                 if self._signer is not None:
                     raise InvalidRequestError(
                         "bare path-descriptor puts are refused: this server requires signed put credentials"
                     )
-                request = PutDescriptor(request, writer="bare")
-            self._verify_put(request)
+            else:
+                self._verify_put(request)
             key, schema = request.key, self._check_stream_schema(reader.schema)
             with self.store.begin_put(key, schema, request.nbytes) as res:
-                batches = _receive(context, reader, res)
+                batches = _receive(context, reader, res, f"put of group {key.group_id}")
                 rows = sum(b.num_rows for b in batches)
                 if rows == 0:
                     raise InvalidRequestError(f"put of group {key.group_id}: the stream carried no samples")
@@ -338,7 +347,12 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
                     validate_group(batch, self.store.schema, expect=key, full=True)
                 self.store.publish(res, batches, schema, request.writer)
 
-    def _put_many(self, request: PutManyDescriptor, reader: flight.MetadataRecordBatchReader) -> None:
+    def _put_many(
+        self,
+        context: flight.ServerCallContext,
+        request: PutManyDescriptor,
+        reader: flight.MetadataRecordBatchReader,
+    ) -> None:
         puts = request.puts
         for put in puts:
             self._verify_put(put)
@@ -353,6 +367,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
                 try:
                     batch = reader.read_chunk().data
                 except StopIteration:
+                    _check_finished(context, f"put of {len(puts)} groups")
                     break
                 if batch is None or batch.num_rows == 0:
                     continue
@@ -390,7 +405,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
                     f"column {echo(name)} is a key column; appends add new columns only", column=name
                 )
         with self.store.begin_append(request.key, request.token, schema, request.nbytes) as res:
-            batches = _receive(context, reader, res)
+            batches = _receive(context, reader, res, f"column append to group {request.key.group_id}")
             for batch in batches:
                 batch.validate(full=True)
             self.store.publish_append(res, request.token, batches, schema)
@@ -573,15 +588,31 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         }
 
 
+def _check_finished(context: flight.ServerCallContext, what: str) -> None:
+    """Refuse a do_put stream whose end was its writer's death, not its ``done_writing()``.
+
+    pyarrow's reader ends with StopIteration both when the client half-closes the stream (it finished)
+    and when the call breaks (the client was killed, or cancelled): gRPC's read just returns false. Only
+    the call's state tells them apart: a broken call is cancelled by the time its read fails.
+    """
+    if context.is_cancelled():
+        raise UnavailableError(
+            f"{what}: the stream broke before the writer finished it (the writer died or cancelled the "
+            "call); nothing was stored: put the group again"
+        )
+
+
 def _receive(
-    context: flight.ServerCallContext, reader: flight.MetadataRecordBatchReader, res: Reservation
+    context: flight.ServerCallContext, reader: flight.MetadataRecordBatchReader, res: Reservation, what: str
 ) -> list[pa.RecordBatch]:
-    """Read the rest of a do_put stream, accounting each batch as it arrives (capacity refused early)."""
+    """Read the rest of a do_put stream, accounting each batch as it arrives (capacity refused early);
+    a stream that broke rather than ended is refused (:func:`_check_finished`)."""
     batches: list[pa.RecordBatch] = []
     while True:
         try:
             chunk = reader.read_chunk()
         except StopIteration:
+            _check_finished(context, what)
             return batches
         batch = chunk.data
         if batch is None:  # metadata-only message

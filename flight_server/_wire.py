@@ -11,8 +11,8 @@ and name lengths are bounded before any value is used (:mod:`._wire_bounds`), an
 about a hundred characters of the input. ``docs/wire-format.md`` is the reference.
 
 Path descriptors ``[job_id, epoch, group_id]`` (all strings) are accepted too, so a bare Flight client that
-knows nothing of trajflight can ask for a group or write one (the latter only where no deployment secret
-is configured).
+knows nothing of trajflight can ask for a group, and ``[job_id, epoch, group_id, num_rows]`` to write one
+(only where no deployment secret is configured; every put announces its row count, see ``do_put``).
 
 Optional signatures: where a deployment secret is shared by the controller and the servers, put
 credentials, lease tokens and fences carry an HMAC-SHA256 (:class:`TokenSigner`). This module does not
@@ -399,7 +399,7 @@ def decode_descriptor(
     body = _load(descriptor.command or b"", what)
     kind = field(body, "kind", str, what)
     if kind == "put":
-        return _decode_put(body, what)
+        return _decode_put(body, what, rows=True)
     if kind == "put_many":
         writer = name_field(body, "writer", what, required=False, empty=True) or ""
         puts = []

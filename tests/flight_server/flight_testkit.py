@@ -90,3 +90,34 @@ def slow_writer(location: str, key: GroupKey, rows_first: int, ready: object) ->
     while True:
         time.sleep(1)
         os.getpid()
+
+
+def dying_writer(
+    location: str, key: GroupKey, descriptor: tuple[str, object], rows: int, ready: object
+) -> None:
+    """Child process target: a raw Flight put that sends ``rows`` of an 8-row group one row per batch
+    (until the server refuses it), without ``done_writing()``, then hangs until killed (a writer that
+    dies mid-stream).
+
+    ``descriptor`` is ``("command", bytes)`` or ``("path", [parts])``. The client is created here, after
+    the process started (gRPC is not fork-safe).
+    """
+    import pyarrow.flight as flight
+
+    group = make_group(key, k=8)
+    kind, value = descriptor
+    if kind == "command":
+        target = flight.FlightDescriptor.for_command(value)
+    else:
+        target = flight.FlightDescriptor.for_path(*value)  # type: ignore[misc]
+    client = flight.FlightClient(location)
+    writer, _ = client.do_put(target, group.schema)
+    try:
+        for i in range(rows):
+            writer.write_batch(group.slice(i, 1))
+    except flight.FlightError:
+        pass  # the server refused the put already: nothing to send, die all the same
+    ready.set()  # type: ignore[attr-defined]
+    while True:
+        time.sleep(1)
+        os.getpid()
