@@ -135,8 +135,9 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
             copied once into one IPC-stream segment it hands out.
         arena: A shared-memory arena for same-node transport (exclusive with ``place``); the server owns
             it from now on and closes it (unlinking every segment) in :meth:`close`.
-        shm_ttl: Default seconds a same-node writer has between ``shm_reserve`` and ``shm_publish``
-            before its reservation is swept (a background thread sweeps twice a second).
+        shm_ttl: Seconds a same-node writer has between ``shm_reserve`` and ``shm_publish`` before its
+            reservation is swept (a background thread sweeps twice a second): the default, and the most
+            a writer's own ``ttl`` gets (it may ask for less, never more).
     """
 
     def __init__(
@@ -153,10 +154,12 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
     ) -> None:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
             raise InvalidRequestError(f"port must be an int in 0..65535, got {port!r}")
+        if isinstance(shm_ttl, bool) or not isinstance(shm_ttl, int | float) or not shm_ttl > 0:
+            raise InvalidRequestError(f"shm_ttl must be a positive number of seconds, got {shm_ttl!r}")
         self._signer = TokenSigner(secret) if secret is not None else None
         self.store: GroupStore = GroupStore(limits, schema=schema, place=place, arena=arena)
         self.arena = arena
-        self.shm_ttl = shm_ttl
+        self.shm_ttl = float(shm_ttl)
         self.host_id = host_id()
         self._started = time.monotonic()
         self._close_lock = threading.Lock()
@@ -506,6 +509,13 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
             "shm_socket": None if self._local is None else self._local.path,
         }
 
+    def _shm_deadline(self, asked: float | None) -> float:
+        """The seconds a same-host reservation lives: what the writer asked for, at most ``shm_ttl``.
+
+        A writer asks for its own put deadline (15-60 s); a killed writer's segment must come back at the
+        server's own limit, not at the deadline of the process that died."""
+        return self.shm_ttl if asked is None else min(asked, self.shm_ttl)
+
     def _shm_action(self, body: Any) -> dict[str, Any]:
         store = self.store
         if isinstance(body, ShmBatchReserveRequest):
@@ -518,7 +528,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
                 body.rows,
                 body.batch_bytes,
                 writer=body.writer,
-                ttl=self.shm_ttl if body.ttl is None else body.ttl,
+                ttl=self._shm_deadline(body.ttl),
             )
             seg = batch.segment
             return {"batch": {"reservation": batch.id, "path": seg.path, "capacity": seg.capacity}}
@@ -526,7 +536,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
             published = store.publish_shm_batch(body.reservation, body.size)
             return {"published": len(published), "bytes": sum(g.nbytes for g in published)}
         if isinstance(body, ShmReserveRequest):
-            ttl = self.shm_ttl if body.ttl is None else body.ttl
+            ttl = self._shm_deadline(body.ttl)
             puts = []
             for put in body.puts:
                 self._verify_put(put)

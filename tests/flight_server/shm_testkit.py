@@ -14,14 +14,15 @@ from trajflight.flight_server import ShmArena, StorageClient, StorageServer, Sto
 from trajflight.flight_server._wire import PutDescriptor, ShmReserveRequest, encode
 
 
-def killed_writer(location: str, key: GroupKey, ready: object) -> None:
-    """Reserve a segment for ``key`` with a 1 s deadline, write half a group's worth of bytes, hang.
+def killed_writer(location: str, key: GroupKey, ready: object, ttl: float = 1.0) -> None:
+    """Reserve a segment for ``key`` asking for a ``ttl`` s deadline, write half a group's worth of
+    bytes, hang.
 
     The client is created here, after the process started (gRPC is not fork-safe).
     """
     client = StorageClient(location, timeout=20)
     put = PutDescriptor(key, "doomed", nbytes=1 << 20, num_rows=16)
-    reply = client._action("shm_reserve", encode(ShmReserveRequest((put,), "doomed", 1.0)), None)
+    reply = client._action("shm_reserve", encode(ShmReserveRequest((put,), "doomed", ttl)), None)
     path = reply["segments"][0]["path"]
     payload = make_group(key, k=16, response_len=4096, fixed=True).column("response_ids").values
     with open(path, "r+b") as f:
