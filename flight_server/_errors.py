@@ -59,12 +59,24 @@ WIRE_ERRORS: dict[type[TrajflightError], type[flight.FlightError]] = {
 }
 """trajflight class -> Flight error type raised at the wire (the table the tests check)."""
 
-# Flight errors that carry no trajflight details: mapped by type alone.
+# Flight errors that carry no trajflight details: mapped by type alone. A cancelled call (the server
+# or controller shutting down or restarting cancels the calls it cannot finish) means the peer went away:
+# retrying, or reconnecting, is what helps, as for an unreachable one.
 _BY_FLIGHT_TYPE: tuple[tuple[type[Exception], type[TrajflightError]], ...] = (
     (flight.FlightTimedOutError, DeadlineExceededError),
     (flight.FlightUnavailableError, UnavailableError),
+    (flight.FlightCancelledError, UnavailableError),
+    (pa.ArrowCancelled, UnavailableError),
     (flight.FlightWriteSizeExceededError, InvalidRequestError),
 )
+# The same failures where they surface untyped (a generic ArrowException, FlightInternalError or OSError
+# whose text carries gRPC's status): the peer went away mid-call.
+_PEER_GONE = re.compile(
+    r"\b(?:CANCELLED|UNAVAILABLE)\b|Stream removed|Socket closed|Connection reset|Broken pipe|GOAWAY|"
+    r"failed to connect|Connection refused",
+    re.IGNORECASE,
+)
+_DETAIL_CHARS = 300
 
 _PREFIX = re.compile(r"^\[trajflight:([a-z_]+)\] ")
 _EXTRA_VERSION = 1
@@ -116,8 +128,13 @@ def to_flight_error(exc: TrajflightError) -> flight.FlightError:
     return flight_type(f"[trajflight:{exc.code}] {message}", body)
 
 
-def from_flight_error(exc: BaseException) -> TrajflightError | None:
+def from_flight_error(exc: BaseException, what: str = "") -> TrajflightError | None:
     """Rebuild the trajflight error a server sent; None when ``exc`` is not a Flight/Arrow error.
+
+    Errors without trajflight details map by their Flight type; a cancelled call and transport failures
+    that mean the peer went away (gRPC's CANCELLED or UNAVAILABLE, a removed stream, a reset connection)
+    become :class:`~trajflight.errors.UnavailableError`, whose message says to retry or reconnect.
+    ``what`` names the call in those messages.
 
     The result is a new exception object; chain it (``raise err from exc``) to keep the gRPC detail.
     """
@@ -141,7 +158,9 @@ def from_flight_error(exc: BaseException) -> TrajflightError | None:
         return _build(error_class_for_code(match.group(1)), message, {})
     for flight_type, cls in _BY_FLIGHT_TYPE:
         if isinstance(exc, flight_type):
-            return cls(_hint(cls, text))
+            return cls(_hint(cls, text, what, cancelled=isinstance(exc, pa.ArrowCancelled)))
+    if _PEER_GONE.search(text):
+        return UnavailableError(_hint(UnavailableError, text, what, cancelled="cancel" in text.lower()))
     return TrajflightError(f"Flight call failed: {text}")
 
 
@@ -152,11 +171,21 @@ def _build(cls: type[TrajflightError], message: str, fields: dict[str, Any]) -> 
         return cls(message)
 
 
-def _hint(cls: type[TrajflightError], text: str) -> str:
+def _hint(cls: type[TrajflightError], text: str, what: str = "", *, cancelled: bool = False) -> str:
+    call = f"{what}: " if what else ""
+    detail = text if len(text) <= _DETAIL_CHARS else text[: _DETAIL_CHARS - 3] + "..."
     if cls is DeadlineExceededError:
-        return f"the call did not finish before its deadline; retry with a longer timeout ({text})"
+        return f"{call}the call did not finish before its deadline; retry with a longer timeout ({detail})"
+    if cls is UnavailableError and cancelled:
+        return (
+            f"{call}the call was cancelled: the server or controller went away mid-call (shut down or "
+            f"restarting); retry, or reconnect to its new location ({detail})"
+        )
     if cls is UnavailableError:
-        return f"the storage server could not be reached; check it runs and its location ({text})"
+        return (
+            f"{call}the server could not be reached or went away mid-call; check that it runs and its "
+            f"location, then retry or reconnect ({detail})"
+        )
     return text
 
 
@@ -167,8 +196,10 @@ def translate_errors(what: str) -> Iterator[None]:
         yield
     except TrajflightError:
         raise
+    except OSError as exc:  # pyarrow's IOError: the call's stream broke under a read or a write
+        raise UnavailableError(_hint(UnavailableError, str(exc), what)) from exc
     except (flight.FlightError, pa.ArrowException) as exc:
-        err = from_flight_error(exc)
+        err = from_flight_error(exc, what)
         if (
             err is not None
             and type(err) is TrajflightError

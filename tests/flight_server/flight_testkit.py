@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -70,6 +72,27 @@ def serving(
         StorageClient(server.location, timeout=20) as client,
     ):
         yield server, client
+
+
+@contextlib.contextmanager
+def server_process(*args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """``python -m trajflight server`` on loopback port 0; killed if a test leaves it running."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trajflight", "server", "--host", "127.0.0.1", "--port", "0", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        location = proc.stdout.readline().strip()  # type: ignore[union-attr]
+        assert location.startswith("grpc://127.0.0.1:"), (location, proc.stderr.read() if proc.poll() else "")  # type: ignore[union-attr]
+        yield proc, location
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        proc.stdout.close()  # type: ignore[union-attr]
+        proc.stderr.close()  # type: ignore[union-attr]
 
 
 def slow_writer(location: str, key: GroupKey, rows_first: int, ready: object) -> None:
