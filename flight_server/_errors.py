@@ -78,7 +78,9 @@ _PEER_GONE = re.compile(
 )
 _DETAIL_CHARS = 300
 
-_PREFIX = re.compile(r"^\[trajflight:([a-z_]+)\] ")
+# Anywhere in the text: pyarrow prefixes some errors ("Unknown error: ..." from a get_schema handler,
+# whose Flight type pyarrow does not carry; apache/arrow#43556 for the client side of get_schema).
+_PREFIX = re.compile(r"\[trajflight:([a-z_]+)\] ")
 _EXTRA_VERSION = 1
 
 
@@ -152,8 +154,8 @@ def from_flight_error(exc: BaseException, what: str = "") -> TrajflightError | N
             fields: dict[str, Any] = raw if isinstance(raw, dict) else {}
             return _build(cls, str(body.get("message", exc)), fields)
     text = str(exc)
-    match = _PREFIX.match(text)
-    if match is not None:  # extra_info lost (e.g. a proxy): the message prefix still names the class
+    match = _PREFIX.search(text)
+    if match is not None:  # extra_info lost (a proxy, get_schema): the message prefix still names the class
         message = text[match.end() :].split(". Detail:", 1)[0]
         return _build(error_class_for_code(match.group(1)), message, {})
     for flight_type, cls in _BY_FLIGHT_TYPE:

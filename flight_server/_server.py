@@ -457,9 +457,16 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
     def get_schema(
         self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor
     ) -> flight.SchemaResult:
-        """The stored schema of one group."""
-        with server_errors("get_schema"):
-            return flight.SchemaResult(self._group_of(descriptor).schema)
+        """The stored schema of one group.
+
+        pyarrow's get_schema callback does not turn a FlightError into its Flight status (its
+        get_flight_info callback does): a refusal reaches the client as an unknown error whose text
+        carries ``[trajflight:<code>]`` and the handler's traceback, so it is raised unchained here."""
+        try:
+            with server_errors("get_schema"):
+                return flight.SchemaResult(self._group_of(descriptor).schema)
+        except flight.FlightError as exc:
+            raise exc.with_traceback(None) from None
 
     # ---------------------------------------------------------------------------------------- actions
 
