@@ -499,6 +499,10 @@ class ShmStoreMixin:
             for name in varying:
                 index = whole.schema.get_field_index(name)
                 column = whole.column(index) if index >= 0 else None
+                if column is not None:
+                    # Compared before validate_group sees it (it validates the constants put in its
+                    # place): a key column with offsets out of range must never be read.
+                    column.validate(full=True)
                 if column is None or column.null_count or not _holds_keys(column, name, keys, rows):
                     raise SchemaError(f"column {name!r} does not match the groups' keys")
                 constant = pa.repeat(pa.scalar(getattr(first, name), type=column.type), whole.num_rows)
