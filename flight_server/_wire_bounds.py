@@ -15,7 +15,6 @@ This module does no I/O and knows no record type; :mod:`._wire` builds the recor
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,11 +52,11 @@ MAX_TTL = 3600.0
 ECHO_CHARS = 100
 """At most this many characters of caller input appear in an error message."""
 
-_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-_OPEN = np.zeros(256, dtype=np.int8)
-_OPEN[list(b"[{")] = 1
-_OPEN[list(b"]}")] = -1
+_OPENER, _CLOSER, _QUOTE = 1, 2, 3
+# What the depth scan looks at, as a bytes.translate table (a C loop): brackets and quotes, all else 0.
+_CLASS = bytes(
+    _OPENER if b in b"[{" else _CLOSER if b in b"]}" else _QUOTE if b == ord('"') else 0 for b in range(256)
+)
 
 
 def echo(value: object) -> str:
@@ -73,15 +72,34 @@ def echo(value: object) -> str:
     return text if len(text) <= ECHO_CHARS else text[: ECHO_CHARS - 3] + "..."
 
 
+def _unescaped(arr: np.ndarray, quotes: np.ndarray) -> np.ndarray:
+    """The positions of ``quotes`` not escaped: an odd run of backslashes before a quote escapes it."""
+    index = np.arange(len(arr))
+    last_plain = np.maximum.accumulate(np.where(arr == ord("\\"), -1, index))
+    before = quotes - 1
+    run = np.where(before >= 0, before - last_plain[np.maximum(before, 0)], 0)
+    return quotes[run % 2 == 0]
+
+
 def _depth(data: bytes) -> int:
-    """The deepest nesting of ``[``/``{`` in JSON ``data``, brackets inside strings not counted."""
+    """The deepest nesting of ``[``/``{`` in JSON ``data``, brackets inside strings not counted.
+
+    Vectorised, in the JSON scanner's own terms: a bracket is inside a string when an odd number of
+    unescaped quotes precede it. For bytes that are not JSON the result may be anything at least the
+    depth the parser would reach before its first error, so it never lets a deeper message through.
+    """
     if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:
-        return 0  # cannot be deeper than its number of openers: no scan needed (every small message)
-    brackets = _STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
-    if not brackets:
-        return 0
-    steps = _OPEN[np.frombuffer(brackets, dtype=np.uint8)]
-    return int(np.cumsum(steps, dtype=np.int64).max())
+        return 0  # cannot be deeper than its number of openers: no scan needed (most messages)
+    classes = np.frombuffer(data.translate(_CLASS), dtype=np.uint8)
+    at = np.flatnonzero(classes)  # only brackets and quotes from here on
+    kind = classes[at]
+    quotes = at[kind == _QUOTE]
+    if b"\\" in data:
+        quotes = _unescaped(np.frombuffer(data, dtype=np.uint8), quotes)
+    brackets = kind != _QUOTE
+    outside = (np.searchsorted(quotes, at[brackets]) & 1) == 0
+    steps = np.where(kind[brackets][outside] == _OPENER, 1, -1)
+    return int(np.cumsum(steps, dtype=np.int64).max(initial=0))
 
 
 def _no_constant(name: str) -> Any:

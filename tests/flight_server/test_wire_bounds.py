@@ -13,6 +13,8 @@ import json
 import pyarrow.flight as flight
 import pytest
 from flight_testkit import make_group, serving
+from hypothesis import given
+from hypothesis import strategies as st
 from shm_testkit import shm_serving
 
 from trajflight.codec import GroupKey
@@ -22,7 +24,7 @@ from trajflight.flight_server._errors import translate_errors
 from trajflight.flight_server._local import LocalChannel
 from trajflight.flight_server._store import GroupStore
 from trajflight.flight_server._wire import decode_action_body, decode_descriptor, decode_ticket
-from trajflight.flight_server._wire_bounds import ECHO_CHARS, INT64_MAX, MAX_DEPTH
+from trajflight.flight_server._wire_bounds import ECHO_CHARS, INT64_MAX, MAX_DEPTH, _depth
 
 KEY = GroupKey("job-a", 0, 1)
 SERVERS = {"flight": serving, "shm": shm_serving}  # the fence board (shm) was where 2**70 overflowed
@@ -262,3 +264,35 @@ def test_advance_generation_checks_every_group_before_raising_any():
     store.delete([GroupRead(KEY, LeaseToken(1))])  # generation 7 was never raised: 1 is not stale
     with pytest.raises(StaleFenceError):
         store.delete([GroupRead(KEY, LeaseToken(0))])
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet='[]{}"\\ab\u00e9', max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(alphabet='[]{}"\\k', max_size=4), inner, max_size=3)
+    ),
+    max_leaves=60,
+)
+
+
+def _reference_depth(value: object) -> int:
+    if isinstance(value, list):
+        return 1 + max((_reference_depth(v) for v in value), default=0)
+    if isinstance(value, dict):
+        return 1 + max((_reference_depth(v) for v in value.values()), default=0)
+    return 0
+
+
+@given(_JSON, st.integers(0, 40), st.booleans())
+def test_the_depth_scan_agrees_with_the_parser(value, wrap, ascii_only):
+    """The pre-scan counts nesting as the JSON parser sees it, whatever brackets, quotes and backslashes
+    the strings hold (it scans only messages with more openers than the bound)."""
+    for _ in range(wrap):
+        value = [value]
+    data = json.dumps(value, ensure_ascii=ascii_only).encode()
+    scanned = _depth(data)
+    if data.count(b"[") + data.count(b"{") > MAX_DEPTH:
+        assert scanned == _reference_depth(value)
+    else:
+        assert scanned == 0
