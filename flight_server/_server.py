@@ -4,7 +4,7 @@
   ``validate_group(full=True)`` and the size limits, and publishes it atomically: a stream that fails, is
   cancelled or whose client dies leaves nothing visible and gives its reservation back. Every put
   announces its row count, and a stream whose call was cancelled is refused even when the count
-  matches (see ``_check_finished``).
+  matches (:mod:`._put_stream`).
 * ``do_get`` streams one or more stored groups, projected, from C++ (``RecordBatchStream`` over a table
   that aliases the stored buffers: no Python loop per batch, no re-serialisation in Python).
 * ``list_flights`` / ``get_flight_info`` / ``get_schema`` let any Flight client list and read groups.
@@ -31,16 +31,16 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.flight as flight
 
 from trajflight.codec import STANDARD_SCHEMA, GroupKey, TrajectorySchema, validate_group
-from trajflight.errors import InvalidRequestError, SchemaError, UnavailableError
+from trajflight.errors import InvalidRequestError, SchemaError
 from trajflight.flight_server._errors import server_errors
 from trajflight.flight_server._local import LocalChannelServer, run_handler
+from trajflight.flight_server._put_stream import check_stream_schema, receive, receive_groups
 from trajflight.flight_server._segments import Placement
 from trajflight.flight_server._shm import ShmArena, host_id
-from trajflight.flight_server._store import GroupStore, Reservation, StoredGroup, StoreLimits
+from trajflight.flight_server._store import GroupStore, StoredGroup, StoreLimits
 from trajflight.flight_server._store_shm import fmt_key
 from trajflight.flight_server._wire import (
     WIRE_VERSION,
@@ -65,7 +65,7 @@ from trajflight.flight_server._wire import (
     encode,
     group_descriptor,
 )
-from trajflight.flight_server._wire_bounds import MAX_NAME_CHARS, echo
+from trajflight.flight_server._wire_bounds import echo
 
 __all__ = ["ACTIONS", "StorageServer"]
 
@@ -293,18 +293,6 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
 
     # ------------------------------------------------------------------------------------------ put
 
-    @staticmethod
-    def _check_stream_schema(schema: pa.Schema) -> pa.Schema:
-        """The schema of a put or append stream, its column names bounded before any message names one."""
-        for name in schema.names:
-            if len(name) > MAX_NAME_CHARS:
-                raise InvalidRequestError(
-                    f"do_put: a column name has {len(name)} characters, more than the {MAX_NAME_CHARS} "
-                    f"allowed ({echo(name)})",
-                    field="schema",
-                )
-        return schema
-
     def do_put(
         self,
         context: flight.ServerCallContext,
@@ -335,9 +323,9 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
                     )
             else:
                 self._verify_put(request)
-            key, schema = request.key, self._check_stream_schema(reader.schema)
+            key, schema = request.key, check_stream_schema(reader.schema)
             with self.store.begin_put(key, schema, request.nbytes) as res:
-                batches = _receive(context, reader, res, f"put of group {key.group_id}")
+                batches = receive(context, reader, res, f"put of group {key.group_id}")
                 rows = sum(b.num_rows for b in batches)
                 if rows == 0:
                     raise InvalidRequestError(f"put of group {key.group_id}: the stream carried no samples")
@@ -361,34 +349,10 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
             self._verify_put(put)
             if not put.num_rows:
                 raise InvalidRequestError(f"put_many: group {put.key.group_id} announces no samples")
-        schema = self._check_stream_schema(reader.schema)
+        schema = check_stream_schema(reader.schema)
         with contextlib.ExitStack() as stack:
             reservations = [stack.enter_context(self.store.begin_put(p.key, schema, p.nbytes)) for p in puts]
-            per_group: list[list[pa.RecordBatch]] = [[] for _ in puts]
-            index, filled = 0, 0
-            while True:
-                try:
-                    batch = reader.read_chunk().data
-                except StopIteration:
-                    _check_finished(context, f"put of {len(puts)} groups")
-                    break
-                if batch is None or batch.num_rows == 0:
-                    continue
-                if index >= len(puts) or filled + batch.num_rows > (puts[index].num_rows or 0):
-                    raise InvalidRequestError(
-                        "put_many: a batch crosses a group boundary or the stream carries more rows than "
-                        "announced; send each group as batches of its own, in the announced order"
-                    )
-                reservations[index].grow(batch.get_total_buffer_size())
-                per_group[index].append(batch)
-                filled += batch.num_rows
-                if filled == puts[index].num_rows:
-                    index, filled = index + 1, 0
-            if index != len(puts):
-                raise InvalidRequestError(
-                    f"put_many: the stream ended inside group {index} of {len(puts)}; nothing was stored, "
-                    "put the groups again"
-                )
+            per_group = receive_groups(context, reader, puts, reservations)
             for put, batches in zip(puts, per_group, strict=True):
                 for batch in batches:
                     validate_group(batch, self.store.schema, expect=put.key, full=True)
@@ -401,14 +365,14 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         reader: flight.MetadataRecordBatchReader,
     ) -> None:
         self._verify_tokens([GroupRead(request.key, request.token)])
-        schema = self._check_stream_schema(reader.schema)
+        schema = check_stream_schema(reader.schema)
         for name in ("job_id", "epoch", "group_id", "sample_index"):
             if name in schema.names:
                 raise SchemaError(
                     f"column {echo(name)} is a key column; appends add new columns only", column=name
                 )
         with self.store.begin_append(request.key, request.token, schema, request.nbytes) as res:
-            batches = _receive(context, reader, res, f"column append to group {request.key.group_id}")
+            batches = receive(context, reader, res, f"column append to group {request.key.group_id}")
             for batch in batches:
                 batch.validate(full=True)
             self.store.publish_append(res, request.token, batches, schema)
@@ -603,36 +567,3 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
             "groups": groups,
             "fences": None if store.board is None else store.board.path,
         }
-
-
-def _check_finished(context: flight.ServerCallContext, what: str) -> None:
-    """Refuse a do_put stream whose end was its writer's death, not its ``done_writing()``.
-
-    pyarrow's reader ends with StopIteration both when the client half-closes the stream (it finished)
-    and when the call breaks (the client was killed, or cancelled): gRPC's read just returns false. Only
-    the call's state tells them apart: a broken call is cancelled by the time its read fails.
-    """
-    if context.is_cancelled():
-        raise UnavailableError(
-            f"{what}: the stream broke before the writer finished it (the writer died or cancelled the "
-            "call); nothing was stored: put the group again"
-        )
-
-
-def _receive(
-    context: flight.ServerCallContext, reader: flight.MetadataRecordBatchReader, res: Reservation, what: str
-) -> list[pa.RecordBatch]:
-    """Read the rest of a do_put stream, accounting each batch as it arrives (capacity refused early);
-    a stream that broke rather than ended is refused (:func:`_check_finished`)."""
-    batches: list[pa.RecordBatch] = []
-    while True:
-        try:
-            chunk = reader.read_chunk()
-        except StopIteration:
-            _check_finished(context, what)
-            return batches
-        batch = chunk.data
-        if batch is None:  # metadata-only message
-            continue
-        res.grow(batch.get_total_buffer_size())  # O(buffers); RecordBatch.nbytes walks offsets (~20 us)
-        batches.append(batch)
