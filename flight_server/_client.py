@@ -107,7 +107,7 @@ def _read_stream(reader: flight.FlightStreamReader) -> pa.Table:
     SIGINT: a KeyboardInterrupt in the main thread, whichever thread read, instead of an error here.
     """
     schema = reader.schema
-    batches = []
+    batches: list[pa.RecordBatch] = []
     while True:
         try:
             chunk = reader.read_chunk()

@@ -41,6 +41,8 @@ from trajflight.flight_server._wire_bounds import (
     int_list,
     load_message,
     name_field,
+    req_int,
+    req_name,
     ttl_field,
 )
 from trajflight.flight_server._wire_records import (
@@ -242,14 +244,14 @@ def group_descriptor(key: GroupKey) -> flight.FlightDescriptor:
 
 
 def _load(data: bytes | bytearray, what: str) -> dict[str, Any]:
-    return load_message(data, what, WIRE_VERSION)
+    body: dict[str, Any] = load_message(data, what, WIRE_VERSION)
+    return body
 
 
 def _key(body: Mapping[str, Any], what: str) -> GroupKey:
-    job_id: str = name_field(body, "job_id", what)  # type: ignore[assignment]
-    epoch: int = int_field(body, "epoch", what)  # type: ignore[assignment]
-    group_id: int = int_field(body, "group_id", what)  # type: ignore[assignment]
-    return GroupKey(job_id, epoch, group_id)
+    return GroupKey(
+        req_name(body, "job_id", what), req_int(body, "epoch", what), req_int(body, "group_id", what)
+    )
 
 
 def _token(body: Mapping[str, Any], what: str) -> LeaseToken | None:
@@ -266,8 +268,8 @@ def _batch_head(batch: object, what: str) -> tuple[dict[str, Any], str, int, lis
     """What every compact ``"batch"`` form holds: the object itself, its job_id, epoch and group_ids."""
     if not isinstance(batch, dict):
         raise InvalidRequestError(f"{what}: 'batch' must be an object", field="batch")
-    job_id: str = name_field(batch, "job_id", what, empty=True)  # type: ignore[assignment]
-    epoch: int = int_field(batch, "epoch", what)  # type: ignore[assignment]
+    job_id = req_name(batch, "job_id", what, empty=True)
+    epoch = req_int(batch, "epoch", what)
     group_ids = int_list(field(batch, "group_ids", list, what), "group_ids", what)
     if not job_id or not group_ids:
         raise InvalidRequestError(
@@ -317,8 +319,8 @@ def _reads(body: Mapping[str, Any], what: str) -> tuple[GroupRead, ...]:
                 or (_fits(generation) and (sig is None or (type(sig) is str and len(sig) <= MAX_NAME_CHARS)))
             )
         ):
-            token = None if generation is None else LeaseToken(generation, sig)  # type: ignore[arg-type]
-            out.append(GroupRead(GroupKey(job_id, epoch, group_id), token))  # type: ignore[arg-type]
+            token = None if generation is None else LeaseToken(generation, sig)
+            out.append(GroupRead(GroupKey(job_id, epoch, group_id), token))
             continue
         out.append(GroupRead(_key(entry, f"{what} groups[{i}]"), _token(entry, f"{what} groups[{i}]")))
     return tuple(out)
@@ -510,13 +512,13 @@ def _decode_shm(
             batch = body["batch"]
             if not isinstance(batch, dict):
                 raise InvalidRequestError(f"{what}: 'batch' must be an object", field="batch")
-            reservation: str = name_field(batch, "reservation", f"{what} batch")  # type: ignore[assignment]
-            size: int = int_field(batch, "size", f"{what} batch")  # type: ignore[assignment]
-            return ShmBatchPublishRequest(reservation, size)
+            return ShmBatchPublishRequest(
+                req_name(batch, "reservation", f"{what} batch"), req_int(batch, "size", f"{what} batch")
+            )
         items = []
         for i, entry in enumerate(_objects(body, "groups", what)):
-            reservation = name_field(entry, "reservation", f"{what} groups[{i}]")  # type: ignore[assignment]
-            items.append((reservation, int(int_field(entry, "size", f"{what} groups[{i}]"))))  # type: ignore[arg-type]
+            at = f"{what} groups[{i}]"
+            items.append((req_name(entry, "reservation", at), req_int(entry, "size", at)))
         return ShmPublishRequest(tuple(items))
     if action == "shm_abort":
         ids = _names(field(body, "reservations", list, what), "reservations", what)
@@ -604,7 +606,7 @@ def decode_action_body(
                 f"{what}: groups{echo(missing)} carry no 'generation'", field="generation"
             )
         return GenerationRequest(reads)
-    job_id: str = name_field(body, "job_id", what)  # type: ignore[assignment]  # the fence
-    min_epoch: int = int_field(body, "min_epoch", what)  # type: ignore[assignment]
+    job_id = req_name(body, "job_id", what)  # the fence
+    min_epoch = req_int(body, "min_epoch", what)
     purge = field(body, "purge", bool, what, required=False) or False
     return FenceRequest(job_id, min_epoch, purge, name_field(body, "sig", what, required=False, empty=True))

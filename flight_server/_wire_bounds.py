@@ -35,6 +35,8 @@ __all__ = [
     "int_list",
     "load_message",
     "name_field",
+    "req_int",
+    "req_name",
     "ttl_field",
 ]
 
@@ -78,7 +80,8 @@ def _unescaped(arr: np.ndarray, quotes: np.ndarray) -> np.ndarray:
     last_plain = np.maximum.accumulate(np.where(arr == ord("\\"), -1, index))
     before = quotes - 1
     run = np.where(before >= 0, before - last_plain[np.maximum(before, 0)], 0)
-    return quotes[run % 2 == 0]
+    kept: np.ndarray = quotes[run % 2 == 0]
+    return kept
 
 
 def _depth(data: bytes) -> int:
@@ -195,7 +198,7 @@ def name_field(
     body: Mapping[str, Any], name: str, what: str, *, required: bool = True, empty: bool = False
 ) -> str | None:
     """A string field of at most :data:`MAX_NAME_CHARS` characters (non-empty unless ``empty``)."""
-    value = field(body, name, str, what, required=required)
+    value: str | None = field(body, name, str, what, required=required)
     if value is None:
         return None
     if not value and not empty:
@@ -206,6 +209,22 @@ def name_field(
             f"({echo(value)})",
             field=name,
         )
+    return value
+
+
+def req_int(body: Mapping[str, Any], name: str, what: str, *, minimum: int = 0) -> int:
+    """A required integer field in ``[minimum, INT64_MAX]`` (see :func:`int_field`)."""
+    value = int_field(body, name, what, minimum=minimum)
+    if value is None:  # pragma: no cover - a required field is never None
+        raise InvalidRequestError(f"{what}: missing field {name!r}", field=name)
+    return value
+
+
+def req_name(body: Mapping[str, Any], name: str, what: str, *, empty: bool = False) -> str:
+    """A required name field (see :func:`name_field`)."""
+    value = name_field(body, name, what, empty=empty)
+    if value is None:  # pragma: no cover - a required field is never None
+        raise InvalidRequestError(f"{what}: missing field {name!r}", field=name)
     return value
 
 
