@@ -99,6 +99,24 @@ here on a group of 8 samples (130 KB): one round trip saved (~0.1-0.2 ms) agains
 payload (~0.03 ms); at 1 MiB the copies cost as much as the round trip."""
 
 
+def _read_stream(reader: flight.FlightStreamReader) -> pa.Table:
+    """The rest of a ``do_get`` stream as one table, read chunk by chunk.
+
+    Not ``reader.read_all()``: it runs under pyarrow's SignalStopHandler (apache/arrow#10318,
+    ARROW-12050), which turns any ArrowCancelled, a server's CANCELLED status included, into a simulated
+    SIGINT: a KeyboardInterrupt in the main thread, whichever thread read, instead of an error here.
+    """
+    schema = reader.schema
+    batches: list[pa.RecordBatch] = []
+    while True:
+        try:
+            chunk = reader.read_chunk()
+        except StopIteration:
+            return pa.Table.from_batches(batches, schema)
+        if chunk.data is not None:
+            batches.append(chunk.data)
+
+
 def _as_read(group: GroupKey | GroupRead) -> GroupRead:
     if isinstance(group, GroupRead):
         return group
@@ -613,7 +631,7 @@ class StorageClient:
         ticket = GetTicket(tuple(_as_read(g) for g in groups), None if columns is None else tuple(columns))
         with translate_errors("get"):
             reader = self._client.do_get(flight.Ticket(encode(ticket)), options=self._options(timeout))
-            return reader.read_all()
+            return _read_stream(reader)
 
     def list_groups(
         self, job_id: str | None = None, epoch: int | None = None, *, timeout: float | None = None

@@ -59,14 +59,28 @@ WIRE_ERRORS: dict[type[TrajflightError], type[flight.FlightError]] = {
 }
 """trajflight class -> Flight error type raised at the wire (the table the tests check)."""
 
-# Flight errors that carry no trajflight details: mapped by type alone.
+# Flight errors that carry no trajflight details: mapped by type alone. A cancelled call (the server
+# or controller shutting down or restarting cancels the calls it cannot finish) means the peer went away:
+# retrying, or reconnecting, is what helps, as for an unreachable one.
 _BY_FLIGHT_TYPE: tuple[tuple[type[Exception], type[TrajflightError]], ...] = (
     (flight.FlightTimedOutError, DeadlineExceededError),
     (flight.FlightUnavailableError, UnavailableError),
+    (flight.FlightCancelledError, UnavailableError),
+    (pa.ArrowCancelled, UnavailableError),
     (flight.FlightWriteSizeExceededError, InvalidRequestError),
 )
+# The same failures where they surface untyped (a generic ArrowException, FlightInternalError or OSError
+# whose text carries gRPC's status): the peer went away mid-call.
+_PEER_GONE = re.compile(
+    r"\b(?:CANCELLED|UNAVAILABLE)\b|Stream removed|Socket closed|Connection reset|Broken pipe|GOAWAY|"
+    r"failed to connect|Connection refused",
+    re.IGNORECASE,
+)
+_DETAIL_CHARS = 300
 
-_PREFIX = re.compile(r"^\[trajflight:([a-z_]+)\] ")
+# Anywhere in the text: pyarrow prefixes some errors ("Unknown error: ..." from a get_schema handler,
+# whose Flight type pyarrow does not carry; apache/arrow#43556 for the client side of get_schema).
+_PREFIX = re.compile(r"\[trajflight:([a-z_]+)\] ")
 _EXTRA_VERSION = 1
 
 
@@ -78,22 +92,51 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+_MAX_MESSAGE_CHARS = 1500
+_MAX_FIELD_CHARS = 1100  # a job id (at most 1024 characters on the wire) fits whole
+_MAX_EXTRA_BYTES = 6000
+# The message travels twice (grpc-message and extra_info, in gRPC trailers); past ~10 KB of trailers the
+# client gets an untyped RESOURCE_EXHAUSTED instead of the error, so both are bounded here, whatever the
+# raiser put in them.
+
+
+def _bounded(value: Any) -> Any:
+    value = _jsonable(value)
+    if isinstance(value, str) and len(value) > _MAX_FIELD_CHARS:
+        return value[: _MAX_FIELD_CHARS - 3] + "..."
+    return value
+
+
 def to_flight_error(exc: TrajflightError) -> flight.FlightError:
-    """Build the Flight error that carries ``exc`` to the client (class, message, fields)."""
+    """Build the Flight error that carries ``exc`` to the client (class, message, fields).
+
+    The message is cut to 1500 characters and string fields to 1100; fields are dropped where they would
+    still make the error too large to cross gRPC (the message always travels)."""
     flight_type = WIRE_ERRORS.get(type(exc))
     if flight_type is None:  # a subclass defined elsewhere: use its nearest mapped ancestor
         flight_type = next(WIRE_ERRORS[c] for c in type(exc).__mro__ if c in WIRE_ERRORS)
+    message = exc.message
+    if len(message) > _MAX_MESSAGE_CHARS:
+        message = message[: _MAX_MESSAGE_CHARS - 3] + "..."
     extra = {
         "v": _EXTRA_VERSION,
         "code": exc.code,
-        "message": exc.message,
-        "fields": {k: _jsonable(v) for k, v in exc.fields.items()},
+        "message": message,
+        "fields": {k: _bounded(v) for k, v in exc.fields.items()},
     }
-    return flight_type(f"[trajflight:{exc.code}] {exc.message}", json.dumps(extra).encode())
+    body = json.dumps(extra).encode()
+    if len(body) > _MAX_EXTRA_BYTES:
+        body = json.dumps({**extra, "fields": {}}).encode()
+    return flight_type(f"[trajflight:{exc.code}] {message}", body)
 
 
-def from_flight_error(exc: BaseException) -> TrajflightError | None:
+def from_flight_error(exc: BaseException, what: str = "") -> TrajflightError | None:
     """Rebuild the trajflight error a server sent; None when ``exc`` is not a Flight/Arrow error.
+
+    Errors without trajflight details map by their Flight type; a cancelled call and transport failures
+    that mean the peer went away (gRPC's CANCELLED or UNAVAILABLE, a removed stream, a reset connection)
+    become :class:`~trajflight.errors.UnavailableError`, whose message says to retry or reconnect.
+    ``what`` names the call in those messages.
 
     The result is a new exception object; chain it (``raise err from exc``) to keep the gRPC detail.
     """
@@ -111,13 +154,15 @@ def from_flight_error(exc: BaseException) -> TrajflightError | None:
             fields: dict[str, Any] = raw if isinstance(raw, dict) else {}
             return _build(cls, str(body.get("message", exc)), fields)
     text = str(exc)
-    match = _PREFIX.match(text)
-    if match is not None:  # extra_info lost (e.g. a proxy): the message prefix still names the class
+    match = _PREFIX.search(text)
+    if match is not None:  # extra_info lost (a proxy, get_schema): the message prefix still names the class
         message = text[match.end() :].split(". Detail:", 1)[0]
         return _build(error_class_for_code(match.group(1)), message, {})
     for flight_type, cls in _BY_FLIGHT_TYPE:
         if isinstance(exc, flight_type):
-            return cls(_hint(cls, text))
+            return cls(_hint(cls, text, what, cancelled=isinstance(exc, pa.ArrowCancelled)))
+    if _PEER_GONE.search(text):
+        return UnavailableError(_hint(UnavailableError, text, what, cancelled="cancel" in text.lower()))
     return TrajflightError(f"Flight call failed: {text}")
 
 
@@ -128,11 +173,21 @@ def _build(cls: type[TrajflightError], message: str, fields: dict[str, Any]) -> 
         return cls(message)
 
 
-def _hint(cls: type[TrajflightError], text: str) -> str:
+def _hint(cls: type[TrajflightError], text: str, what: str = "", *, cancelled: bool = False) -> str:
+    call = f"{what}: " if what else ""
+    detail = text if len(text) <= _DETAIL_CHARS else text[: _DETAIL_CHARS - 3] + "..."
     if cls is DeadlineExceededError:
-        return f"the call did not finish before its deadline; retry with a longer timeout ({text})"
+        return f"{call}the call did not finish before its deadline; retry with a longer timeout ({detail})"
+    if cls is UnavailableError and cancelled:
+        return (
+            f"{call}the call was cancelled: the server or controller went away mid-call (shut down or "
+            f"restarting); retry, or reconnect to its new location ({detail})"
+        )
     if cls is UnavailableError:
-        return f"the storage server could not be reached; check it runs and its location ({text})"
+        return (
+            f"{call}the server could not be reached or went away mid-call; check that it runs and its "
+            f"location, then retry or reconnect ({detail})"
+        )
     return text
 
 
@@ -143,8 +198,10 @@ def translate_errors(what: str) -> Iterator[None]:
         yield
     except TrajflightError:
         raise
+    except OSError as exc:  # pyarrow's IOError: the call's stream broke under a read or a write
+        raise UnavailableError(_hint(UnavailableError, str(exc), what)) from exc
     except (flight.FlightError, pa.ArrowException) as exc:
-        err = from_flight_error(exc)
+        err = from_flight_error(exc, what)
         if (
             err is not None
             and type(err) is TrajflightError
@@ -155,6 +212,12 @@ def translate_errors(what: str) -> Iterator[None]:
         if err is None:  # pragma: no cover - from_flight_error handles every Flight/Arrow error
             raise
         raise err from exc
+
+
+def _cut(exc: BaseException, limit: int = 300) -> str:
+    """An exception's text for a message, cut: it may quote what the caller sent."""
+    text = str(exc)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @contextlib.contextmanager
@@ -172,7 +235,7 @@ def server_errors(what: str) -> Iterator[None]:
     except flight.FlightError:
         raise  # cancellation or transport errors of the stream itself: already Flight errors
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowIndexError, pa.ArrowSerializationError) as exc:
-        raise to_flight_error(InvalidRequestError(f"{what}: malformed Arrow data: {exc}")) from exc
+        raise to_flight_error(InvalidRequestError(f"{what}: malformed Arrow data: {_cut(exc)}")) from exc
     except OSError as exc:  # the stream broke (client gone, cancelled): nothing to tell it, little to log
         log.info("%s: stream broke: %s", what, exc)
         raise to_flight_error(UnavailableError(f"{what}: the stream broke: {exc}")) from exc
@@ -180,6 +243,6 @@ def server_errors(what: str) -> Iterator[None]:
         log.exception("%s failed unexpectedly", what)
         raise to_flight_error(
             TrajflightError(
-                f"{what}: internal server error ({type(exc).__name__}: {exc}); see the server log"
+                f"{what}: internal server error ({type(exc).__name__}: {_cut(exc)}); see the server log"
             )
         ) from exc

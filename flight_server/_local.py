@@ -35,6 +35,7 @@ import pyarrow.flight as flight
 
 from trajflight.errors import DeadlineExceededError, TrajflightError, UnavailableError
 from trajflight.flight_server._errors import from_flight_error, server_errors
+from trajflight.flight_server._wire_bounds import echo
 
 __all__ = ["MAX_FRAME", "LocalChannel", "LocalChannelServer"]
 
@@ -43,6 +44,8 @@ log = logging.getLogger("trajflight.flight_server")
 _LEN = struct.Struct(">I")
 MAX_FRAME = 16 * 2**20
 """Largest frame either side accepts (a ``shm_put`` payload included)."""
+MAX_NAME_FRAME = 256
+"""Largest action-name frame the server accepts (names are a few characters)."""
 Handler = Callable[[str, bytearray, bytearray], bytes]
 """``handler(action name, body, payload) -> result JSON bytes``; raises Flight errors (see
 ``server_errors``)."""
@@ -61,11 +64,20 @@ def _recv_exact(sock: socket.socket, n: int) -> bytearray:
     return buf
 
 
-def _recv_frame(sock: socket.socket) -> bytearray:
+class FrameError(ConnectionError):
+    """A frame over its bound: the request is refused and the connection closed (its framing is lost)."""
+
+
+def _recv_frame(sock: socket.socket, limit: int = MAX_FRAME, what: str = "frame") -> bytearray:
     (n,) = _LEN.unpack(_recv_exact(sock, 4))
-    if n > MAX_FRAME:
-        raise ConnectionError(f"frame of {n} bytes is larger than the {MAX_FRAME} allowed")
+    if n > limit:
+        raise FrameError(f"local channel: a {what} of {n} bytes is larger than the {limit} allowed")
     return _recv_exact(sock, n)
+
+
+def _error_record(message: str, **fields: Any) -> bytes:
+    """The error record of ``docs/wire-format.md`` for a refused request (an invalid_request)."""
+    return json.dumps({"v": 1, "code": "invalid_request", "message": message, "fields": fields}).encode()
 
 
 def _frame(data: bytes) -> bytes:
@@ -125,9 +137,14 @@ class LocalChannelServer:
     def _serve(self, conn: socket.socket) -> None:
         try:
             while True:
-                name = _recv_frame(conn).decode("utf-8", errors="replace")
-                body = _recv_frame(conn)
-                payload = _recv_frame(conn)
+                try:
+                    name = _recv_frame(conn, MAX_NAME_FRAME, "name").decode("utf-8", errors="replace")
+                    body = _recv_frame(conn, what="body")
+                    payload = _recv_frame(conn, what="payload")
+                except FrameError as exc:
+                    # Tell the client why, then drop the connection: the rest of its bytes are unframed.
+                    conn.sendall(b"\x01" + _frame(_error_record(str(exc), field="frame")))
+                    return
                 try:
                     reply = b"\x00" + _frame(self._handler(name, body, payload))
                 except flight.FlightError as exc:
@@ -242,7 +259,7 @@ def run_handler(run: Callable[[str, bytearray, bytearray], dict[str, Any]]) -> H
     """Wrap the server's action runner so errors leave it as Flight errors (as ``do_action`` does)."""
 
     def handler(name: str, body: bytearray, payload: bytearray) -> bytes:
-        with server_errors(f"action {name!r}"):
+        with server_errors(f"action {echo(name)}"):
             return json.dumps(run(name, body, payload)).encode()
 
     return handler

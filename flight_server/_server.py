@@ -2,7 +2,9 @@
 
 * ``do_put`` receives a whole group (or appended columns), checks the writer's credentials, the schema,
   ``validate_group(full=True)`` and the size limits, and publishes it atomically: a stream that fails, is
-  cancelled or whose client dies leaves nothing visible and gives its reservation back.
+  cancelled or whose client dies leaves nothing visible and gives its reservation back. Every put
+  announces its row count, and a stream whose call was cancelled is refused even when the count
+  matches (:mod:`._put_stream`).
 * ``do_get`` streams one or more stored groups, projected, from C++ (``RecordBatchStream`` over a table
   that aliases the stored buffers: no Python loop per batch, no re-serialisation in Python).
 * ``list_flights`` / ``get_flight_info`` / ``get_schema`` let any Flight client list and read groups.
@@ -29,16 +31,17 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.flight as flight
 
 from trajflight.codec import STANDARD_SCHEMA, GroupKey, TrajectorySchema, validate_group
 from trajflight.errors import InvalidRequestError, SchemaError
 from trajflight.flight_server._errors import server_errors
 from trajflight.flight_server._local import LocalChannelServer, run_handler
+from trajflight.flight_server._put_stream import check_stream_schema, receive, receive_groups
 from trajflight.flight_server._segments import Placement
 from trajflight.flight_server._shm import ShmArena, host_id
-from trajflight.flight_server._store import GroupStore, Reservation, StoredGroup, StoreLimits
+from trajflight.flight_server._store import GroupStore, StoredGroup, StoreLimits
+from trajflight.flight_server._store_shm import fmt_key
 from trajflight.flight_server._wire import (
     WIRE_VERSION,
     AppendDescriptor,
@@ -62,6 +65,7 @@ from trajflight.flight_server._wire import (
     encode,
     group_descriptor,
 )
+from trajflight.flight_server._wire_bounds import echo
 
 __all__ = ["ACTIONS", "StorageServer"]
 
@@ -131,8 +135,9 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
             copied once into one IPC-stream segment it hands out.
         arena: A shared-memory arena for same-node transport (exclusive with ``place``); the server owns
             it from now on and closes it (unlinking every segment) in :meth:`close`.
-        shm_ttl: Default seconds a same-node writer has between ``shm_reserve`` and ``shm_publish``
-            before its reservation is swept (a background thread sweeps twice a second).
+        shm_ttl: Seconds a same-node writer has between ``shm_reserve`` and ``shm_publish`` before its
+            reservation is swept (a background thread sweeps twice a second): the default, and the most
+            a writer's own ``ttl`` gets (it may ask for less, never more).
     """
 
     def __init__(
@@ -149,10 +154,12 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
     ) -> None:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
             raise InvalidRequestError(f"port must be an int in 0..65535, got {port!r}")
+        if isinstance(shm_ttl, bool) or not isinstance(shm_ttl, int | float) or not shm_ttl > 0:
+            raise InvalidRequestError(f"shm_ttl must be a positive number of seconds, got {shm_ttl!r}")
         self._signer = TokenSigner(secret) if secret is not None else None
         self.store: GroupStore = GroupStore(limits, schema=schema, place=place, arena=arena)
         self.arena = arena
-        self.shm_ttl = shm_ttl
+        self.shm_ttl = float(shm_ttl)
         self.host_id = host_id()
         self._started = time.monotonic()
         self._close_lock = threading.Lock()
@@ -180,7 +187,9 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         if name == "shm_put":
             return self._shm_put_inline(body, payload)
         if payload:
-            raise InvalidRequestError(f"action {name!r} takes no payload; only shm_put carries group bytes")
+            raise InvalidRequestError(
+                f"action {echo(name)} takes no payload; only shm_put carries group bytes", field="payload"
+            )
         return self._run_action(name, decode_action_body(name, body))
 
     def _shm_put_inline(self, body: bytes | bytearray, payload: bytes | bytearray) -> dict[str, Any]:
@@ -278,7 +287,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
                 self._signer.sign_lease(r.key, r.token.generation), r.token.sig
             ):
                 raise InvalidRequestError(
-                    f"lease token of group ({r.key.job_id!r}, {r.key.epoch}, {r.key.group_id}) does not "
+                    f"lease token of group {fmt_key(r.key)} does not "
                     "verify; tokens come from the controller of this deployment (check the shared secret)"
                 )
 
@@ -298,18 +307,25 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
                 self._append(context, request, reader)
                 return
             if isinstance(request, PutManyDescriptor):
-                self._put_many(request, reader)
+                self._put_many(context, request, reader)
                 return
             if isinstance(request, GroupKey):
+                raise InvalidRequestError(
+                    "a path-descriptor put names its row count: FlightDescriptor.for_path(job_id, "
+                    "str(epoch), str(group_id), str(num_rows)); a stream's end alone does not prove the "
+                    "group complete (a writer that fails mid-stream may still close it cleanly)",
+                    field="num_rows",
+                )
+            if descriptor.descriptor_type == flight.DescriptorType.PATH:
                 if self._signer is not None:
                     raise InvalidRequestError(
                         "bare path-descriptor puts are refused: this server requires signed put credentials"
                     )
-                request = PutDescriptor(request, writer="bare")
-            self._verify_put(request)
-            key, schema = request.key, reader.schema
+            else:
+                self._verify_put(request)
+            key, schema = request.key, check_stream_schema(reader.schema)
             with self.store.begin_put(key, schema, request.nbytes) as res:
-                batches = _receive(context, reader, res)
+                batches = receive(context, reader, res, f"put of group {key.group_id}")
                 rows = sum(b.num_rows for b in batches)
                 if rows == 0:
                     raise InvalidRequestError(f"put of group {key.group_id}: the stream carried no samples")
@@ -322,39 +338,21 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
                     validate_group(batch, self.store.schema, expect=key, full=True)
                 self.store.publish(res, batches, schema, request.writer)
 
-    def _put_many(self, request: PutManyDescriptor, reader: flight.MetadataRecordBatchReader) -> None:
+    def _put_many(
+        self,
+        context: flight.ServerCallContext,
+        request: PutManyDescriptor,
+        reader: flight.MetadataRecordBatchReader,
+    ) -> None:
         puts = request.puts
         for put in puts:
             self._verify_put(put)
             if not put.num_rows:
                 raise InvalidRequestError(f"put_many: group {put.key.group_id} announces no samples")
-        schema = reader.schema
+        schema = check_stream_schema(reader.schema)
         with contextlib.ExitStack() as stack:
             reservations = [stack.enter_context(self.store.begin_put(p.key, schema, p.nbytes)) for p in puts]
-            per_group: list[list[pa.RecordBatch]] = [[] for _ in puts]
-            index, filled = 0, 0
-            while True:
-                try:
-                    batch = reader.read_chunk().data
-                except StopIteration:
-                    break
-                if batch is None or batch.num_rows == 0:
-                    continue
-                if index >= len(puts) or filled + batch.num_rows > (puts[index].num_rows or 0):
-                    raise InvalidRequestError(
-                        "put_many: a batch crosses a group boundary or the stream carries more rows than "
-                        "announced; send each group as batches of its own, in the announced order"
-                    )
-                reservations[index].grow(batch.get_total_buffer_size())
-                per_group[index].append(batch)
-                filled += batch.num_rows
-                if filled == puts[index].num_rows:
-                    index, filled = index + 1, 0
-            if index != len(puts):
-                raise InvalidRequestError(
-                    f"put_many: the stream ended inside group {index} of {len(puts)}; nothing was stored, "
-                    "put the groups again"
-                )
+            per_group = receive_groups(context, reader, puts, reservations)
             for put, batches in zip(puts, per_group, strict=True):
                 for batch in batches:
                     validate_group(batch, self.store.schema, expect=put.key, full=True)
@@ -367,14 +365,14 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         reader: flight.MetadataRecordBatchReader,
     ) -> None:
         self._verify_tokens([GroupRead(request.key, request.token)])
-        schema = reader.schema
+        schema = check_stream_schema(reader.schema)
         for name in ("job_id", "epoch", "group_id", "sample_index"):
             if name in schema.names:
                 raise SchemaError(
-                    f"column {name!r} is a key column; appends add new columns only", column=name
+                    f"column {echo(name)} is a key column; appends add new columns only", column=name
                 )
         with self.store.begin_append(request.key, request.token, schema, request.nbytes) as res:
-            batches = _receive(context, reader, res)
+            batches = receive(context, reader, res, f"column append to group {request.key.group_id}")
             for batch in batches:
                 batch.validate(full=True)
             self.store.publish_append(res, request.token, batches, schema)
@@ -423,9 +421,16 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
     def get_schema(
         self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor
     ) -> flight.SchemaResult:
-        """The stored schema of one group."""
-        with server_errors("get_schema"):
-            return flight.SchemaResult(self._group_of(descriptor).schema)
+        """The stored schema of one group.
+
+        pyarrow's get_schema callback does not turn a FlightError into its Flight status (its
+        get_flight_info callback does): a refusal reaches the client as an unknown error whose text
+        carries ``[trajflight:<code>]`` and the handler's traceback, so it is raised unchained here."""
+        try:
+            with server_errors("get_schema"):
+                return flight.SchemaResult(self._group_of(descriptor).schema)
+        except flight.FlightError as exc:
+            raise exc.with_traceback(None) from None
 
     # ---------------------------------------------------------------------------------------- actions
 
@@ -436,7 +441,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
     def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> list[flight.Result]:
         """Run one action; the result is one JSON message."""
         name = action.type
-        with server_errors(f"action {name!r}"):
+        with server_errors(f"action {echo(name)}"):
             body = decode_action_body(name, action.body.to_pybytes() if action.body is not None else b"")
             result = self._run_action(name, body)
             return [flight.Result(json.dumps(result).encode())]
@@ -475,6 +480,13 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
             "shm_socket": None if self._local is None else self._local.path,
         }
 
+    def _shm_deadline(self, asked: float | None) -> float:
+        """The seconds a same-host reservation lives: what the writer asked for, at most ``shm_ttl``.
+
+        A writer asks for its own put deadline (15-60 s); a killed writer's segment must come back at the
+        server's own limit, not at the deadline of the process that died."""
+        return self.shm_ttl if asked is None else min(asked, self.shm_ttl)
+
     def _shm_action(self, body: Any) -> dict[str, Any]:
         store = self.store
         if isinstance(body, ShmBatchReserveRequest):
@@ -487,7 +499,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
                 body.rows,
                 body.batch_bytes,
                 writer=body.writer,
-                ttl=self.shm_ttl if body.ttl is None else body.ttl,
+                ttl=self._shm_deadline(body.ttl),
             )
             seg = batch.segment
             return {"batch": {"reservation": batch.id, "path": seg.path, "capacity": seg.capacity}}
@@ -495,7 +507,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
             published = store.publish_shm_batch(body.reservation, body.size)
             return {"published": len(published), "bytes": sum(g.nbytes for g in published)}
         if isinstance(body, ShmReserveRequest):
-            ttl = self.shm_ttl if body.ttl is None else body.ttl
+            ttl = self._shm_deadline(body.ttl)
             puts = []
             for put in body.puts:
                 self._verify_put(put)
@@ -555,20 +567,3 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
             "groups": groups,
             "fences": None if store.board is None else store.board.path,
         }
-
-
-def _receive(
-    context: flight.ServerCallContext, reader: flight.MetadataRecordBatchReader, res: Reservation
-) -> list[pa.RecordBatch]:
-    """Read the rest of a do_put stream, accounting each batch as it arrives (capacity refused early)."""
-    batches: list[pa.RecordBatch] = []
-    while True:
-        try:
-            chunk = reader.read_chunk()
-        except StopIteration:
-            return batches
-        batch = chunk.data
-        if batch is None:  # metadata-only message
-            continue
-        res.grow(batch.get_total_buffer_size())  # O(buffers); RecordBatch.nbytes walks offsets (~20 us)
-        batches.append(batch)

@@ -15,7 +15,8 @@ Capacity counts buffer sizes (``get_total_buffer_size`` of received batches, or 
 placed; Arrow's memory pool does not see buffers received by Flight) and in-flight reservations, in bytes
 and in groups. Fencing: per job the lowest epoch still accepted for puts, per group the highest lease
 generation seen (kept after a delete, so a zombie's late delete or append is still refused; forgotten when
-the group's epoch is fenced). Reads, appends and deletes are fenced by generation only, not by epoch: a
+the group's epoch is fenced); every deleted key is tombstoned, so a late put of it is refused. Reads,
+appends and deletes are fenced by generation only, not by epoch: a
 job restored from a checkpoint under a new epoch re-offers READY groups of the old epoch under new, higher
 generations, and their new holders must reach them.
 
@@ -41,6 +42,7 @@ from trajflight.errors import (
     AlreadyExistsError,
     CapacityExceededError,
     InvalidRequestError,
+    LeaseExpiredError,
     NotFoundError,
     SchemaError,
     StaleFenceError,
@@ -50,7 +52,9 @@ from trajflight.flight_server._segments import Placement, concat_groups, open_se
 from trajflight.flight_server._shm import Segment, ShmArena
 from trajflight.flight_server._store_records import Reservation, StoredGroup, StoreLimits
 from trajflight.flight_server._store_shm import ShmBatch, ShmPut, ShmStoreMixin, fmt_key, key_fields
+from trajflight.flight_server._tombstones import Tombstones
 from trajflight.flight_server._wire import GroupRead, LeaseToken, ListCriteria
+from trajflight.flight_server._wire_bounds import echo
 
 __all__ = ["GroupStore", "Reservation", "ShmBatch", "ShmPut", "StoreLimits", "StoredGroup"]
 
@@ -100,6 +104,7 @@ class GroupStore(ShmStoreMixin):
         self._pending: dict[GroupKey, Reservation] = {}  # in-flight puts, by key
         self._appends: set[int] = set()  # ids of in-flight append reservations
         self._generation: dict[GroupKey, int] = {}
+        self._tombstones = Tombstones()  # keys deleted here: a later (or in-flight) put of one is refused
         # Generations published in shared memory for same-host readers (see _fences); written under _lock.
         self.board = FenceBoard(arena.directory) if arena is not None else None
         self._jobs: dict[str, _JobState] = {}
@@ -167,12 +172,22 @@ class GroupStore(ShmStoreMixin):
         state = self._jobs.get(key.job_id)
         if state is not None and key.epoch < state.min_epoch:
             raise StaleFenceError(
-                f"{what} of group {_fmt(key)} refused: epoch {key.epoch} of job {key.job_id!r} is fenced "
+                f"{what} of group {_fmt(key)} refused: epoch {key.epoch} of job {echo(key.job_id)} is fenced "
                 f"(epochs below {state.min_epoch} are closed); this process belongs to an old incarnation "
                 "of the job: stop it",
                 job_id=key.job_id,
                 epoch=key.epoch,
                 min_epoch=state.min_epoch,
+            )
+
+    def _check_not_deleted(self, key: GroupKey) -> None:
+        """Refuse a put of a key this store deleted (see :mod:`._tombstones`). Caller holds the lock."""
+        if key in self._tombstones:
+            raise LeaseExpiredError(
+                f"put of group {_fmt(key)} refused: this partition was deleted here (the controller gave "
+                "it up: its put grant expired or the group was dropped); nothing was stored. Put the "
+                "group again under a new partition from the controller",
+                **_kd(key),
             )
 
     def _check_token(self, key: GroupKey, token: LeaseToken | None, what: str, *, required: bool) -> None:
@@ -202,7 +217,8 @@ class GroupStore(ShmStoreMixin):
             known = state.column_types.get(f.name)
             if known is not None and known != f.type:
                 raise SchemaError(
-                    f"column {f.name!r} of group {_fmt(key)} has type {f.type}, but job {key.job_id!r} "
+                    f"column {echo(f.name)} of group {_fmt(key)} has type {f.type}, but job "
+                    f"{echo(key.job_id)} "
                     f"stores it as {known}; every group of a job uses one type per column",
                     column=f.name,
                 )
@@ -240,6 +256,7 @@ class GroupStore(ShmStoreMixin):
         holds the key and a group slot."""
         key = res.key
         self._check_epoch(key, "put")
+        self._check_not_deleted(key)
         if schema is not None:
             self._check_schema(key, schema)
         if key in self._groups or key in self._pending:
@@ -320,7 +337,10 @@ class GroupStore(ShmStoreMixin):
             state = jobs.get(job_id)
             if state is not None and epoch < state.min_epoch:
                 return False
-        return len(set(keys)) == len(keys) and not any(key in stored or key in pending for key in keys)
+        tombstones = self._tombstones
+        return len(set(keys)) == len(keys) and not any(
+            key in stored or key in pending or key in tombstones for key in keys
+        )
 
     def publish(
         self, res: Reservation, batches: Sequence[pa.RecordBatch], schema: pa.Schema, writer: str
@@ -376,6 +396,7 @@ class GroupStore(ShmStoreMixin):
                         if key[:2] not in fences:
                             self._check_epoch(key, "put")
                             fences.add(key[:2])
+                        self._check_not_deleted(key)  # deleted while its stream arrived
                         if key.job_id not in checked:
                             self._check_schema(key, schema)
                             checked.add(key.job_id)
@@ -477,12 +498,12 @@ class GroupStore(ShmStoreMixin):
         for f in schema:
             if f.name in existing:
                 raise AlreadyExistsError(
-                    f"group {_fmt(key)} already has column {f.name!r}; appends add new columns only",
+                    f"group {_fmt(key)} already has column {echo(f.name)}; appends add new columns only",
                     column=f.name,
                 )
             if f.name in self.schema and not self.schema.accepts(f.name, f.type):
                 raise SchemaError(
-                    f"column {f.name!r} has type {f.type}, the schema declares "
+                    f"column {echo(f.name)} has type {f.type}, the schema declares "
                     f"{self.schema.field(f.name).type}",
                     column=f.name,
                 )
@@ -573,23 +594,28 @@ class GroupStore(ShmStoreMixin):
         Raises:
             NotFoundError, StaleFenceError, SchemaError (a projected column is not stored).
         """
+        # Every check passes before any generation rises: the projection (and the join, which can
+        # refuse groups of two jobs whose columns differ in type) runs on groups checked under the lock,
+        # and the tokens are checked again, then raised, only once the table exists.
         with self._lock:
-            groups = self._fenced_reads_locked(reads)
-        return concat_groups([_project(g, columns) for g in groups])
+            groups = self._checked_reads_locked(reads)
+        table = concat_groups([_project(g, columns) for g in groups])
+        with self._lock:
+            self._fenced_reads_locked(reads)
+        return table
 
     def _raise_locked(self, key: GroupKey, generation: int) -> None:
-        """Raise ``key``'s highest generation to ``generation`` (never lowers it), on the board too."""
+        """Raise ``key``'s highest generation to ``generation`` (never lowers it), on the board too.
+
+        The board is written first: a failure there leaves the store's memory of the group unchanged."""
         if generation > self._generation.get(key, -1):
-            self._generation[key] = generation
             if self.board is not None:
                 self.board.raise_to(key, generation)
+            self._generation[key] = generation
 
-    def _fenced_reads_locked(self, reads: Sequence[GroupRead]) -> list[StoredGroup]:
-        """The groups of ``reads`` (in order) after the read checks; raises each read's generation.
-
-        Tokened reads are fenced by generation; every check passes before any generation is raised.
-        Call with the lock held.
-        """
+    def _checked_reads_locked(self, reads: Sequence[GroupRead]) -> list[StoredGroup]:
+        """The groups of ``reads`` (in order) after the read checks (stored; tokens not stale); changes
+        nothing. Call with the lock held."""
         groups = []
         for r in reads:
             group = self._groups.get(r.key)
@@ -601,6 +627,15 @@ class GroupStore(ShmStoreMixin):
             if r.token is not None:
                 self._check_token(r.key, r.token, "read", required=False)
             groups.append(group)
+        return groups
+
+    def _fenced_reads_locked(self, reads: Sequence[GroupRead]) -> list[StoredGroup]:
+        """The groups of ``reads`` (in order) after the read checks; raises each read's generation.
+
+        Tokened reads are fenced by generation; every check passes before any generation is raised.
+        Call with the lock held.
+        """
+        groups = self._checked_reads_locked(reads)
         for r in reads:
             if r.token is not None:
                 self._raise_locked(r.key, r.token.generation)
@@ -620,7 +655,8 @@ class GroupStore(ShmStoreMixin):
         """Delete groups under their holders' tokens; idempotent (absent groups are reported, not errors).
 
         All tokens are checked before anything is deleted. Bytes go back to capacity at once; memory is
-        freed when the last reader's stream over them ends.
+        freed when the last reader's stream over them ends. Every key named, stored or not, is
+        tombstoned: a later put of it, or one still in flight, is refused (:mod:`._tombstones`).
 
         Raises:
             StaleFenceError: a token is missing or older than the highest generation seen.
@@ -633,6 +669,7 @@ class GroupStore(ShmStoreMixin):
             for r in reads:
                 generation = -1 if r.token is None else r.token.generation  # never None: checked above
                 self._generation[r.key] = max(generation, self._generation.get(r.key, -1))
+                self._tombstones.add(r.key)  # stored, being put or never seen: no put of it is kept
                 group = self._groups.pop(r.key, None)
                 if self.board is not None:
                     self.board.remove(r.key)
@@ -654,6 +691,7 @@ class GroupStore(ShmStoreMixin):
         with self._lock:
             state = self._job(job_id)
             state.min_epoch = max(state.min_epoch, min_epoch)
+            self._tombstones.forget_below(job_id, state.min_epoch)  # the fence refuses those puts now
             fenced = [k for k in self._generation if k.job_id == job_id and k.epoch < state.min_epoch]
             for k in fenced:
                 if k not in self._groups:
@@ -680,12 +718,14 @@ class GroupStore(ShmStoreMixin):
 
     def advance_generation(self, reads: Iterable[GroupRead]) -> int:
         """Raise the highest generation of groups (the controller re-granted them); returns how many rose."""
+        reads = list(reads)
+        missing = next((r for r in reads if r.token is None), None)
+        if missing is not None:  # checked for every group before any rises
+            raise InvalidRequestError(f"advance_generation of group {_fmt(missing.key)} needs a generation")
         raised = 0
         with self._lock:
             for r in reads:
-                if r.token is None:
-                    raise InvalidRequestError(f"advance_generation of group {_fmt(r.key)} needs a generation")
-                if r.token.generation > self._generation.get(r.key, -1):
+                if r.token is not None and r.token.generation > self._generation.get(r.key, -1):
                     self._raise_locked(r.key, r.token.generation)
                     raised += 1
         return raised
@@ -729,6 +769,7 @@ class GroupStore(ShmStoreMixin):
                 "free_bytes": self.limits.capacity_bytes - self._held_bytes - self._reserved_bytes,
                 "pending_shm_puts": len(self._shm_puts)
                 + sum(len(b.rows) for b in self._shm_batches.values()),
+                "tombstones": self._tombstones.stats(),
                 "groups_read": self._groups_read,
                 "bytes_read": self._bytes_read,
                 "jobs": jobs,
@@ -743,7 +784,8 @@ def _project(group: StoredGroup, columns: Sequence[str] | None) -> pa.Table:
     missing = [c for c in columns if c not in names]
     if missing:
         raise SchemaError(
-            f"group {_fmt(group.key)} has no column {missing[0]!r}; stored columns: {', '.join(names)}",
+            f"group {_fmt(group.key)} has no column {echo(missing[0])}; stored columns: "
+            f"{echo(', '.join(names))}",
             column=missing[0],
         )
     return group.table.select(list(columns))

@@ -26,6 +26,7 @@ from trajflight.errors import CapacityExceededError, InvalidRequestError, NotFou
 from trajflight.flight_server._shm import SLAB_ALIGN, Segment, ShmArena, size_class
 from trajflight.flight_server._store_records import Reservation, StoredGroup
 from trajflight.flight_server._wire import GroupRead
+from trajflight.flight_server._wire_bounds import echo
 
 __all__ = ["ShmBatch", "ShmPut", "ShmStoreMixin", "fmt_key", "key_fields"]
 
@@ -33,8 +34,8 @@ T = TypeVar("T")
 
 
 def fmt_key(key: GroupKey) -> str:
-    """A group key for messages: ``('job', epoch 1, group 5)``."""
-    return f"({key.job_id!r}, epoch {key.epoch}, group {key.group_id})"
+    """A group key for messages: ``('job', epoch 1, group 5)`` (a long job id cut, see ``echo``)."""
+    return f"({echo(key.job_id)}, epoch {key.epoch}, group {key.group_id})"
 
 
 def key_fields(key: GroupKey) -> dict[str, Any]:
@@ -316,7 +317,7 @@ class ShmStoreMixin:
             missing = [i for i in ids if i not in self._shm_puts]
             if missing or len(set(ids)) != len(ids):
                 raise NotFoundError(
-                    f"shm reservation {missing[0] if missing else ids[0]!r} is unknown, named twice, "
+                    f"shm reservation {echo(missing[0] if missing else ids[0])} is unknown, named twice, "
                     "expired or already published; put the group again",
                     reservation=missing[0] if missing else ids[0],
                 )
@@ -377,8 +378,8 @@ class ShmStoreMixin:
             batch = self._shm_batches.pop(reservation, None)
         if batch is None:
             raise NotFoundError(
-                f"shm reservation {reservation!r} is unknown, expired or already published; put the groups "
-                "again",
+                f"shm reservation {echo(reservation)} is unknown, expired or already published; put the "
+                "groups again",
                 reservation=reservation,
             )
         seg = batch.segment
@@ -498,6 +499,10 @@ class ShmStoreMixin:
             for name in varying:
                 index = whole.schema.get_field_index(name)
                 column = whole.column(index) if index >= 0 else None
+                if column is not None:
+                    # Compared before validate_group sees it (it validates the constants put in its
+                    # place): a key column with offsets out of range must never be read.
+                    column.validate(full=True)
                 if column is None or column.null_count or not _holds_keys(column, name, keys, rows):
                     raise SchemaError(f"column {name!r} does not match the groups' keys")
                 constant = pa.repeat(pa.scalar(getattr(first, name), type=column.type), whole.num_rows)
@@ -607,8 +612,8 @@ class ShmStoreMixin:
                 missing = [c for c in columns or () if c not in stored]
                 if group is not None and missing:
                     raise SchemaError(
-                        f"group {_fmt(r.key)} has no column {missing[0]!r}; stored columns: "
-                        f"{', '.join(stored)}",
+                        f"group {_fmt(r.key)} has no column {echo(missing[0])}; stored columns: "
+                        f"{echo(', '.join(stored))}",
                         column=missing[0],
                     )
             found = self._fenced_reads_locked(reads)

@@ -6,11 +6,13 @@ module encodes and decodes them.
 Every message trajflight puts on the wire is a UTF-8 JSON object with an integer ``"v"`` field (the wire
 version, :data:`WIRE_VERSION`). Decoding is strict: bytes that are not JSON, an unknown version, a missing
 field or a field of the wrong type raise :class:`~trajflight.errors.InvalidRequestError` with a message
-naming the field, never a crash and never a silent default. ``docs/wire-format.md`` is the reference.
+naming the field, never a crash and never a silent default. Sizes, nesting depth, integer ranges (int64)
+and name lengths are bounded before any value is used (:mod:`._wire_bounds`), and messages echo at most
+about a hundred characters of the input. ``docs/wire-format.md`` is the reference.
 
 Path descriptors ``[job_id, epoch, group_id]`` (all strings) are accepted too, so a bare Flight client that
-knows nothing of trajflight can ask for a group or write one (the latter only where no deployment secret
-is configured).
+knows nothing of trajflight can ask for a group, and ``[job_id, epoch, group_id, num_rows]`` to write one
+(only where no deployment secret is configured; every put announces its row count, see ``do_put``).
 
 Optional signatures: where a deployment secret is shared by the controller and the servers, put
 credentials, lease tokens and fences carry an HMAC-SHA256 (:class:`TokenSigner`). This module does not
@@ -21,6 +23,7 @@ do not encrypt (use TLS for that) and tokenless reads stay open to analysts.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -28,6 +31,20 @@ import pyarrow.flight as flight
 
 from trajflight.codec import GroupKey
 from trajflight.errors import InvalidRequestError
+from trajflight.flight_server._wire_bounds import (
+    ECHO_CHARS,
+    INT64_MAX,
+    MAX_NAME_CHARS,
+    echo,
+    field,
+    int_field,
+    int_list,
+    load_message,
+    name_field,
+    req_int,
+    req_name,
+    ttl_field,
+)
 from trajflight.flight_server._wire_records import (
     AppendDescriptor,
     DeleteRequest,
@@ -90,7 +107,6 @@ _ACTION_NAMES = frozenset(
         "shm_open",
     }
 )
-_MAX_MESSAGE_BYTES = 16 * 2**20  # a ticket naming ~100k groups; anything larger is not a real request
 
 
 # --------------------------------------------------------------------------------------------- encode
@@ -228,79 +244,19 @@ def group_descriptor(key: GroupKey) -> flight.FlightDescriptor:
 
 
 def _load(data: bytes | bytearray, what: str) -> dict[str, Any]:
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise InvalidRequestError(f"{what}: expected bytes, got {type(data).__name__}")
-    if len(data) > _MAX_MESSAGE_BYTES:
-        raise InvalidRequestError(
-            f"{what}: {len(data)} bytes is larger than the {_MAX_MESSAGE_BYTES} allowed"
-        )
-    try:
-        body = json.loads(bytes(data).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        preview = bytes(data[:32])
-        raise InvalidRequestError(
-            f"{what}: not a trajflight message (expected UTF-8 JSON with a 'v' field, got {preview!r}...); "
-            "build it with trajflight.flight_server or follow docs/wire-format.md"
-        ) from None
-    if not isinstance(body, dict):
-        raise InvalidRequestError(f"{what}: expected a JSON object, got {type(body).__name__}")
-    version = body.get("v")
-    if version != WIRE_VERSION or isinstance(version, bool):
-        raise InvalidRequestError(
-            f"{what}: unknown wire version {version!r}; this server speaks v{WIRE_VERSION}. "
-            "Upgrade the older side so both speak the same version",
-            version=version,
-        )
+    body: dict[str, Any] = load_message(data, what, WIRE_VERSION)
     return body
 
 
-def _field(
-    body: Mapping[str, Any], name: str, kind: type | tuple[type, ...], what: str, *, required: bool = True
-) -> Any:
-    if name not in body or body[name] is None:
-        if required:
-            raise InvalidRequestError(f"{what}: missing field {name!r}", field=name)
-        return None
-    value = body[name]
-    # bool is an int subclass in Python; true/false is never a valid number here.
-    if isinstance(value, bool) and kind is not bool:
-        raise InvalidRequestError(
-            f"{what}: field {name!r} must be {_kind_name(kind)}, got a boolean", field=name
-        )
-    if not isinstance(value, kind):
-        raise InvalidRequestError(
-            f"{what}: field {name!r} must be {_kind_name(kind)}, got {type(value).__name__} {value!r}"[:300],
-            field=name,
-        )
-    return value
-
-
-def _kind_name(kind: type | tuple[type, ...]) -> str:
-    names = {int: "an integer", str: "a string", bool: "a boolean", list: "a list"}
-    if isinstance(kind, tuple):
-        return " or ".join(names.get(k, k.__name__) for k in kind)
-    return names.get(kind, kind.__name__)
-
-
-def _nonneg(body: Mapping[str, Any], name: str, what: str, *, required: bool = True) -> int | None:
-    value = _field(body, name, int, what, required=required)
-    if value is not None and value < 0:
-        raise InvalidRequestError(f"{what}: field {name!r} must be >= 0, got {value}", field=name)
-    return None if value is None else int(value)
-
-
 def _key(body: Mapping[str, Any], what: str) -> GroupKey:
-    job_id = _field(body, "job_id", str, what)
-    if not job_id:
-        raise InvalidRequestError(f"{what}: job_id must not be empty", field="job_id")
-    epoch = _nonneg(body, "epoch", what)
-    group_id = _nonneg(body, "group_id", what)
-    return GroupKey(job_id, int(epoch), int(group_id))  # type: ignore[arg-type]
+    return GroupKey(
+        req_name(body, "job_id", what), req_int(body, "epoch", what), req_int(body, "group_id", what)
+    )
 
 
 def _token(body: Mapping[str, Any], what: str) -> LeaseToken | None:
-    generation = _nonneg(body, "generation", what, required=False)
-    sig = _field(body, "sig", str, what, required=False)
+    generation = int_field(body, "generation", what, required=False)
+    sig = name_field(body, "sig", what, required=False, empty=True)
     if generation is None:
         if sig is not None:
             raise InvalidRequestError(f"{what}: 'sig' given without 'generation'", field="generation")
@@ -308,35 +264,38 @@ def _token(body: Mapping[str, Any], what: str) -> LeaseToken | None:
     return LeaseToken(generation, sig)
 
 
-def _batch_head(batch: object, what: str) -> tuple[dict[str, Any], str, Any, list[Any]]:
+def _batch_head(batch: object, what: str) -> tuple[dict[str, Any], str, int, list[int]]:
     """What every compact ``"batch"`` form holds: the object itself, its job_id, epoch and group_ids."""
     if not isinstance(batch, dict):
         raise InvalidRequestError(f"{what}: 'batch' must be an object", field="batch")
-    return (
-        batch,
-        _field(batch, "job_id", str, what),
-        _nonneg(batch, "epoch", what),
-        _field(batch, "group_ids", list, what),
-    )
+    job_id = req_name(batch, "job_id", what, empty=True)
+    epoch = req_int(batch, "epoch", what)
+    group_ids = int_list(field(batch, "group_ids", list, what), "group_ids", what)
+    if not job_id or not group_ids:
+        raise InvalidRequestError(
+            f"{what}: 'batch' needs a job_id and at least one of its group_ids", field="batch"
+        )
+    return batch, job_id, epoch, group_ids
 
 
 def _batch_reads(batch: object, what: str) -> tuple[GroupRead, ...]:
     """The compact form ``{"job_id", "epoch", "group_ids": [int], "generations": [int]}`` (see
     ``_reads_body``): every read of one job and epoch, each under an unsigned generation."""
     batch, job_id, epoch, group_ids = _batch_head(batch, what)
-    generations = _field(batch, "generations", list, what)
-    if not job_id or not group_ids or len(group_ids) != len(generations):
+    generations = int_list(field(batch, "generations", list, what), "generations", what)
+    if len(group_ids) != len(generations):
         raise InvalidRequestError(
-            f"{what}: 'batch' needs a job_id and as many group_ids as generations (at least one)",
-            field="batch",
+            f"{what}: 'batch' needs as many group_ids as generations (at least one)", field="batch"
         )
-    for name, values in (("group_ids", group_ids), ("generations", generations)):
-        if not all(type(v) is int and v >= 0 for v in values):  # type() refuses booleans, as _field does
-            raise InvalidRequestError(f"{what}: batch {name!r} must be integers >= 0", field=name)
     return tuple(
         GroupRead(GroupKey(job_id, epoch, g), LeaseToken(n))
         for g, n in zip(group_ids, generations, strict=True)
     )
+
+
+def _fits(value: object) -> bool:
+    """An int (not a bool) in ``[0, INT64_MAX]``: the fast path's test of a key or generation."""
+    return type(value) is int and 0 <= value <= INT64_MAX
 
 
 def _reads(body: Mapping[str, Any], what: str) -> tuple[GroupRead, ...]:
@@ -347,20 +306,17 @@ def _reads(body: Mapping[str, Any], what: str) -> tuple[GroupRead, ...]:
     out = []
     for i, entry in enumerate(_objects(body, "groups", what, noun="group")):
         # Fast path for well-formed entries (a lease of many groups on the same-host path); anything
-        # else takes the checked path below, which names the offending field. ``type(x) is int``
-        # refuses booleans, as _field does.
+        # else takes the checked path below, which names the offending field.
         job_id, epoch, group_id = entry.get("job_id"), entry.get("epoch"), entry.get("group_id")
         generation, sig = entry.get("generation"), entry.get("sig")
         if (
             type(job_id) is str
-            and job_id
-            and type(epoch) is int
-            and epoch >= 0
-            and type(group_id) is int
-            and group_id >= 0
+            and 0 < len(job_id) <= MAX_NAME_CHARS
+            and _fits(epoch)
+            and _fits(group_id)
             and (
                 (generation is None and sig is None)
-                or (type(generation) is int and generation >= 0 and (sig is None or type(sig) is str))
+                or (_fits(generation) and (sig is None or (type(sig) is str and len(sig) <= MAX_NAME_CHARS)))
             )
         ):
             token = None if generation is None else LeaseToken(generation, sig)
@@ -370,31 +326,58 @@ def _reads(body: Mapping[str, Any], what: str) -> tuple[GroupRead, ...]:
     return tuple(out)
 
 
-def _path_key(path: Iterable[bytes], what: str) -> GroupKey:
-    parts = list(path)
-    if len(parts) != 3:
+_CANONICAL_INT = re.compile(rb"0|[1-9][0-9]{0,18}")  # str(n) of an int64 >= 0, nothing else
+
+
+def _path_int(part: bytes, name: str, what: str) -> int:
+    value = int(part) if _CANONICAL_INT.fullmatch(part) else -1
+    if not 0 <= value <= INT64_MAX:
         raise InvalidRequestError(
-            f"{what}: a path descriptor is [job_id, epoch, group_id], got {len(parts)} parts", field="path"
+            f"{what}: path element {name} must be a decimal integer in [0, 2**63-1], got {echo(part)}",
+            field=name,
+        )
+    return value
+
+
+def _path(path: Iterable[bytes], what: str) -> GroupKey | PutDescriptor:
+    """``[job_id, epoch, group_id]`` (a group), or ``[job_id, epoch, group_id, num_rows]`` (a bare put)."""
+    parts = list(path)
+    if len(parts) not in (3, 4):
+        raise InvalidRequestError(
+            f"{what}: a path descriptor is [job_id, epoch, group_id] (or, to put a group, "
+            f"[job_id, epoch, group_id, num_rows]), got {len(parts)} parts",
+            field="path",
         )
     try:
         job_id = parts[0].decode("utf-8")
-        epoch, group_id = int(parts[1]), int(parts[2])
-    except (UnicodeDecodeError, ValueError):
+    except UnicodeDecodeError:
         raise InvalidRequestError(
-            f"{what}: path {parts!r} is not [job_id, epoch, group_id] with integer epoch and group_id"[:300]
+            f"{what}: path job_id is not UTF-8: {echo(parts[0])}", field="job_id"
         ) from None
-    if not job_id or epoch < 0 or group_id < 0:
-        raise InvalidRequestError(f"{what}: path {parts!r} needs a job_id and epoch, group_id >= 0"[:300])
-    return GroupKey(job_id, epoch, group_id)
+    if not 0 < len(job_id) <= MAX_NAME_CHARS:
+        raise InvalidRequestError(
+            f"{what}: path job_id must have 1 to {MAX_NAME_CHARS} characters, got {len(job_id)}",
+            field="job_id",
+        )
+    key = GroupKey(job_id, _path_int(parts[1], "epoch", what), _path_int(parts[2], "group_id", what))
+    if len(parts) == 3:
+        return key
+    return PutDescriptor(key, writer="bare", num_rows=_path_int(parts[3], "num_rows", what))
 
 
-def _decode_put(body: Mapping[str, Any], what: str, writer: str | None = None) -> PutDescriptor:
+def _decode_put(
+    body: Mapping[str, Any], what: str, writer: str | None = None, *, rows: bool = False
+) -> PutDescriptor:
+    """A put's fields; ``num_rows`` is required in a stream of several groups (``writer`` given) and
+    where ``rows`` says so (a Flight put: its stream's end alone does not prove it complete)."""
     return PutDescriptor(
         _key(body, what),
-        writer=writer if writer is not None else _field(body, "writer", str, what, required=False) or "",
-        nbytes=_nonneg(body, "nbytes", what, required=False),
-        num_rows=_nonneg(body, "num_rows", what, required=writer is not None),
-        sig=_field(body, "sig", str, what, required=False),
+        writer=writer
+        if writer is not None
+        else name_field(body, "writer", what, required=False, empty=True) or "",
+        nbytes=int_field(body, "nbytes", what, required=False),
+        num_rows=int_field(body, "num_rows", what, required=rows or writer is not None),
+        sig=name_field(body, "sig", what, required=False, empty=True),
     )
 
 
@@ -405,21 +388,22 @@ def decode_descriptor(
 
     Returns:
         A :class:`PutDescriptor`, :class:`PutManyDescriptor` or :class:`AppendDescriptor` for command
-        descriptors of kind ``put`` / ``put_many`` / ``append``; a :class:`GroupKey` for kind ``group``
-        or a path descriptor ``[job_id, epoch, group_id]`` (a bare put, or a ``get_flight_info``).
+        descriptors of kind ``put`` / ``put_many`` / ``append``, and a :class:`PutDescriptor` (writer
+        ``"bare"``) for a path ``[job_id, epoch, group_id, num_rows]``; a :class:`GroupKey` for kind
+        ``group`` or a path ``[job_id, epoch, group_id]`` (a ``get_flight_info``).
 
     Raises:
-        InvalidRequestError: the descriptor is not one of the above.
+        InvalidRequestError: the descriptor is not one of the above, or a number is out of range.
     """
     what = "descriptor"
     if descriptor.descriptor_type == flight.DescriptorType.PATH:
-        return _path_key(descriptor.path or [], what)
+        return _path(descriptor.path or [], what)
     body = _load(descriptor.command or b"", what)
-    kind = _field(body, "kind", str, what)
+    kind = field(body, "kind", str, what)
     if kind == "put":
-        return _decode_put(body, what)
+        return _decode_put(body, what, rows=True)
     if kind == "put_many":
-        writer = _field(body, "writer", str, what, required=False) or ""
+        writer = name_field(body, "writer", what, required=False, empty=True) or ""
         puts = []
         for i, entry in enumerate(_objects(body, "groups", what, noun="group")):
             puts.append(_decode_put(entry, f"{what} groups[{i}]", writer))
@@ -432,11 +416,11 @@ def decode_descriptor(
             raise InvalidRequestError(
                 f"{what}: an append needs the holder's lease 'generation'", field="generation"
             )
-        return AppendDescriptor(_key(body, what), token, _nonneg(body, "nbytes", what, required=False))
+        return AppendDescriptor(_key(body, what), token, int_field(body, "nbytes", what, required=False))
     if kind == "group":
         return _key(body, what)
     raise InvalidRequestError(
-        f"{what}: unknown kind {kind!r}; expected 'put', 'put_many', 'append' or 'group'", field="kind"
+        f"{what}: unknown kind {echo(kind)}; expected 'put', 'put_many', 'append' or 'group'", field="kind"
     )
 
 
@@ -445,11 +429,23 @@ def decode_ticket(data: bytes) -> GetTicket:
     return _ticket_from(_load(data, "ticket"), "ticket")
 
 
+def _names(values: list[Any], name: str, what: str) -> list[str]:
+    """``values`` if every item is a string of at most :data:`MAX_NAME_CHARS` characters (Arrow allows
+    an empty column name)."""
+    for v in values:
+        if type(v) is not str or len(v) > MAX_NAME_CHARS:
+            raise InvalidRequestError(
+                f"{what}: {name!r} must be a list of names (strings of at most {MAX_NAME_CHARS} characters), "
+                f"got {echo(v)}",
+                field=name,
+            )
+    return values
+
+
 def _ticket_from(body: Mapping[str, Any], what: str) -> GetTicket:
-    columns = _field(body, "columns", list, what, required=False)
+    columns = field(body, "columns", list, what, required=False)
     if columns is not None:
-        if not all(isinstance(c, str) for c in columns):
-            raise InvalidRequestError(f"{what}: 'columns' must be a list of column names", field="columns")
+        _names(columns, "columns", what)
         if len(set(columns)) != len(columns):
             raise InvalidRequestError(f"{what}: 'columns' names a column twice", field="columns")
         columns = tuple(columns)
@@ -462,19 +458,21 @@ def decode_criteria(data: bytes) -> ListCriteria:
         return ListCriteria()
     body = _load(data, "criteria")
     return ListCriteria(
-        _field(body, "job_id", str, "criteria", required=False),
-        _nonneg(body, "epoch", "criteria", required=False),
+        name_field(body, "job_id", "criteria", required=False),
+        int_field(body, "epoch", "criteria", required=False),
     )
 
 
 def _objects(body: Mapping[str, Any], name: str, what: str, *, noun: str = "entry") -> list[dict[str, Any]]:
     """The non-empty list of objects ``body[name]``; a typed error names the field or entry otherwise."""
-    entries: list[Any] = _field(body, name, list, what)
+    entries: list[Any] = field(body, name, list, what)
     if not entries:
         raise InvalidRequestError(f"{what}: {name!r} must name at least one {noun}", field=name)
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
-            raise InvalidRequestError(f"{what}: {name}[{i}] must be an object, got {type(entry).__name__}")
+            raise InvalidRequestError(
+                f"{what}: {name}[{i}] must be an object, got {type(entry).__name__}", field=name
+            )
     return entries
 
 
@@ -489,13 +487,11 @@ def _decode_shm(
     | GetTicket
 ):
     if action == "shm_reserve":
-        writer = _field(body, "writer", str, what, required=False) or ""
-        ttl = _field(body, "ttl", (int, float), what, required=False)
-        if ttl is not None and not 0 < ttl <= 3600:
-            raise InvalidRequestError(f"{what}: 'ttl' must be in (0, 3600] seconds, got {ttl}", field="ttl")
-        batch_bytes = _nonneg(body, "batch_bytes", what, required=False)
+        writer = name_field(body, "writer", what, required=False, empty=True) or ""
+        ttl = ttl_field(body, what)
+        batch_bytes = int_field(body, "batch_bytes", what, minimum=1, required=False)
         if "batch" in body:
-            return _batch_reserve(body, what, writer, None if ttl is None else float(ttl), batch_bytes)
+            return _batch_reserve(body, what, writer, ttl, batch_bytes)
         puts = []
         for i, entry in enumerate(_objects(body, "groups", what)):
             put = _decode_put(entry, f"{what} groups[{i}]")
@@ -508,9 +504,7 @@ def _decode_shm(
             puts.append(PutDescriptor(put.key, writer, put.nbytes, put.num_rows, put.sig))
         if len({p.key for p in puts}) != len(puts):
             raise InvalidRequestError(f"{what}: a group is named twice", field="groups")
-        if batch_bytes is not None and batch_bytes <= 0:
-            raise InvalidRequestError(f"{what}: 'batch_bytes' must be > 0", field="batch_bytes")
-        return ShmReserveRequest(tuple(puts), writer, None if ttl is None else float(ttl), batch_bytes)
+        return ShmReserveRequest(tuple(puts), writer, ttl, batch_bytes)
     if action == "shm_publish":
         if "batch" in body:
             if "groups" in body:
@@ -518,19 +512,16 @@ def _decode_shm(
             batch = body["batch"]
             if not isinstance(batch, dict):
                 raise InvalidRequestError(f"{what}: 'batch' must be an object", field="batch")
-            reservation = _field(batch, "reservation", str, f"{what} batch")
-            return ShmBatchPublishRequest(reservation, int(_nonneg(batch, "size", f"{what} batch")))  # type: ignore[arg-type]
+            return ShmBatchPublishRequest(
+                req_name(batch, "reservation", f"{what} batch"), req_int(batch, "size", f"{what} batch")
+            )
         items = []
         for i, entry in enumerate(_objects(body, "groups", what)):
-            reservation = _field(entry, "reservation", str, f"{what} groups[{i}]")
-            items.append((reservation, int(_nonneg(entry, "size", f"{what} groups[{i}]"))))  # type: ignore[arg-type]
+            at = f"{what} groups[{i}]"
+            items.append((req_name(entry, "reservation", at), req_int(entry, "size", at)))
         return ShmPublishRequest(tuple(items))
     if action == "shm_abort":
-        ids = _field(body, "reservations", list, what)
-        if not all(isinstance(i, str) for i in ids):
-            raise InvalidRequestError(
-                f"{what}: 'reservations' must be a list of strings", field="reservations"
-            )
+        ids = _names(field(body, "reservations", list, what), "reservations", what)
         return ShmAbortRequest(tuple(ids))
     return _ticket_from(body, what)
 
@@ -544,28 +535,16 @@ def _batch_reserve(
     if "groups" in body:
         raise InvalidRequestError(f"{what}: give 'groups' or 'batch', not both", field="batch")
     batch, job_id, epoch, group_ids = _batch_head(body["batch"], what)
-    rows = _field(batch, "rows", list, what)
-    sigs = _field(batch, "sigs", list, what, required=False)
-    if (
-        not job_id
-        or not group_ids
-        or len(group_ids) != len(rows)
-        or (sigs is not None and len(sigs) != len(group_ids))
-    ):
+    rows = field(batch, "rows", list, what)
+    sigs = field(batch, "sigs", list, what, required=False)
+    if len(group_ids) != len(rows) or (sigs is not None and len(sigs) != len(group_ids)):
         raise InvalidRequestError(
-            f"{what}: 'batch' needs a job_id and as many group_ids as rows (and sigs, when given), at "
-            "least one",
+            f"{what}: 'batch' needs as many group_ids as rows (and sigs, when given), at least one",
             field="batch",
         )
-    if not all(type(v) is int and v >= 0 for v in group_ids):  # type() refuses booleans, as _field does
-        raise InvalidRequestError(f"{what}: batch 'group_ids' must be integers >= 0", field="group_ids")
-    if not all(type(v) is int and v > 0 for v in rows):
-        raise InvalidRequestError(
-            f"{what}: batch 'rows' must be integers > 0 (each group's num_rows, required with a batch)",
-            field="rows",
-        )
-    if sigs is not None and not all(type(v) is str for v in sigs):
-        raise InvalidRequestError(f"{what}: batch 'sigs' must be strings", field="sigs")
+    int_list(rows, "rows", what, minimum=1)  # each group's num_rows, required with a batch
+    if sigs is not None:
+        _names(sigs, "sigs", what)
     if len(set(group_ids)) != len(group_ids):
         raise InvalidRequestError(f"{what}: a group is named twice", field="group_ids")
     if batch_bytes is None:
@@ -573,11 +552,9 @@ def _batch_reserve(
             f"{what}: a 'batch' needs 'batch_bytes', the size of the stream the groups are written as",
             field="batch_bytes",
         )
-    if batch_bytes <= 0:
-        raise InvalidRequestError(f"{what}: 'batch_bytes' must be > 0", field="batch_bytes")
     return ShmBatchReserveRequest(
         job_id,
-        int(epoch),
+        epoch,
         tuple(group_ids),
         tuple(rows),
         batch_bytes,
@@ -604,13 +581,14 @@ def decode_action_body(
     """Decode the body of action ``action``; actions without a body (stats, health) return None.
 
     Raises:
-        InvalidRequestError: the body is malformed.
+        InvalidRequestError: the action is unknown or the body is malformed.
     """
-    what = f"action {action!r}"
     if action not in _ACTION_NAMES:
         raise InvalidRequestError(
-            f"unknown action {action!r}; list_actions names the supported ones", action=str(action)[:100]
+            f"unknown action {echo(action)}; list_actions names the supported ones",
+            action=str(action)[:ECHO_CHARS],
         )
+    what = f"action {action!r}"
     if action in ("stats", "health"):
         if data:
             _load(data, what)  # an empty body or {"v": 1}; garbage is still refused
@@ -624,13 +602,11 @@ def decode_action_body(
         reads = _reads(body, what)
         missing = [i for i, r in enumerate(reads) if r.token is None]
         if missing:
-            raise InvalidRequestError(f"{what}: groups{missing} carry no 'generation'", field="generation")
+            raise InvalidRequestError(
+                f"{what}: groups{echo(missing)} carry no 'generation'", field="generation"
+            )
         return GenerationRequest(reads)
-    if action == "fence":
-        job_id = _field(body, "job_id", str, what)
-        min_epoch = _nonneg(body, "min_epoch", what)
-        purge = _field(body, "purge", bool, what, required=False) or False
-        return FenceRequest(job_id, int(min_epoch), purge, _field(body, "sig", str, what, required=False))  # type: ignore[arg-type]
-    raise InvalidRequestError(
-        f"unknown action {action!r}; list_actions names the supported ones", action=action
-    )
+    job_id = req_name(body, "job_id", what)  # the fence
+    min_epoch = req_int(body, "min_epoch", what)
+    purge = field(body, "purge", bool, what, required=False) or False
+    return FenceRequest(job_id, min_epoch, purge, name_field(body, "sig", what, required=False, empty=True))

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -72,6 +74,27 @@ def serving(
         yield server, client
 
 
+@contextlib.contextmanager
+def server_process(*args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """``python -m trajflight server`` on loopback port 0; killed if a test leaves it running."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trajflight", "server", "--host", "127.0.0.1", "--port", "0", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        location = proc.stdout.readline().strip()  # type: ignore[union-attr]
+        assert location.startswith("grpc://127.0.0.1:"), (location, proc.stderr.read() if proc.poll() else "")  # type: ignore[union-attr]
+        yield proc, location
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        proc.stdout.close()  # type: ignore[union-attr]
+        proc.stderr.close()  # type: ignore[union-attr]
+
+
 def slow_writer(location: str, key: GroupKey, rows_first: int, ready: object) -> None:
     """Child process target: starts a put, sends part of the group, then hangs until killed.
 
@@ -86,6 +109,37 @@ def slow_writer(location: str, key: GroupKey, rows_first: int, ready: object) ->
     descriptor = flight.FlightDescriptor.for_command(encode(PutDescriptor(key, "doomed", num_rows=16)))
     writer, _ = client.do_put(descriptor, group.schema)
     writer.write_batch(group.slice(0, rows_first))
+    ready.set()  # type: ignore[attr-defined]
+    while True:
+        time.sleep(1)
+        os.getpid()
+
+
+def dying_writer(
+    location: str, key: GroupKey, descriptor: tuple[str, object], rows: int, ready: object
+) -> None:
+    """Child process target: a raw Flight put that sends ``rows`` of an 8-row group one row per batch
+    (until the server refuses it), without ``done_writing()``, then hangs until killed (a writer that
+    dies mid-stream).
+
+    ``descriptor`` is ``("command", bytes)`` or ``("path", [parts])``. The client is created here, after
+    the process started (gRPC is not fork-safe).
+    """
+    import pyarrow.flight as flight
+
+    group = make_group(key, k=8)
+    kind, value = descriptor
+    if kind == "command":
+        target = flight.FlightDescriptor.for_command(value)
+    else:
+        target = flight.FlightDescriptor.for_path(*value)  # type: ignore[misc]
+    client = flight.FlightClient(location)
+    writer, _ = client.do_put(target, group.schema)
+    try:
+        for i in range(rows):
+            writer.write_batch(group.slice(i, 1))
+    except flight.FlightError:
+        pass  # the server refused the put already: nothing to send, die all the same
     ready.set()  # type: ignore[attr-defined]
     while True:
         time.sleep(1)

@@ -84,11 +84,11 @@ def test_capacity_refusal_carries_a_retry_hint_and_recovers_after_delete():
 
 
 def test_capacity_is_checked_as_an_unannounced_stream_arrives():
-    """A writer that announces nothing is stopped at the first batch that does not fit."""
+    """A writer that announces no size is stopped at the first batch that does not fit."""
     group = make_group(KEY, k=64, response_len=1024)
     with serving(StoreLimits(capacity_bytes=group.nbytes // 4)) as (server, client):
         raw = flight.FlightClient(server.location)
-        descriptor = flight.FlightDescriptor.for_command(encode(PutDescriptor(KEY)))
+        descriptor = flight.FlightDescriptor.for_command(encode(PutDescriptor(KEY, num_rows=64)))
         writer, _ = raw.do_put(descriptor, group.schema)
         with pytest.raises(flight.FlightUnavailableError, match="trajflight:capacity"):  # noqa: PT012
             # the refusal surfaces at whichever write or close meets the server's status

@@ -2,42 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import pyarrow.flight as flight
 import pytest
-from flight_testkit import make_group
+from flight_testkit import make_group, server_process
 
 from trajflight.codec import GroupKey
 from trajflight.flight_server import StorageClient
 from trajflight.flight_server._wire import GetTicket, GroupRead, encode
-
-
-@contextlib.contextmanager
-def server_process(*args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """``python -m trajflight server`` on loopback port 0; killed if a test leaves it running."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "trajflight", "server", "--host", "127.0.0.1", "--port", "0", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        location = proc.stdout.readline().strip()
-        assert location.startswith("grpc://127.0.0.1:"), (location, proc.stderr.read() if proc.poll() else "")
-        yield proc, location
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
-        proc.stdout.close()
-        proc.stderr.close()
 
 
 def _terminate(proc: subprocess.Popen[str]) -> float:

@@ -25,7 +25,7 @@ from trajflight.errors import (
     UnavailableError,
 )
 from trajflight.flight_server import WIRE_ERRORS, StorageClient
-from trajflight.flight_server._errors import server_errors, translate_errors
+from trajflight.flight_server._errors import from_flight_error, server_errors, translate_errors
 
 # (error raised by a handler, Flight type on the wire). Adding a class to trajflight.errors without a
 # row here fails test_every_error_class_has_a_row.
@@ -206,3 +206,18 @@ def test_server_survives_garbage_and_keeps_serving():
         client.put_group(key, make_group(key))
         assert client.get([key]).num_rows == 8
         assert pa.Table.from_batches([make_group(key)]).equals(client.get([key]))
+
+
+def test_a_get_schema_refusal_maps_back_to_its_class():
+    """Regression: pyarrow's get_schema callback drops a handler's Flight type (its get_flight_info
+    callback keeps it), so a bare client got ``ArrowException: Unknown error: [trajflight:not_found]...``
+    and the mapping, which looked for the prefix only at the start, answered a plain TrajflightError."""
+    with serving() as (server, _):
+        raw = flight.FlightClient(server.location)
+        with pytest.raises(pa.ArrowException) as wire:
+            raw.get_schema(flight.FlightDescriptor.for_path("j", "0", "9"))
+        raw.close()
+    err = from_flight_error(wire.value)
+    assert type(err) is NotFoundError
+    assert "Traceback" not in err.message
+    assert str(wire.value).count("File ") <= 2  # raised unchained: no trace of the server's internals

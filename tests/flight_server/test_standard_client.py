@@ -68,7 +68,7 @@ def test_bare_client_writes_through_a_path_descriptor_where_no_secret_is_set():
     with serving() as (server, client):
         bare = _bare(server)
         group = make_group(key)
-        writer, _ = bare.do_put(flight.FlightDescriptor.for_path("bare", "0", "3"), group.schema)
+        writer, _ = bare.do_put(flight.FlightDescriptor.for_path("bare", "0", "3", "8"), group.schema)
         writer.write_batch(group)
         writer.close()
         bare.close()

@@ -39,7 +39,7 @@ def test_tickets_round_trip(groups, columns):
     assert decode_ticket(encode(ticket)) == ticket
 
 
-@given(keys, st.text(max_size=10), st.none() | st.integers(0, 2**40), st.none() | st.integers(0, 2**20))
+@given(keys, st.text(max_size=10), st.none() | st.integers(0, 2**40), st.integers(0, 2**20))
 def test_put_descriptors_round_trip(key, writer, nbytes, num_rows):
     put = PutDescriptor(key, writer, nbytes, num_rows, None)
     assert decode_descriptor(flight.FlightDescriptor.for_command(encode(put))) == put
