@@ -5,7 +5,10 @@ A host with a state directory survives its own crash: every state-changing call 
 ``compact_every`` records the whole ledger is written to ``snapshot-(N+1).ckpt`` (atomically) and a new
 journal started (the pair of files of one generation ``N`` always belong together). On start,
 :class:`HostCore` loads the newest snapshot, replays its journal (the ledger is deterministic, so
-replaying the same calls at the same ``now`` rebuilds the same state; a torn last record is ignored),
+replaying the same calls at the same ``now`` rebuilds the same state; a torn last record is ignored,
+while a record that fails on replay, or a corrupt one before the last, stops the start with a
+:class:`~trajflight.errors.RecoveryError`: only calls that succeeded are journaled, so either means the
+replay diverged),
 then starts a new incarnation so that new tokens exceed every old one, and ends every lease
 that was live: LEASED/PREPARED groups go back to READY, TRAINING/TRAINED groups come back UNKNOWN.
 
@@ -31,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from trajflight.errors import InvalidRequestError
+from trajflight.errors import InvalidRequestError, RecoveryError
 
 from ._checkpoint import write_atomic
 from ._ledger import Ledger
@@ -136,20 +139,38 @@ class HostCore:
         return self.ledger.incarnation
 
     def _replay(self, path: Path) -> None:
+        """Replay the journal at ``path`` onto the ledger loaded from its snapshot.
+
+        Raises:
+            RecoveryError: a record that is not the last is corrupt, or a record fails on replay (only
+                calls that succeeded are journaled, so the replay diverged from what happened).
+        """
         if not path.exists():
             return
         data = path.read_bytes()
-        pos = 0
+        pos, number = 0, 0
         while pos + _RECORD.size <= len(data):
             length, crc = _RECORD.unpack_from(data, pos)
-            body = data[pos + _RECORD.size : pos + _RECORD.size + length]
-            if len(body) < length or zlib.crc32(body) != crc:
+            end = pos + _RECORD.size + length
+            body = data[pos + _RECORD.size : end]
+            number += 1
+            if len(body) < length:
                 break  # a torn last record: the call it describes never returned to its caller
-            pos += _RECORD.size + length
-            method, kwargs, now = pickle.loads(body)
-            # A call that failed the first time fails again, after the same lazy expiries.
-            with contextlib.suppress(Exception):
+            if zlib.crc32(body) != crc:
+                if end == len(data):
+                    break  # the last record, torn mid-write: its call never returned either
+                raise _diverged(path, number, None, "its checksum does not match (the journal is corrupt)")
+            pos = end
+            try:
+                method, kwargs, now = pickle.loads(body)
+            except Exception as exc:  # a record with a valid checksum that does not decode
+                raise _diverged(path, number, None, f"it does not decode ({_cut(exc)})") from exc
+            if method not in MUTATING or not isinstance(kwargs, dict):
+                raise _diverged(path, number, None, f"it names no journaled operation ({_cut(method)})")
+            try:
                 getattr(self.ledger, method)(now=now, **kwargs)
+            except Exception as exc:  # journaled calls succeeded once: failing now means divergence
+                raise _diverged(path, number, method, f"it raised {_cut(exc)}") from exc
 
     def compact(self) -> None:
         """Write a snapshot of the ledger and start an empty journal (no-op without a state directory).
@@ -213,6 +234,25 @@ class HostCore:
         self._records += 1
         if self._records >= self._compact_every:
             self.compact()
+
+
+def _cut(value: object, limit: int = 200) -> str:
+    """``value`` for an error message, cut to ``limit`` characters (an exception's text, or a name)."""
+    text = f"{type(value).__name__}: {value}" if isinstance(value, BaseException) else repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _diverged(path: Path, number: int, method: str | None, why: str) -> RecoveryError:
+    """The error of a journal that cannot be replayed: the host must not start on it."""
+    what = f"record {number}" + (f" ({method})" if method else "")
+    return RecoveryError(
+        f"journal {path}: {what} cannot be replayed: {why}. The ledger would diverge from what happened, "
+        "so the controller refuses to start: move the state directory aside and restore the jobs from "
+        "their checkpoints into a fresh one",
+        path=str(path),
+        record=number,
+        method=method,
+    )
 
 
 def _latest_seq(state_dir: Path) -> int:
