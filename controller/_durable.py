@@ -12,7 +12,8 @@ replay diverged),
 then starts a new incarnation so that new tokens exceed every old one, and ends every lease
 that was live: LEASED/PREPARED groups go back to READY, TRAINING/TRAINED groups come back UNKNOWN.
 
-Not journaled: queries, sweeper ticks, delete hand-outs, refused calls and empty acquires. None of
+Not journaled: queries, sweeper ticks, delete hand-outs, refused calls and empty acquires (a job
+checkpoint is journaled: it numbers the checkpoint and decides which commits are kept). None of
 them changes state except by lazy expiry, and expiry is decided by the recorded deadlines: the next
 journaled call applies every expiry due by its own ``now`` before acting, in the original order, so
 replay reaches the same states (only the retry timing of deletes may differ). The ledger checks every
@@ -64,11 +65,13 @@ MUTATING = frozenset(
         "delete_done",
         "restore",
         "recover",
+        "checkpoint",
+        "confirm_checkpoint",
     }
 )
 """Ledger methods that change state and take ``now``: journaled."""
 
-TIMED_UNJOURNALED = frozenset({"tick", "take_deletes", "checkpoint"})
+TIMED_UNJOURNALED = frozenset({"tick", "take_deletes"})
 """Ledger methods that take ``now`` but are not journaled (see the module docstring)."""
 
 QUERIES = frozenset(
@@ -84,6 +87,7 @@ QUERIES = frozenset(
         "policy_status",
         "is_quiescent",
         "next_deadline",
+        "lost",
     }
 )
 """Ledger methods that only read: no ``now``, not journaled."""

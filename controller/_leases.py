@@ -299,7 +299,9 @@ class LeaseMachine(PartitionLedger):
         return self._step(token, batch_id, TRAINING, TRAINED, now)
 
     def commit(self, token: int, batch_id: str, *, now: float) -> tuple[Partition, ...]:
-        """TRAINED -> COMMITTED for the batch: each group is trained once, for good, and put on the GC list.
+        """TRAINED -> COMMITTED for the batch: each group is trained once, for good, and put on the GC list,
+        or, once the job has taken a checkpoint, kept (stored, holding capacity) until a later checkpoint
+        is confirmed durable (:meth:`~._ledger.Ledger.confirm_checkpoint`).
 
         The lease ends when none of its groups is left LEASED..TRAINED.
 
@@ -316,7 +318,10 @@ class LeaseMachine(PartitionLedger):
             for key in keys:
                 del lease.live[key]
                 self._groups[key].lease = None
-                job.gc.add(key, self._now)
+                if job.checkpoints:  # a restore from the newest checkpoint must find it again
+                    job.kept[key] = job.checkpoints
+                else:
+                    job.gc.add(key, self._now)
             if not lease.live:
                 self._retire(lease, "done")
         return keys

@@ -14,6 +14,7 @@ Ray data plane (``ray://namespace/name``). Every call has a deadline.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 import uuid
@@ -30,7 +31,9 @@ from trajflight.codec import EncodedGroups, GroupKey, encode_group, encode_group
 from trajflight.controller import (
     ControllerClient,
     GroupInfo,
+    HeldGroup,
     JobConfig,
+    LostGroup,
     OldReady,
     Partition,
     Publication,
@@ -39,6 +42,8 @@ from trajflight.controller import (
 from trajflight.errors import CapacityExceededError, DeadlineExceededError, InvalidRequestError
 
 __all__ = ["Client", "Trainer", "Writer", "connect"]
+
+log = logging.getLogger("trajflight")
 
 
 def connect(address: str, *, timeout: float = 30.0, transport: Transport = "auto") -> Client:
@@ -158,28 +163,57 @@ class Client:
     ) -> dict[str, int]:
         """Restart a job from a checkpoint under a larger epoch, fencing the old one on every server.
 
-        Uncommitted READY groups of the old epoch are re-offered (``old_ready="reoffer"``) or dropped.
-        Groups READY at the checkpoint whose data the storage servers no longer hold (the rolled-back
-        incarnation committed them after the checkpoint, and commit deletes) are dropped, never offered:
-        the servers are asked what they hold before the restore.
+        Every registered storage server is asked what it holds for the job first, and that decides
+        (``Ledger.restore``): groups READY at the checkpoint are offered again (also those the rolled-back
+        incarnation committed after it: committed data is kept until a later checkpoint is durable);
+        groups the servers hold that the checkpoint does not know are purged (deleted, counted as
+        ``purged``); groups READY at the checkpoint that no server holds are reported lost (counted as
+        ``lost``, listed by :meth:`lost` and logged). ``old_ready="drop"`` drops the READY groups instead.
+
+        Returns:
+            The job's counts after the restore.
+
+        Raises:
+            UnavailableError, DeadlineExceededError: a storage server did not list its groups; nothing
+                was restored (start it again, or restore with ``ControllerClient.restore`` and an explicit
+                ``available`` list).
         """
-        locations = [s.location for s in self.controller.servers()]
-        held = [g.key for loc in locations for g in self.storage.client(loc).list_groups(job_id)]
+        held = [
+            HeldGroup(Partition(*g.key), server.server_id, max(0, int(g.nbytes)))
+            for server in self.controller.servers()
+            for g in self.storage.client(server.location).list_groups(job_id)
+        ]
         out = self.controller.restore(
-            source,
-            job_id=job_id,
-            epoch=epoch,
-            config=config,
-            old_ready=old_ready,
-            available=[Partition(k.job_id, k.epoch, k.group_id) for k in held],
+            source, job_id=job_id, epoch=epoch, config=config, old_ready=old_ready, available=held
         )
         self._fence_servers(job_id, epoch)
+        if out.get("lost"):
+            lost = self.controller.lost(job_id)
+            shown = ", ".join(f"{tuple(x.partition)} ({x.reason})" for x in lost[:10])
+            log.warning(
+                "restore of job %.100r: %d groups are lost (never to be offered again): %s%s",
+                job_id, len(lost), shown, ", ..." if len(lost) > 10 else "",
+            )  # fmt: skip
         return out
+
+    def lost(self, job_id: str) -> tuple[LostGroup, ...]:
+        """Groups of the job that can never be offered again although they were not trained, each with
+        its partition and why (restores and trainers record them; see ``Ledger.lost``)."""
+        return self.controller.lost(job_id)
 
     def checkpoint(self, job_id: str, path: str | os.PathLike[str] | None = None) -> bytes:
         """Checkpoint the job (refused while a group is LEASED..TRAINED); written atomically to ``path``
-        on the controller's machine when given."""
+        on the controller's machine when given, and then confirmed durable.
+
+        From a job's first checkpoint on, committed groups stay stored (holding capacity) until a later
+        checkpoint is durable, so that a restore from the newest one finds every group it must offer
+        again. Without ``path``, keep the bytes safe, then call :meth:`confirm_checkpoint`."""
         return self.controller.checkpoint(job_id, path)
+
+    def confirm_checkpoint(self, job_id: str, checkpoint: bytes | int) -> int:
+        """The checkpoint's bytes (taken without a path) are stored safely: the commits it covers are
+        deleted from now on. Returns how many kept commits were released."""
+        return self.controller.confirm_checkpoint(job_id, checkpoint)
 
     def writer(
         self,
