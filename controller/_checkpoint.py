@@ -412,6 +412,7 @@ def export_snapshot(ledger: LedgerCore) -> bytes:
         "servers": _export_servers(ledger),
         "jobs": [_export_job(ledger, job) for job in ledger._jobs.values()],
         "leases": leases,
+        "reach": ledger._reach.export(),
     }
     return encode(KIND_SNAPSHOT, payload)
 
@@ -428,11 +429,14 @@ def import_snapshot(ledger: LedgerCore, data: bytes, *, source: str = "snapshot"
         now = payload["now"]
         ledger._now = float("-inf") if now is None else now
         _import_servers(ledger, payload["servers"])
+        ledger._reach.load(payload.get("reach", []))
+        parked = ledger._reach.parked_keys()  # READY, out of the index: keep their sequence numbers
         for jp in payload["jobs"]:
             cfg = JobConfig(**jp["config"])
             groups = _install_job(ledger, _parse_job(jp), jp["epoch"], cfg, ledger._now)
             job = ledger._jobs[jp["job_id"]]
-            for g in sorted((g for g in groups if g.state is READY), key=lambda g: g.ready_seq):
+            ready = (g for g in groups if g.state is READY and g.key not in parked)
+            for g in sorted(ready, key=lambda g: g.ready_seq):
                 g.ready_seq = job.ready.push(g.key, g.policy_version, g.colset)
             for g in groups:
                 if g.state is ALLOCATED:

@@ -495,6 +495,23 @@ class ControllerClient:
         )
         return out
 
+    def report_unusable(
+        self,
+        token: int,
+        *,
+        missing: Sequence[Partition] = (),
+        unreachable: Sequence[str] = (),
+        timeout: float | None = None,
+    ) -> tuple[Partition, ...]:
+        """Take groups a trainer could not open out of its lease: ``missing`` ones (their server does not
+        hold them) are recorded lost, those on ``unreachable`` servers go back to READY while the servers
+        back off (``Ledger.report_unusable``). Returns the partitions that left the lease."""
+        parts = tuple(Partition(*p) for p in missing)
+        out: tuple[Partition, ...] = self._call(
+            "report_unusable", timeout, token=token, missing=parts, unreachable=tuple(unreachable)
+        )
+        return out
+
     def resolve(
         self, job_id: str, partitions: Sequence[Partition], action: str, *, timeout: float | None = None
     ) -> tuple[Partition, ...]:

@@ -13,7 +13,8 @@ then starts a new incarnation so that new tokens exceed every old one, and ends 
 that was live: LEASED/PREPARED groups go back to READY, TRAINING/TRAINED groups come back UNKNOWN.
 
 Not journaled: queries, sweeper ticks, delete hand-outs, refused calls and empty acquires (a job
-checkpoint is journaled: it numbers the checkpoint and decides which commits are kept). None of
+checkpoint is journaled: it numbers the checkpoint and decides which commits are kept; so is an empty
+acquire that parked groups of a storage server in back-off). None of
 them changes state except by lazy expiry, and expiry is decided by the recorded deadlines: the next
 journaled call applies every expiry due by its own ``now`` before acting, in the original order, so
 replay reaches the same states (only the retry timing of deletes may differ). The ledger checks every
@@ -67,6 +68,7 @@ MUTATING = frozenset(
         "recover",
         "checkpoint",
         "confirm_checkpoint",
+        "report_unusable",
     }
 )
 """Ledger methods that change state and take ``now``: journaled."""
@@ -219,11 +221,13 @@ class HostCore:
         if method not in MUTATING:
             raise InvalidRequestError(f"{method!r} is not a controller call")
         now = self.clock()
+        parks = self.ledger.parks
         try:
             result = getattr(self.ledger, method)(now=now, **kwargs)
         except TypeError as exc:
             raise InvalidRequestError(f"bad arguments for {method}: {exc}") from exc
-        if result is not None or method != "acquire":
+        # An empty acquire changed nothing, unless it parked groups of a server in back-off.
+        if result is not None or method != "acquire" or self.ledger.parks != parks:
             self._record(method, kwargs, now)
         return result
 

@@ -64,7 +64,8 @@ class Ledger(LeaseMachine):
         self._advance(now)
 
     def next_deadline(self) -> float | None:
-        """The earliest time at which something may expire or a delete fall due (``None``: nothing)."""
+        """The earliest time at which something may expire, a delete fall due or a storage server's
+        back-off end (``None``: nothing)."""
         times = []
         if self._lease_heap:
             times.append(self._lease_heap[0][0])
@@ -74,6 +75,9 @@ class Ledger(LeaseMachine):
             due = job.gc.next_due()
             if due is not None:
                 times.append(due)
+        due = self._reach.next_due()
+        if due is not None:
+            times.append(due)
         return min(times) if times else None
 
     def take_deletes(self, *, now: float, limit: int = 256) -> list[DeleteWork]:
@@ -114,6 +118,7 @@ class Ledger(LeaseMachine):
             return False
         g = self._groups.pop(key)
         del job.groups[key]
+        self._unpark(self._reach.reached(g.server_id))  # the server answered
         job.counts[g.state] -= 1
         job.deleted += 1
         server = self._servers[g.server_id]

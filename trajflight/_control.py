@@ -94,6 +94,7 @@ CALLS = frozenset(
         "servers",
         "confirm_checkpoint",
         "lost",
+        "report_unusable",
     }
 )
 """Controller operations a remote client may call (the methods of ``ControllerClient``)."""
