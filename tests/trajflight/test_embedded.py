@@ -230,7 +230,9 @@ def test_restore_purges_and_counts_puts_made_after_the_checkpoint(cluster, job, 
 
     cluster.restart_controller()
     client = cluster.client()
-    counts = client.restore(ckpt, job_id=job, epoch=2)
+    with trajflight.connect(cluster.address, timeout=20) as remote:  # the listings cross the wire
+        counts = remote.restore(ckpt, job_id=job, epoch=2)
+        assert remote.lost(job) == ()
     assert (counts["READY"], counts["purged"], counts["lost"]) == (3, 3, 0)
     offered: list[int] = []
     trainer = client.trainer(job)
