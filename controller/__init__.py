@@ -12,6 +12,7 @@ Ray is imported only when a Ray host or client is used.
 
 from __future__ import annotations
 
+from ._checkpoint import checkpoint_seq
 from ._checkpoint import read_file as read_checkpoint
 from ._checkpoint import write_atomic as write_checkpoint
 from ._client import ControllerClient, LocalTransport, RayTransport, connect_ray, start_ray_controller
@@ -21,8 +22,10 @@ from ._records import (
     DeleteWork,
     GroupInfo,
     GroupState,
+    HeldGroup,
     JobConfig,
     Lease,
+    LostGroup,
     OldReady,
     Partition,
     PolicyStatus,
@@ -37,11 +40,13 @@ __all__ = [
     "DeleteWork",
     "GroupInfo",
     "GroupState",
+    "HeldGroup",
     "JobConfig",
     "Lease",
     "Ledger",
     "LocalController",
     "LocalTransport",
+    "LostGroup",
     "OldReady",
     "Partition",
     "PolicyStatus",
@@ -50,6 +55,7 @@ __all__ = [
     "RayTransport",
     "ResolveAction",
     "ServerInfo",
+    "checkpoint_seq",
     "connect_ray",
     "read_checkpoint",
     "start_ray_controller",

@@ -3,14 +3,16 @@
 Two kinds share one framing:
 
 * a **job checkpoint** (:func:`export_job_checkpoint`) is the quiescent cursor of one job (no group
-  LEASED..TRAINED) plus its groups, policy version, GC list and the newest token; a job restarts from it
-  with a larger epoch;
+  LEASED..TRAINED) plus its groups, policy version, GC list, lost groups and the newest token, under the
+  job's next checkpoint sequence number (also in the header: :func:`checkpoint_seq`); a job restarts
+  from it with a larger epoch;
 * a **ledger snapshot** (:func:`export_snapshot`) is the whole ledger, live leases included; hosts write
   it to recover after a crash (together with their journal).
 
-Framing: ``MAGIC``, one JSON header line ``{"format", "kind", "length", "sha256"}``, then ``length`` bytes
-of JSON. :func:`decode` refuses a wrong magic, a truncated body, a checksum mismatch, another kind or
-another format version, each with a :class:`~trajflight.errors.CheckpointError` that says what to do.
+Framing: ``MAGIC``, one JSON header line ``{"format", "kind", "length", "sha256"}`` (plus ``"seq"`` for a
+job checkpoint), then ``length`` bytes of JSON; fields added since format 1 came out are optional.
+:func:`decode` refuses a wrong magic, a truncated body, a checksum mismatch, another kind or another
+format version, each with a :class:`~trajflight.errors.CheckpointError` that says what to do.
 Files are written atomically (temp file in the same directory, fsync, rename, fsync of the directory).
 
 It does not guarantee durability on file systems that ignore fsync, nor protect against a malicious
@@ -23,7 +25,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from trajflight.errors import CheckpointError, InvalidStateError, NotFoundError
 
@@ -38,12 +40,14 @@ __all__ = [
     "KIND_JOB",
     "KIND_SNAPSHOT",
     "MAGIC",
+    "checkpoint_seq",
     "decode",
     "encode",
     "export_job_checkpoint",
     "export_snapshot",
-    "import_job",
     "import_snapshot",
+    "install_job_checkpoint",
+    "parse_job_checkpoint",
     "read_file",
     "write_atomic",
 ]
@@ -55,16 +59,43 @@ KIND_SNAPSHOT = "ledger-snapshot"
 
 
 # ---------------------------------------------------------------------- framing
-def encode(kind: str, payload: dict[str, Any]) -> bytes:
-    """Frame ``payload`` (JSON-able) as a checkpoint of ``kind`` with format version and checksum."""
+def encode(kind: str, payload: dict[str, Any], *, seq: int | None = None) -> bytes:
+    """Frame ``payload`` (JSON-able) as a checkpoint of ``kind`` with format version and checksum
+    (and ``seq``, a job checkpoint's sequence number, in the header)."""
     body = json.dumps(payload, separators=(",", ":"), sort_keys=True, allow_nan=False).encode()
-    header = {
+    header: dict[str, Any] = {
         "format": FORMAT_VERSION,
         "kind": kind,
         "length": len(body),
         "sha256": hashlib.sha256(body).hexdigest(),
     }
+    if seq is not None:
+        header["seq"] = seq
     return MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n" + body
+
+
+def checkpoint_seq(data: bytes) -> int:
+    """The sequence number of a job checkpoint, read from its header alone (no checksum of the body).
+
+    It is what ``confirm_checkpoint`` takes once the bytes are durable.
+
+    Raises:
+        CheckpointError: not a job checkpoint with a sequence number (another kind, or written by an
+            older trajflight).
+    """
+    if not isinstance(data, bytes | bytearray | memoryview) or not bytes(data[: len(MAGIC)]) == MAGIC:
+        raise CheckpointError("not a trajflight job checkpoint (bad magic bytes)")
+    end = bytes(data[: len(MAGIC) + 4096]).find(b"\n", len(MAGIC))
+    try:
+        header = json.loads(bytes(data[len(MAGIC) : end])) if end > 0 else None
+        seq = header["seq"] if isinstance(header, dict) and header.get("kind") == KIND_JOB else None
+    except ValueError:
+        seq = None
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
+        raise CheckpointError(
+            "not a job checkpoint with a sequence number; pass the bytes that checkpoint returned"
+        )
+    return seq
 
 
 def decode(data: bytes, kind: str, *, source: str = "checkpoint") -> dict[str, Any]:
@@ -215,6 +246,11 @@ def _export_job(ledger: LedgerCore, job: _Job) -> dict[str, Any]:
         "deleted": job.deleted,
         "groups": [_export_group(groups[k]) for k in job.groups],
         "gc": [[_key(e.key), e.attempts, e.last_error] for e in job.gc],
+        "checkpoints": job.checkpoints,
+        "durable": job.durable,
+        "kept": [[_key(k), seq] for k, seq in job.kept.items()],
+        "lost": [[_key(k), reason] for k, reason in job.lost.items()],
+        "purged": job.purged,
     }
 
 
@@ -248,21 +284,38 @@ def export_job_checkpoint(ledger: LedgerCore, job_id: str, now: float) -> bytes:
             "them (or let their leases expire) and checkpoint between training steps",
             live=live,
         )
+    seq = job.checkpoints + 1
     payload = _export_job(ledger, job)
+    # This checkpoint covers every commit kept so far: a restore from it deletes them.
+    payload["gc"] += [[_key(k), 0, None] for k in job.kept]
+    payload["kept"] = []
+    payload["checkpoints"] = payload["durable"] = seq
     payload["last_token"] = ledger.last_token
     payload["servers"] = _export_servers(ledger, {ledger._groups[k].server_id for k in job.groups})
     payload["taken_at"] = ledger._now
-    return encode(KIND_JOB, payload)
+    data = encode(KIND_JOB, payload, seq=seq)
+    job.checkpoints = seq
+    return data
 
 
-def import_job(
-    ledger: LedgerCore, payload: dict[str, Any], epoch: int, config: JobConfig, now: float
-) -> list[_Group]:
-    """Install the job of a decoded job checkpoint at ``epoch`` and return its groups (not yet indexed).
+_Parsed = tuple[dict[str, Any], list[_Group], list[tuple[Partition, int, Any]]]
 
-    The caller has checked job, configuration and epoch. Everything is parsed before anything is
-    installed, so a malformed payload leaves the ledger untouched. The returned groups are in the ledger
-    with their checkpointed states, and capacity is counted for each of them.
+
+class JobImport(NamedTuple):
+    """A job checkpoint's payload, parsed and checked, ready for :func:`install_job_checkpoint`."""
+
+    parsed: _Parsed
+    servers: list[tuple[str, str, str, int, int]]
+    last_token: int
+
+    @property
+    def server_ids(self) -> set[str]:
+        """The storage servers the checkpoint lists."""
+        return {row[0] for row in self.servers}
+
+
+def parse_job_checkpoint(ledger: LedgerCore, payload: dict[str, Any]) -> JobImport:
+    """Parse and check the payload of a decoded job checkpoint; the ledger is not changed.
 
     Raises:
         CheckpointError: the payload is malformed (or not quiescent).
@@ -278,14 +331,23 @@ def import_job(
             raise ValueError("a group is LEASED..TRAINED in a job checkpoint")
     except (KeyError, ValueError, TypeError) as exc:
         raise CheckpointError(f"checkpoint payload is malformed ({exc!r}); restore an older copy") from None
-    _import_servers(ledger, [list(row) for row in servers])
-    if ledger.last_token < last_token:
-        ledger._incarnation = (last_token >> 32) + 1
+    return JobImport(parsed, servers, last_token)
+
+
+def install_job_checkpoint(
+    ledger: LedgerCore, imp: JobImport, epoch: int, config: JobConfig, now: float
+) -> list[_Group]:
+    """Install a parsed job checkpoint at ``epoch`` and return its groups (not yet indexed).
+
+    The caller has checked job, configuration and epoch. The returned groups are in the ledger with
+    their checkpointed states, capacity is counted for each of them, and tokens issued from now on are
+    larger than every token the checkpoint saw.
+    """
+    _import_servers(ledger, [list(row) for row in imp.servers])
+    if ledger.last_token < imp.last_token:
+        ledger._incarnation = (imp.last_token >> 32) + 1
         ledger._counter = 0
-    return _install_job(ledger, parsed, epoch, config, now)
-
-
-_Parsed = tuple[dict[str, Any], list[_Group], list[tuple[Partition, int, Any]]]
+    return _install_job(ledger, imp.parsed, epoch, config, now)
 
 
 def _parse_job(payload: dict[str, Any]) -> _Parsed:
@@ -297,6 +359,11 @@ def _parse_job(payload: dict[str, Any]) -> _Parsed:
         "committed": int(payload["committed"]),
         "deleted": int(payload["deleted"]),
         "writers": {str(w): (str(node), int(acked)) for w, (node, acked) in payload["writers"].items()},
+        "checkpoints": int(payload.get("checkpoints", 0)),
+        "durable": int(payload.get("durable", 0)),
+        "kept": {Partition(*key): int(seq) for key, seq in payload.get("kept", [])},
+        "lost": {Partition(*key): str(reason) for key, reason in payload.get("lost", [])},
+        "purged": int(payload.get("purged", 0)),
     }
     groups = [_import_group(row) for row in payload["groups"]]
     gc = [(Partition(*key), int(attempts), last_error) for key, attempts, last_error in payload["gc"]]
@@ -311,6 +378,8 @@ def _install_job(
     job.next_group_id = 0 if epoch != fields["epoch"] else fields["next_group_id"]
     job.policy_version = fields["policy_version"]
     job.committed, job.deleted = fields["committed"], fields["deleted"]
+    job.checkpoints, job.durable = fields["checkpoints"], fields["durable"]
+    job.kept, job.lost, job.purged = fields["kept"], fields["lost"], fields["purged"]
     for w, (node, acked) in fields["writers"].items():
         job.writers[w] = _Writer(node, acked)
     ledger._jobs[job.job_id] = job
@@ -343,6 +412,7 @@ def export_snapshot(ledger: LedgerCore) -> bytes:
         "servers": _export_servers(ledger),
         "jobs": [_export_job(ledger, job) for job in ledger._jobs.values()],
         "leases": leases,
+        "reach": ledger._reach.export(),
     }
     return encode(KIND_SNAPSHOT, payload)
 
@@ -359,11 +429,14 @@ def import_snapshot(ledger: LedgerCore, data: bytes, *, source: str = "snapshot"
         now = payload["now"]
         ledger._now = float("-inf") if now is None else now
         _import_servers(ledger, payload["servers"])
+        ledger._reach.load(payload.get("reach", []))
+        parked = ledger._reach.parked_keys()  # READY, out of the index: keep their sequence numbers
         for jp in payload["jobs"]:
             cfg = JobConfig(**jp["config"])
             groups = _install_job(ledger, _parse_job(jp), jp["epoch"], cfg, ledger._now)
             job = ledger._jobs[jp["job_id"]]
-            for g in sorted((g for g in groups if g.state is READY), key=lambda g: g.ready_seq):
+            ready = (g for g in groups if g.state is READY and g.key not in parked)
+            for g in sorted(ready, key=lambda g: g.ready_seq):
                 g.ready_seq = job.ready.push(g.key, g.policy_version, g.colset)
             for g in groups:
                 if g.state is ALLOCATED:

@@ -22,12 +22,15 @@ from typing import Any, Protocol
 
 from trajflight.errors import DeadlineExceededError, NotFoundError, UnavailableError
 
+from ._checkpoint import checkpoint_seq
 from ._host import LocalController
 from ._records import (
     DeleteWork,
     GroupInfo,
+    HeldGroup,
     JobConfig,
     Lease,
+    LostGroup,
     OldReady,
     Partition,
     PolicyStatus,
@@ -492,6 +495,23 @@ class ControllerClient:
         )
         return out
 
+    def report_unusable(
+        self,
+        token: int,
+        *,
+        missing: Sequence[Partition] = (),
+        unreachable: Sequence[str] = (),
+        timeout: float | None = None,
+    ) -> tuple[Partition, ...]:
+        """Take groups a trainer could not open out of its lease: ``missing`` ones (their server does not
+        hold them) are recorded lost, those on ``unreachable`` servers go back to READY while the servers
+        back off (``Ledger.report_unusable``). Returns the partitions that left the lease."""
+        parts = tuple(Partition(*p) for p in missing)
+        out: tuple[Partition, ...] = self._call(
+            "report_unusable", timeout, token=token, missing=parts, unreachable=tuple(unreachable)
+        )
+        return out
+
     def resolve(
         self, job_id: str, partitions: Sequence[Partition], action: str, *, timeout: float | None = None
     ) -> tuple[Partition, ...]:
@@ -533,8 +553,25 @@ class ControllerClient:
         self, job_id: str, path: str | os.PathLike[str] | None = None, *, timeout: float | None = None
     ) -> bytes:
         """Take the job's checkpoint (refused while any group is LEASED..TRAINED); write it atomically to
-        ``path`` on the host's machine when given. Returns its bytes."""
+        ``path`` on the host's machine when given, and then confirm it durable. Returns its bytes.
+
+        Without ``path`` the checkpoint is not durable until :meth:`confirm_checkpoint` says so: until
+        then the job keeps its committed groups (``Ledger.checkpoint``)."""
         return self.transport.checkpoint(job_id, None if path is None else os.fspath(path), self._t(timeout))
+
+    def confirm_checkpoint(
+        self, job_id: str, checkpoint: bytes | int, *, timeout: float | None = None
+    ) -> int:
+        """The checkpoint (its bytes, or its sequence number) is stored safely: the commits it covers
+        are deleted from now on (``Ledger.confirm_checkpoint``). Returns how many were released."""
+        seq = checkpoint if isinstance(checkpoint, int) else checkpoint_seq(checkpoint)
+        out: int = self._call("confirm_checkpoint", timeout, job_id=job_id, seq=seq)
+        return out
+
+    def lost(self, job_id: str, *, timeout: float | None = None) -> tuple[LostGroup, ...]:
+        """Groups of the job that can never be offered again, with why (``Ledger.lost``)."""
+        out: tuple[LostGroup, ...] = self._call("lost", timeout, job_id=job_id)
+        return out
 
     def restore(
         self,
@@ -544,14 +581,15 @@ class ControllerClient:
         epoch: int,
         config: JobConfig | Mapping[str, Any] | None,
         old_ready: OldReady | str = OldReady.REOFFER,
-        available: Iterable[Partition] | None = None,
+        available: Iterable[Partition | HeldGroup] | None = None,
         timeout: float | None = None,
     ) -> dict[str, int]:
         """Restart a job from a checkpoint (bytes, or a file on the host's machine) under a larger epoch
-        (``Ledger.restore``); ``available`` lists the partitions the storage servers still hold."""
+        (``Ledger.restore``); ``available`` lists what the storage servers hold (:class:`HeldGroup`
+        listings, or bare partitions)."""
         src = source if isinstance(source, bytes) else os.fspath(source)
         cfg = dict(config) if isinstance(config, Mapping) else config
         kwargs: dict[str, Any] = {"job_id": job_id, "epoch": epoch, "config": cfg, "old_ready": old_ready}
         if available is not None:
-            kwargs["available"] = tuple(Partition(*p) for p in available)
+            kwargs["available"] = tuple(p if isinstance(p, HeldGroup) else Partition(*p) for p in available)
         return self.transport.restore(src, kwargs, self._t(timeout))

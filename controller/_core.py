@@ -52,6 +52,7 @@ from ._entries import (
     check_old_ready,
 )
 from ._index import ReadyIndex
+from ._reach import Parked, Reachability
 from ._records import (
     GroupInfo,
     GroupState,
@@ -92,6 +93,7 @@ class LedgerCore:
         self._lease_heap: list[tuple[float, int]] = []
         self._grant_heap: list[tuple[float, Partition]] = []
         self._colcache: dict[frozenset[str], tuple[str, ...]] = {}
+        self._reach = Reachability()  # storage servers in back-off, and the READY groups parked on them
         self.ready_version = 0
         """Incremented whenever a group becomes READY: hosts wake long-polling acquirers on a change."""
 
@@ -100,6 +102,11 @@ class LedgerCore:
     def incarnation(self) -> int:
         """The incarnation folded into the tokens issued now."""
         return self._incarnation
+
+    @property
+    def parks(self) -> int:
+        """Groups parked so far on storage servers in back-off (a host journals a call that parked)."""
+        return self._reach.parks
 
     @property
     def last_token(self) -> int:
@@ -117,8 +124,17 @@ class LedgerCore:
         if now > self._now:
             self._now = float(now)
         now = self._now
-        heap = self._lease_heap
-        while heap and heap[0][0] <= now:
+        heap, reach = self._lease_heap, self._reach
+        while True:
+            # Lease expiries and ends of server back-offs both put groups at the front of the READY index:
+            # apply them in the order they fell due, whenever the call comes (a replay comes later).
+            lease_due = heap[0][0] if heap else None
+            reach_due = reach.next_due()
+            if reach_due is not None and reach_due <= now and (lease_due is None or reach_due < lease_due):
+                self._unpark(reach.expire_next())
+                continue
+            if lease_due is None or lease_due > now:
+                break
             expires_at, token = heapq.heappop(heap)
             lease = self._leases.get(token)
             if lease is not None and lease.expires_at == expires_at:
@@ -143,6 +159,18 @@ class LedgerCore:
         g.batch_id = None
         g.ready_seq = self._jobs[g.key.job_id].ready.push(g.key, g.policy_version, g.colset, front=front)
         self.ready_version += 1
+
+    def _unpark(self, parked: Parked) -> None:
+        """Put groups parked on a server that is reachable again back at the front of the READY index,
+        in the order they were parked (entries of groups that left READY meanwhile are skipped)."""
+        moved = False
+        for key, seq in reversed(parked):
+            g = self._groups.get(key)
+            if g is not None and g.state is READY and g.ready_seq == seq:
+                g.ready_seq = self._jobs[key.job_id].ready.push(key, g.policy_version, g.colset, front=True)
+                moved = True
+        if moved:
+            self.ready_version += 1
 
     def _to_gc(self, g: _Group, state: GroupState) -> None:
         self._set_state(g, state)
@@ -271,7 +299,8 @@ class LedgerCore:
     ) -> ServerInfo:
         """Register (or update) a storage server that groups can be placed on.
 
-        Re-registering an id updates its node, location and capacities and keeps what is reserved on it.
+        Re-registering an id updates its node, location and capacities and keeps what is reserved on it;
+        it also counts as reaching the server: a back-off after unanswered calls ends at once.
 
         Raises:
             InvalidRequestError: an empty name or a negative capacity.
@@ -290,6 +319,7 @@ class LedgerCore:
         else:
             server.node, server.location = node, location
             server.capacity_bytes, server.capacity_groups = capacity_bytes, capacity_groups
+            self._unpark(self._reach.reached(server_id))
         return server.info()
 
     def servers(self) -> tuple[ServerInfo, ...]:

@@ -5,11 +5,16 @@ A host with a state directory survives its own crash: every state-changing call 
 ``compact_every`` records the whole ledger is written to ``snapshot-(N+1).ckpt`` (atomically) and a new
 journal started (the pair of files of one generation ``N`` always belong together). On start,
 :class:`HostCore` loads the newest snapshot, replays its journal (the ledger is deterministic, so
-replaying the same calls at the same ``now`` rebuilds the same state; a torn last record is ignored),
+replaying the same calls at the same ``now`` rebuilds the same state; a torn last record is ignored,
+while a record that fails on replay, or a corrupt one before the last, stops the start with a
+:class:`~trajflight.errors.RecoveryError`: only calls that succeeded are journaled, so either means the
+replay diverged),
 then starts a new incarnation so that new tokens exceed every old one, and ends every lease
 that was live: LEASED/PREPARED groups go back to READY, TRAINING/TRAINED groups come back UNKNOWN.
 
-Not journaled: queries, sweeper ticks, delete hand-outs, refused calls and empty acquires. None of
+Not journaled: queries, sweeper ticks, delete hand-outs, refused calls and empty acquires (a job
+checkpoint is journaled: it numbers the checkpoint and decides which commits are kept; so is an empty
+acquire that parked groups of a storage server in back-off). None of
 them changes state except by lazy expiry, and expiry is decided by the recorded deadlines: the next
 journaled call applies every expiry due by its own ``now`` before acting, in the original order, so
 replay reaches the same states (only the retry timing of deletes may differ). The ledger checks every
@@ -31,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from trajflight.errors import InvalidRequestError
+from trajflight.errors import InvalidRequestError, RecoveryError
 
 from ._checkpoint import write_atomic
 from ._ledger import Ledger
@@ -61,11 +66,14 @@ MUTATING = frozenset(
         "delete_done",
         "restore",
         "recover",
+        "checkpoint",
+        "confirm_checkpoint",
+        "report_unusable",
     }
 )
 """Ledger methods that change state and take ``now``: journaled."""
 
-TIMED_UNJOURNALED = frozenset({"tick", "take_deletes", "checkpoint"})
+TIMED_UNJOURNALED = frozenset({"tick", "take_deletes"})
 """Ledger methods that take ``now`` but are not journaled (see the module docstring)."""
 
 QUERIES = frozenset(
@@ -81,6 +89,7 @@ QUERIES = frozenset(
         "policy_status",
         "is_quiescent",
         "next_deadline",
+        "lost",
     }
 )
 """Ledger methods that only read: no ``now``, not journaled."""
@@ -136,20 +145,38 @@ class HostCore:
         return self.ledger.incarnation
 
     def _replay(self, path: Path) -> None:
+        """Replay the journal at ``path`` onto the ledger loaded from its snapshot.
+
+        Raises:
+            RecoveryError: a record that is not the last is corrupt, or a record fails on replay (only
+                calls that succeeded are journaled, so the replay diverged from what happened).
+        """
         if not path.exists():
             return
         data = path.read_bytes()
-        pos = 0
+        pos, number = 0, 0
         while pos + _RECORD.size <= len(data):
             length, crc = _RECORD.unpack_from(data, pos)
-            body = data[pos + _RECORD.size : pos + _RECORD.size + length]
-            if len(body) < length or zlib.crc32(body) != crc:
+            end = pos + _RECORD.size + length
+            body = data[pos + _RECORD.size : end]
+            number += 1
+            if len(body) < length:
                 break  # a torn last record: the call it describes never returned to its caller
-            pos += _RECORD.size + length
-            method, kwargs, now = pickle.loads(body)
-            # A call that failed the first time fails again, after the same lazy expiries.
-            with contextlib.suppress(Exception):
+            if zlib.crc32(body) != crc:
+                if end == len(data):
+                    break  # the last record, torn mid-write: its call never returned either
+                raise _diverged(path, number, None, "its checksum does not match (the journal is corrupt)")
+            pos = end
+            try:
+                method, kwargs, now = pickle.loads(body)
+            except Exception as exc:  # a record with a valid checksum that does not decode
+                raise _diverged(path, number, None, f"it does not decode ({_cut(exc)})") from exc
+            if method not in MUTATING or not isinstance(kwargs, dict):
+                raise _diverged(path, number, None, f"it names no journaled operation ({_cut(method)})")
+            try:
                 getattr(self.ledger, method)(now=now, **kwargs)
+            except Exception as exc:  # journaled calls succeeded once: failing now means divergence
+                raise _diverged(path, number, method, f"it raised {_cut(exc)}") from exc
 
     def compact(self) -> None:
         """Write a snapshot of the ledger and start an empty journal (no-op without a state directory).
@@ -194,11 +221,13 @@ class HostCore:
         if method not in MUTATING:
             raise InvalidRequestError(f"{method!r} is not a controller call")
         now = self.clock()
+        parks = self.ledger.parks
         try:
             result = getattr(self.ledger, method)(now=now, **kwargs)
         except TypeError as exc:
             raise InvalidRequestError(f"bad arguments for {method}: {exc}") from exc
-        if result is not None or method != "acquire":
+        # An empty acquire changed nothing, unless it parked groups of a server in back-off.
+        if result is not None or method != "acquire" or self.ledger.parks != parks:
             self._record(method, kwargs, now)
         return result
 
@@ -213,6 +242,25 @@ class HostCore:
         self._records += 1
         if self._records >= self._compact_every:
             self.compact()
+
+
+def _cut(value: object, limit: int = 200) -> str:
+    """``value`` for an error message, cut to ``limit`` characters (an exception's text, or a name)."""
+    text = f"{type(value).__name__}: {value}" if isinstance(value, BaseException) else repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _diverged(path: Path, number: int, method: str | None, why: str) -> RecoveryError:
+    """The error of a journal that cannot be replayed: the host must not start on it."""
+    what = f"record {number}" + (f" ({method})" if method else "")
+    return RecoveryError(
+        f"journal {path}: {what} cannot be replayed: {why}. The ledger would diverge from what happened, "
+        "so the controller refuses to start: move the state directory aside and restore the jobs from "
+        "their checkpoints into a fresh one",
+        path=str(path),
+        record=number,
+        method=method,
+    )
 
 
 def _latest_seq(state_dir: Path) -> int:

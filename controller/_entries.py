@@ -145,16 +145,21 @@ class _Server:
 
 class _Job:
     __slots__ = (
+        "checkpoints",
         "committed",
         "config",
         "counts",
         "deleted",
+        "durable",
         "epoch",
         "gc",
         "groups",
         "job_id",
+        "kept",
+        "lost",
         "next_group_id",
         "policy_version",
+        "purged",
         "ready",
         "used_bytes",
         "used_groups",
@@ -178,6 +183,11 @@ class _Job:
         self.gc: GcList[Partition] = GcList(
             config.delete_retry_initial, config.delete_retry_max, config.delete_timeout
         )
+        self.checkpoints = 0  # job checkpoints handed out (the newest one's sequence number)
+        self.durable = 0  # the newest checkpoint confirmed written
+        self.kept: dict[Partition, int] = {}  # committed, kept until a checkpoint after this one is durable
+        self.lost: dict[Partition, str] = {}  # groups that can never be offered again -> why
+        self.purged = 0  # groups restores deleted because their checkpoint did not know them
 
     def pending_writers(self) -> list[str]:
         """Registered writers that have not acknowledged the announced policy version, sorted."""

@@ -19,7 +19,7 @@ from typing import Any
 
 from trajflight.errors import DeadlineExceededError, InvalidRequestError, UnavailableError
 
-from ._checkpoint import read_file, write_atomic
+from ._checkpoint import checkpoint_seq, read_file, write_atomic
 from ._durable import HostCore, run_deletes
 from ._records import DeleteWork, Lease
 
@@ -162,12 +162,17 @@ class LocalController:
     ) -> bytes:
         """Take the job's checkpoint; write it atomically to ``path`` when given. Returns its bytes.
 
+        With ``path``, the checkpoint is confirmed durable once written (the commits it covers are then
+        deleted); without, the caller keeps the bytes and calls ``confirm_checkpoint`` once they are safe.
+
         Raises:
-            InvalidStateError: a group is LEASED..TRAINED. CheckpointError: the file could not be written.
+            InvalidStateError: a group is LEASED..TRAINED. CheckpointError: the file could not be written
+                (nothing is confirmed: kept commits stay kept).
         """
         data: bytes = self.call("checkpoint", {"job_id": job_id}, timeout=timeout)
         if path is not None:
             write_atomic(path, data)
+            self.call("confirm_checkpoint", {"job_id": job_id, "seq": checkpoint_seq(data)}, timeout=timeout)
         return data
 
     def restore(

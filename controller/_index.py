@@ -94,6 +94,7 @@ class ReadyIndex(Generic[K]):
         lack: frozenset[str] = frozenset(),
         max_tokens: int | None = None,
         tokens_of: Callable[[K], int] | None = None,
+        skip: Callable[[K], bool] | None = None,
     ) -> list[K]:
         """Remove and return up to ``max_groups`` eligible keys, oldest first.
 
@@ -106,6 +107,8 @@ class ReadyIndex(Generic[K]):
             max_tokens: Stop before the total of ``tokens_of`` would exceed it; a first group larger than
                 the whole budget is still taken alone, so that no group becomes unleasable.
             tokens_of: Token count of a key (needed with ``max_tokens``).
+            skip: Keys for which it returns True are removed from the index and not taken (the caller
+                keeps them, e.g. groups of a storage server in back-off; they cost one call each).
         """
         eligible = self._eligible(min_version, exact_version, require, lack)
         taken: list[K] = []
@@ -124,6 +127,9 @@ class ReadyIndex(Generic[K]):
             if best is None:
                 break
             key = self._buckets[best][0][1]
+            if skip is not None and skip(key):
+                self._buckets[best].popleft()
+                continue
             if max_tokens is not None and tokens_of is not None:
                 cost = tokens_of(key)
                 if taken and total + cost > max_tokens:

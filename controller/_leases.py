@@ -72,7 +72,8 @@ class LeaseMachine(PartitionLedger):
         """Lease up to ``max_groups`` READY groups of the job under one new fencing token.
 
         Cost is proportional to the groups taken (plus the number of distinct policy versions and column
-        sets), not to the number of READY groups.
+        sets), not to the number of READY groups. Groups on a storage server in back-off (see
+        :meth:`report_unusable`) are not leased: they wait, out of the READY index, until it ends.
 
         Args:
             job_id: The job.
@@ -120,6 +121,15 @@ class LeaseMachine(PartitionLedger):
                 return None
             exact = job.policy_version
         groups = self._groups
+        reach = self._reach
+
+        def parked(key: Partition) -> bool:  # a group of a server in back-off waits for it
+            g = groups[key]
+            if reach.unreachable(g.server_id):
+                reach.park(g.server_id, key, g.ready_seq)
+                return True
+            return False
+
         keys = job.ready.take(
             max_groups,
             min_version=None if staleness is None else job.policy_version - staleness,
@@ -128,6 +138,7 @@ class LeaseMachine(PartitionLedger):
             lack=lack_set,
             max_tokens=max_tokens,
             tokens_of=lambda key: groups[key].tokens,
+            skip=parked if reach else None,
         )
         if not keys:
             return None
@@ -299,7 +310,9 @@ class LeaseMachine(PartitionLedger):
         return self._step(token, batch_id, TRAINING, TRAINED, now)
 
     def commit(self, token: int, batch_id: str, *, now: float) -> tuple[Partition, ...]:
-        """TRAINED -> COMMITTED for the batch: each group is trained once, for good, and put on the GC list.
+        """TRAINED -> COMMITTED for the batch: each group is trained once, for good, and put on the GC list,
+        or, once the job has taken a checkpoint, kept (stored, holding capacity) until a later checkpoint
+        is confirmed durable (:meth:`~._ledger.Ledger.confirm_checkpoint`).
 
         The lease ends when none of its groups is left LEASED..TRAINED.
 
@@ -316,7 +329,10 @@ class LeaseMachine(PartitionLedger):
             for key in keys:
                 del lease.live[key]
                 self._groups[key].lease = None
-                job.gc.add(key, self._now)
+                if job.checkpoints:  # a restore from the newest checkpoint must find it again
+                    job.kept[key] = job.checkpoints
+                else:
+                    job.gc.add(key, self._now)
             if not lease.live:
                 self._retire(lease, "done")
         return keys
@@ -384,25 +400,108 @@ class LeaseMachine(PartitionLedger):
                     "(lease with lack=... to skip groups that have it)",
                     columns=sorted(twice),
                 )
-        leaving: dict[str, set[Partition]] = {}
+        self._leave_batches(lease, todo)
         for g in todo:
-            if g.batch_id is not None:
-                leaving.setdefault(g.batch_id, set()).add(g.key)
             if added:
                 g.colset = g.colset | added
                 g.columns = self._columns(g.colset)
             del lease.live[g.key]
             self._make_ready(g, front=True)
-        for batch, keys_out in leaving.items():  # prepared groups leave their batch
+        if lease.ended is None and not lease.live:
+            self._retire(lease, "done")
+        return keys
+
+    @staticmethod
+    def _leave_batches(lease: _Lease, groups: Iterable[_Group]) -> None:
+        """Take prepared ``groups`` out of their batches (a batch left empty is forgotten)."""
+        leaving: dict[str, set[Partition]] = {}
+        for g in groups:
+            if g.batch_id is not None:
+                leaving.setdefault(g.batch_id, set()).add(g.key)
+        for batch, keys_out in leaving.items():
             rest = tuple(k for k in lease.batches[batch] if k not in keys_out)
             if rest:
                 lease.batches[batch] = rest
             else:
                 del lease.batches[batch]
                 del lease.stage[batch]
-        if lease.ended is None and not lease.live:
+
+    def report_unusable(
+        self,
+        token: int,
+        *,
+        now: float,
+        missing: Sequence[Partition] = (),
+        unreachable: Sequence[str] = (),
+    ) -> tuple[Partition, ...]:
+        """A trainer could not open some groups of its lease on their storage servers: take them out.
+
+        Args:
+            token: The lease's token.
+            now: Ledger time.
+            missing: LEASED/PREPARED groups of the lease whose server answered that it does not hold
+                them. Each leaves the lease, is recorded lost (``"missing on server <id>"``, see
+                ``Ledger.lost``) and goes to the GC list as DROPPED, so that its capacity comes back;
+                it is never offered again.
+            unreachable: Storage servers that did not answer (dead or stopped). Each goes into back-off
+                (the job's ``server_retry_initial``, doubling per report up to ``server_retry_max``;
+                a report during a back-off changes nothing): ``acquire`` leases none of its groups until
+                the back-off ends, the server registers again or a delete on it is confirmed. The
+                lease's LEASED/PREPARED groups on it go back to READY.
+
+        The lease ends when nothing is left in it. Checks everything before changing anything; a
+        repeat changes nothing more.
+
+        Returns:
+            The partitions that left the lease, in lease order.
+
+        Raises:
+            LeaseExpiredError, StaleFenceError: the lease is gone (its groups moved on).
+            NotFoundError: a server is not registered, or a group is not part of the lease.
+            InvalidStateError: a missing group is not LEASED/PREPARED under this lease.
+        """
+        self._advance(now)
+        lease = self._lease(token)
+        job = self._jobs[lease.job_id]
+        keys = check_partitions(missing)
+        servers = tuple(dict.fromkeys(check_name(s, "a server id") for s in unreachable))
+        for server_id in servers:
+            if server_id not in self._servers:
+                raise NotFoundError(f"no storage server {server_id!r:.100} is registered")
+        lost = []
+        for key in keys:
+            if job.lost.get(key, "").startswith("missing on server") and key not in lease.live:
+                continue  # an identical repeat
+            if lease.ended is not None:
+                raise self._ended_error(lease)
+            lost.append(self._check_member(lease, key, (LEASED, PREPARED)))
+        if lease.ended is not None:
+            if servers and lease.ended != "done":
+                raise self._ended_error(lease)
+            return ()
+        cfg = job.config
+        for server_id in servers:
+            self._reach.mark(server_id, self._now, cfg.server_retry_initial, cfg.server_retry_max)
+        lost_keys = {g.key for g in lost}
+        waiting = [
+            g
+            for k in lease.live
+            if k not in lost_keys
+            and (g := self._groups[k]).server_id in servers
+            and g.state in (LEASED, PREPARED)
+        ]
+        self._leave_batches(lease, [*lost, *waiting])
+        for g in lost:
+            del lease.live[g.key]
+            job.lost[g.key] = f"missing on server {g.server_id[:100]}"
+            self._to_gc(g, DROPPED)
+        for g in waiting:
+            del lease.live[g.key]
+            self._make_ready(g, front=True)  # parked by the next acquire that meets it
+        if not lease.live:
             self._retire(lease, "done")
-        return keys
+        gone = lost_keys | {g.key for g in waiting}
+        return tuple(k for k in lease.keys if k in gone)
 
     def resolve(
         self, job_id: str, partitions: Sequence[Partition], action: ResolveAction | str, *, now: float

@@ -5,7 +5,9 @@
 * :mod:`._leases` — the lease path ``READY -> LEASED -> PREPARED -> TRAINING -> TRAINED -> COMMITTED``
   (+ ``UNKNOWN``), release for pipeline stages, the operator's resolve;
 * this module — the GC list (commit and drop put groups on it; capacity comes back only when the host
-  confirms the delete), queries, job checkpoints, snapshots and crash recovery.
+  confirms the delete; a job that checkpoints keeps its commits until a later checkpoint is confirmed
+  durable), queries, job checkpoints, snapshots and crash recovery; :mod:`._restore` decides what a
+  restore offers again, purges or reports lost.
 
 Sans-IO: every call gets ``now``; see :mod:`._core` for what that guarantees. It does not retry anything
 by itself and never replays an UNKNOWN group.
@@ -26,8 +28,6 @@ from trajflight.errors import (
 
 from . import _checkpoint as _ckpt
 from ._entries import (
-    DROPPED,
-    READY,
     check_int,
     check_old_ready,
     check_partition,
@@ -39,10 +39,13 @@ from ._records import (
     DeleteWork,
     GroupInfo,
     GroupState,
+    HeldGroup,
     JobConfig,
+    LostGroup,
     OldReady,
     Partition,
 )
+from ._restore import check_holdings, restore_job
 
 __all__ = ["Ledger"]
 
@@ -61,7 +64,8 @@ class Ledger(LeaseMachine):
         self._advance(now)
 
     def next_deadline(self) -> float | None:
-        """The earliest time at which something may expire or a delete fall due (``None``: nothing)."""
+        """The earliest time at which something may expire, a delete fall due or a storage server's
+        back-off end (``None``: nothing)."""
         times = []
         if self._lease_heap:
             times.append(self._lease_heap[0][0])
@@ -71,6 +75,9 @@ class Ledger(LeaseMachine):
             due = job.gc.next_due()
             if due is not None:
                 times.append(due)
+        due = self._reach.next_due()
+        if due is not None:
+            times.append(due)
         return min(times) if times else None
 
     def take_deletes(self, *, now: float, limit: int = 256) -> list[DeleteWork]:
@@ -111,6 +118,7 @@ class Ledger(LeaseMachine):
             return False
         g = self._groups.pop(key)
         del job.groups[key]
+        self._unpark(self._reach.reached(g.server_id))  # the server answered
         job.counts[g.state] -= 1
         job.deleted += 1
         server = self._servers[g.server_id]
@@ -122,13 +130,25 @@ class Ledger(LeaseMachine):
 
     # ------------------------------------------------------------------ queries
     def counts(self, job_id: str) -> dict[str, int]:
-        """Groups per state for the job (every state present), plus ``deleted`` (confirmed deletes) and
-        ``committed_total`` (commits ever, deleted or not)."""
+        """Groups per state for the job (every state present), plus ``deleted`` (confirmed deletes),
+        ``committed_total`` (commits ever, deleted or not), ``kept`` (COMMITTED groups kept for a restore
+        until a later checkpoint is durable: they hold capacity), ``lost`` (groups that can never be
+        offered again, see :meth:`lost`) and ``purged`` (groups restores deleted because their checkpoint
+        did not know them)."""
         job = self._job(job_id)
         out = {state.value: n for state, n in job.counts.items()}
         out["deleted"] = job.deleted
         out["committed_total"] = job.committed
+        out["kept"] = len(job.kept)
+        out["lost"] = len(job.lost)
+        out["purged"] = job.purged
         return out
+
+    def lost(self, job_id: str) -> tuple[LostGroup, ...]:
+        """Every group of the job that can never be offered again although it was not trained, with why
+        (oldest first; carried in checkpoints and snapshots)."""
+        job = self._job(job_id)
+        return tuple(LostGroup(key, reason) for key, reason in job.lost.items())
 
     def usage(self, job_id: str) -> tuple[int, int]:
         """``(bytes, groups)`` the job holds: reserved or stored, not yet confirmed deleted."""
@@ -177,15 +197,51 @@ class Ledger(LeaseMachine):
 
     # ------------------------------------------------------------------ checkpoints and recovery
     def checkpoint(self, job_id: str, *, now: float) -> bytes:
-        """The job's quiescent cursor and state, framed with format version and checksum.
+        """The job's quiescent cursor and state, framed with format version, checksum and the job's next
+        checkpoint sequence number (:func:`~._checkpoint.checkpoint_seq` reads it).
 
-        Write it with :func:`~trajflight.controller.write_checkpoint` (atomic) or keep the bytes.
+        From the first checkpoint on, committed groups are kept (stored, counted against capacity) until
+        a later checkpoint is confirmed durable: write the bytes (atomically, with
+        :func:`~trajflight.controller.write_checkpoint`), then call :meth:`confirm_checkpoint`. A restore
+        from this checkpoint deletes the commits it covers and offers again the groups it has READY.
 
         Raises:
             NotFoundError: the job is not open.
             InvalidStateError: a group of the job is LEASED..TRAINED; checkpoint between steps.
         """
         return _ckpt.export_job_checkpoint(self, job_id, now)
+
+    def confirm_checkpoint(self, job_id: str, seq: int, *, now: float) -> int:
+        """Checkpoint ``seq`` of the job is durable: the commits it covers (made before it was taken) go
+        to the GC list. Idempotent; confirming an older checkpoint than one confirmed changes nothing.
+
+        Returns:
+            The number of kept commits this confirmation released for deletion.
+
+        Raises:
+            NotFoundError: the job is not open.
+            InvalidRequestError: ``seq`` is not the sequence number of a checkpoint taken of the job.
+        """
+        self._advance(now)
+        job = self._job(job_id)
+        check_int(seq, "seq", minimum=1)
+        if seq > job.checkpoints:
+            raise InvalidRequestError(
+                f"job {job_id!r} has no checkpoint {seq} (newest {job.checkpoints}); confirm the sequence "
+                "number of the bytes checkpoint returned (checkpoint_seq reads it)"
+            )
+        if seq <= job.durable:
+            return 0
+        job.durable = seq
+        released = []
+        for key, taken in job.kept.items():  # in commit order, so in order of checkpoints taken too
+            if taken >= seq:
+                break
+            released.append(key)
+        for key in released:
+            del job.kept[key]
+            job.gc.add(key, self._now)
+        return len(released)
 
     def restore(
         self,
@@ -196,18 +252,26 @@ class Ledger(LeaseMachine):
         config: JobConfig | Mapping[str, Any] | None,
         now: float,
         old_ready: OldReady | str = OldReady.REOFFER,
-        available: Sequence[Partition] | None = None,
+        available: Sequence[Partition | HeldGroup] | None = None,
     ) -> dict[str, int]:
         """Restart ``job_id`` from a job checkpoint under a larger ``epoch``.
 
-        Uncommitted READY groups of the old epoch are re-offered (same partitions, new tokens on the next
-        acquire) or dropped (deleted) as ``old_ready`` says; unpublished grants are abandoned (deleted);
-        UNKNOWN groups stay UNKNOWN; the GC list carries over. Tokens issued afterwards are larger than
-        every token issued before the checkpoint.
+        What the storage servers hold decides, deterministically (see :mod:`._restore`): a group READY at
+        the checkpoint is offered again (same partition, new tokens on the next acquire) when a server
+        holds it; committed data is kept until a later checkpoint covers the commit, so this includes
+        the groups the rolled-back incarnation committed after the checkpoint. A group READY or UNKNOWN at
+        the checkpoint that no server holds is recorded lost (see :meth:`lost`). Groups the servers hold
+        that the checkpoint does not know (acknowledged after it, or granted and never published) are
+        purged: deleted through the GC list and counted (``purged``). ``old_ready="drop"`` drops every
+        READY group instead; unpublished grants are abandoned; UNKNOWN groups stay UNKNOWN; the GC list
+        and the lost record carry over. Tokens issued afterwards are larger than every token issued
+        before the checkpoint. Commits of the restored job are kept until a later checkpoint of it is
+        confirmed durable.
 
-        ``available`` lists the partitions the storage servers still hold. A group READY at the checkpoint
-        but absent from it was committed (and its data deleted) by the incarnation that is being rolled
-        back; it is dropped, never offered again. ``None`` trusts the checkpoint.
+        Args:
+            available: What the storage servers hold for the job: :class:`HeldGroup` listings (partition,
+                server, bytes; needed to purge) or bare partitions (presence only). ``None`` trusts the
+                checkpoint: nothing is found lost, nothing purged.
 
         Returns:
             The job's counts after the restore (see :meth:`counts`).
@@ -215,14 +279,16 @@ class Ledger(LeaseMachine):
         Raises:
             CheckpointError: the data is corrupt, truncated, of another format or of another job.
             ConfigError: ``config`` differs from the checkpoint's (the setting is named).
-            StaleFenceError: ``epoch`` is not larger than the checkpoint's epoch.
+            StaleFenceError: ``epoch`` is not larger than the checkpoint's epoch, or than the epoch of a
+                group the servers hold.
             AlreadyExistsError: this ledger already has the job open.
+            InvalidRequestError: ``available`` lists a group of another job or on an unknown server.
         """
         now = self._advance(now)
         payload = _ckpt.decode(data, _ckpt.KIND_JOB)
         if payload.get("job_id") != job_id:
             raise CheckpointError(
-                f"the checkpoint is of job {payload.get('job_id')!r}, not {job_id!r}; "
+                f"the checkpoint is of job {payload.get('job_id')!r:.100}, not {job_id!r:.100}; "
                 "pass the right file or job"
             )
         cfg = self._config(config)
@@ -253,18 +319,13 @@ class Ledger(LeaseMachine):
                 f"job {job_id!r} is already open in this controller; restore into a fresh controller"
             )
         drop = check_old_ready(old_ready) is OldReady.DROP
-        present = None if available is None else {Partition(*p) for p in available}
-        groups = _ckpt.import_job(self, payload, epoch, cfg, now)
-        job = self._jobs[job_id]
-        for g in sorted(groups, key=lambda g: g.ready_seq):
-            if g.state is READY:
-                if drop or (present is not None and g.key not in present):
-                    self._to_gc(g, DROPPED)
-                else:
-                    g.ready_seq = job.ready.push(g.key, g.policy_version, g.colset)
-            elif g.state is GroupState.ALLOCATED:
-                self._to_gc(g, DROPPED)
-        self.ready_version += 1
+        imp = _ckpt.parse_job_checkpoint(self, payload)
+        holdings = (
+            None
+            if available is None
+            else check_holdings(available, job_id, epoch, imp.server_ids | set(self._servers))
+        )
+        restore_job(self, imp, epoch=epoch, config=cfg, now=now, drop=drop, holdings=holdings)
         return self.counts(job_id)
 
     def snapshot(self) -> bytes:

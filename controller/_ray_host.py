@@ -26,7 +26,7 @@ from typing import Any
 
 from trajflight.errors import TrajflightError
 
-from ._checkpoint import read_file, write_atomic
+from ._checkpoint import checkpoint_seq, read_file, write_atomic
 from ._durable import HostCore, run_deletes
 from ._records import DeleteWork
 
@@ -116,11 +116,13 @@ class ControllerActor:
                 await asyncio.wait_for(event.wait(), remaining)
 
     async def checkpoint(self, job_id: str, path: str | None) -> Reply:
-        """Take a job checkpoint; write it (atomically, on the actor's node) to ``path`` when given."""
+        """Take a job checkpoint; write it (atomically, on the actor's node) to ``path`` when given, and
+        then confirm it durable (see ``LocalController.checkpoint``)."""
         try:
             data: bytes = self._apply("checkpoint", {"job_id": job_id})
             if path is not None:
                 write_atomic(path, data)
+                self._apply("confirm_checkpoint", {"job_id": job_id, "seq": checkpoint_seq(data)})
             return ("ok", data)
         except TrajflightError as exc:
             return ("err", exc)

@@ -23,8 +23,10 @@ __all__ = [
     "DeleteWork",
     "GroupInfo",
     "GroupState",
+    "HeldGroup",
     "JobConfig",
     "Lease",
+    "LostGroup",
     "OldReady",
     "Partition",
     "PolicyStatus",
@@ -90,6 +92,8 @@ _DURATION_SETTINGS = (
     "delete_retry_max",
     "delete_timeout",
     "capacity_retry_after",
+    "server_retry_initial",
+    "server_retry_max",
 )
 
 
@@ -117,6 +121,10 @@ class JobConfig:
         delete_retry_max: Largest back-off between delete attempts.
         delete_timeout: Seconds after which a delete handed out but never confirmed is handed out again.
         capacity_retry_after: Retry hint (seconds) carried by a capacity refusal.
+        server_retry_initial: How long ``acquire`` leases none of a storage server's groups after a
+            trainer of the job reported that it did not answer; doubles per report while it stays
+            unreachable.
+        server_retry_max: Longest such back-off.
     """
 
     capacity_bytes: int | None = None
@@ -132,6 +140,8 @@ class JobConfig:
     delete_retry_max: float = 30.0
     delete_timeout: float = 30.0
     capacity_retry_after: float = 1.0
+    server_retry_initial: float = 1.0
+    server_retry_max: float = 30.0
 
     def __post_init__(self) -> None:
         for name in ("capacity_bytes", "capacity_groups", "max_staleness"):
@@ -176,6 +186,12 @@ class JobConfig:
                 f"delete_retry_initial ({self.delete_retry_initial}s) exceeds delete_retry_max "
                 f"({self.delete_retry_max}s)",
                 setting="delete_retry_initial",
+            )
+        if self.server_retry_initial > self.server_retry_max:
+            raise ConfigError(
+                f"server_retry_initial ({self.server_retry_initial}s) exceeds server_retry_max "
+                f"({self.server_retry_max}s)",
+                setting="server_retry_initial",
             )
         if self.strict_on_policy and self.max_staleness not in (None, 0):
             raise ConfigError(
@@ -367,6 +383,39 @@ class DeleteWork:
     token: int
     attempt: int
     last_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LostGroup:
+    """A group that can never be offered again although it was not trained: its data is gone.
+
+    The ledger keeps one record per lost group of a job (in its checkpoints and snapshots too), so that
+    a loss is reported with its partition, never silently dropped.
+
+    Attributes:
+        partition: The group.
+        reason: Why it is lost (``"missing on server <id>"``, or absent from every storage server at a
+            restore).
+    """
+
+    partition: Partition
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class HeldGroup:
+    """A group a storage server holds, as its listing reports it: what a restore needs to re-offer it
+    or, when the checkpoint does not know it, to purge it (delete it and give its capacity back).
+
+    Attributes:
+        partition: The group.
+        server_id: The registered server that holds it.
+        nbytes: The bytes it takes there.
+    """
+
+    partition: Partition
+    server_id: str
+    nbytes: int
 
 
 @dataclass(frozen=True, slots=True)

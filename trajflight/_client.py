@@ -14,23 +14,26 @@ Ray data plane (``ray://namespace/name``). Every call has a deadline.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 
-from trajflight._handles import BatchHandle
-from trajflight._lease import LeasedBatch, Renewals
+from trajflight._lease import Renewals
 from trajflight._storage import ID_SLACK, StoragePool, Transport, with_key
+from trajflight._trainer import FENCE_TIMEOUT, Trainer
 from trajflight.codec import EncodedGroups, GroupKey, encode_group, encode_groups
 from trajflight.controller import (
     ControllerClient,
     GroupInfo,
+    HeldGroup,
     JobConfig,
+    LostGroup,
     OldReady,
     Partition,
     Publication,
@@ -39,6 +42,8 @@ from trajflight.controller import (
 from trajflight.errors import CapacityExceededError, DeadlineExceededError, InvalidRequestError
 
 __all__ = ["Client", "Trainer", "Writer", "connect"]
+
+log = logging.getLogger("trajflight")
 
 
 def connect(address: str, *, timeout: float = 30.0, transport: Transport = "auto") -> Client:
@@ -158,28 +163,57 @@ class Client:
     ) -> dict[str, int]:
         """Restart a job from a checkpoint under a larger epoch, fencing the old one on every server.
 
-        Uncommitted READY groups of the old epoch are re-offered (``old_ready="reoffer"``) or dropped.
-        Groups READY at the checkpoint whose data the storage servers no longer hold (the rolled-back
-        incarnation committed them after the checkpoint, and commit deletes) are dropped, never offered:
-        the servers are asked what they hold before the restore.
+        Every registered storage server is asked what it holds for the job first, and that decides
+        (``Ledger.restore``): groups READY at the checkpoint are offered again (also those the rolled-back
+        incarnation committed after it: committed data is kept until a later checkpoint is durable);
+        groups the servers hold that the checkpoint does not know are purged (deleted, counted as
+        ``purged``); groups READY at the checkpoint that no server holds are reported lost (counted as
+        ``lost``, listed by :meth:`lost` and logged). ``old_ready="drop"`` drops the READY groups instead.
+
+        Returns:
+            The job's counts after the restore.
+
+        Raises:
+            UnavailableError, DeadlineExceededError: a storage server did not list its groups; nothing
+                was restored (start it again, or restore with ``ControllerClient.restore`` and an explicit
+                ``available`` list).
         """
-        locations = [s.location for s in self.controller.servers()]
-        held = [g.key for loc in locations for g in self.storage.client(loc).list_groups(job_id)]
+        held = [
+            HeldGroup(Partition(*g.key), server.server_id, max(0, int(g.nbytes)))
+            for server in self.controller.servers()
+            for g in self.storage.client(server.location).list_groups(job_id)
+        ]
         out = self.controller.restore(
-            source,
-            job_id=job_id,
-            epoch=epoch,
-            config=config,
-            old_ready=old_ready,
-            available=[Partition(k.job_id, k.epoch, k.group_id) for k in held],
+            source, job_id=job_id, epoch=epoch, config=config, old_ready=old_ready, available=held
         )
         self._fence_servers(job_id, epoch)
+        if out.get("lost"):
+            lost = self.controller.lost(job_id)
+            shown = ", ".join(f"{tuple(x.partition)} ({x.reason})" for x in lost[:10])
+            log.warning(
+                "restore of job %.100r: %d groups are lost (never to be offered again): %s%s",
+                job_id, len(lost), shown, ", ..." if len(lost) > 10 else "",
+            )  # fmt: skip
         return out
+
+    def lost(self, job_id: str) -> tuple[LostGroup, ...]:
+        """Groups of the job that can never be offered again although they were not trained, each with
+        its partition and why (restores and trainers record them; see ``Ledger.lost``)."""
+        return self.controller.lost(job_id)
 
     def checkpoint(self, job_id: str, path: str | os.PathLike[str] | None = None) -> bytes:
         """Checkpoint the job (refused while a group is LEASED..TRAINED); written atomically to ``path``
-        on the controller's machine when given."""
+        on the controller's machine when given, and then confirmed durable.
+
+        From a job's first checkpoint on, committed groups stay stored (holding capacity) until a later
+        checkpoint is durable, so that a restore from the newest one finds every group it must offer
+        again. Without ``path``, keep the bytes safe, then call :meth:`confirm_checkpoint`."""
         return self.controller.checkpoint(job_id, path)
+
+    def confirm_checkpoint(self, job_id: str, checkpoint: bytes | int) -> int:
+        """The checkpoint's bytes (taken without a path) are stored safely: the commits it covers are
+        deleted from now on. Returns how many kept commits were released."""
+        return self.controller.confirm_checkpoint(job_id, checkpoint)
 
     def writer(
         self,
@@ -204,9 +238,16 @@ class Client:
             node=node,
         )
 
-    def trainer(self, job_id: str, *, owner: str | None = None, ttl: float | None = None) -> Trainer:
-        """A :class:`Trainer` leasing groups of ``job_id``."""
-        return Trainer(self, job_id, owner=owner, ttl=ttl)
+    def trainer(
+        self,
+        job_id: str,
+        *,
+        owner: str | None = None,
+        ttl: float | None = None,
+        fence_timeout: float = FENCE_TIMEOUT,
+    ) -> Trainer:
+        """A :class:`Trainer` leasing groups of ``job_id`` (see :class:`Trainer` for the arguments)."""
+        return Trainer(self, job_id, owner=owner, ttl=ttl, fence_timeout=fence_timeout)
 
     def stats(self, job_id: str | None = None) -> dict[str, Any]:
         """Counters of the controller host, group counts per state, and every storage server's stats."""
@@ -549,103 +590,3 @@ def _group_figures(encoded: EncodedGroups, default: int) -> list[tuple[int, int]
             return None
         versions = np.minimum.reduceat(column.to_numpy(zero_copy_only=False), bounds[:-1]).tolist()
     return list(zip(tokens, versions, strict=True))
-
-
-class Trainer:
-    """Leases batches of one job. Thread-safe.
-
-    Args:
-        client: The data plane connection.
-        job_id: The job.
-        owner: Name shown to operators (default: a random one).
-        ttl: Lease time-to-live (default: the job's); leases renew themselves while held.
-    """
-
-    def __init__(
-        self, client: Client, job_id: str, *, owner: str | None = None, ttl: float | None = None
-    ) -> None:
-        self.client = client
-        self.job_id = job_id
-        self.owner = owner or f"trainer-{uuid.uuid4().hex[:8]}"
-        self.ttl = ttl
-
-    def announce_policy(self, version: int) -> None:
-        """Announce new weights to the job's writers."""
-        self.client.controller.announce_policy(self.job_id, version)
-
-    def try_lease(
-        self,
-        max_groups: int,
-        *,
-        wait: float = 0.0,
-        max_tokens: int | None = None,
-        max_staleness: int | None = None,
-        require: Iterable[str] = (),
-        lack: Iterable[str] = (),
-        renew: bool = True,
-    ) -> LeasedBatch | None:
-        """Lease up to ``max_groups`` READY groups, waiting up to ``wait`` seconds; ``None`` if none came.
-
-        Args:
-            max_groups: Most groups to lease.
-            wait: Long-poll time, seconds.
-            max_tokens: Token budget of the batch (at least one group is granted).
-            max_staleness: Lease only groups at most this many policy versions old.
-            require: Lease only groups carrying these columns (e.g. ``advantage``).
-            lack: Lease only groups lacking these columns (enrichment stages).
-            renew: Renew the lease in the background while it is held.
-        """
-        lease = self.client.controller.acquire(
-            self.job_id,
-            self.owner,
-            max_groups=max_groups,
-            wait=wait,
-            ttl=self.ttl,
-            max_tokens=max_tokens,
-            max_staleness=max_staleness,
-            require=tuple(require),
-            lack=tuple(lack),
-            timeout=max(self.client.timeout, wait + 5.0),
-        )
-        if lease is None:
-            return None
-        handle = BatchHandle(
-            lease.job_id,
-            lease.token,
-            lease.groups,
-            expires_at=lease.expires_at,
-        )
-        # Fence before anyone reads: a zombie holding an older lease of these groups is refused from now on.
-        opened = self.client.storage.advance(handle)
-        return LeasedBatch(self.client, handle, ttl=self.ttl, renew=renew, opened=opened)
-
-    def lease(
-        self,
-        max_groups: int,
-        *,
-        wait: float = 30.0,
-        max_tokens: int | None = None,
-        max_staleness: int | None = None,
-        require: Iterable[str] = (),
-        lack: Iterable[str] = (),
-        renew: bool = True,
-    ) -> LeasedBatch:
-        """Like :meth:`try_lease`, but raise when no group became READY within ``wait`` seconds.
-
-        Raises:
-            DeadlineExceededError: nothing to lease in time (the writers may be slow or finished).
-        """
-        batch = self.try_lease(
-            max_groups,
-            wait=wait,
-            max_tokens=max_tokens,
-            max_staleness=max_staleness,
-            require=require,
-            lack=lack,
-            renew=renew,
-        )
-        if batch is None:
-            raise DeadlineExceededError(
-                f"no group of job {self.job_id!r} became READY within {wait:g}s; wait longer or check writers"
-            )
-        return batch

@@ -32,9 +32,11 @@ from trajflight.controller import (
     DeleteWork,
     GroupInfo,
     GroupState,
+    HeldGroup,
     JobConfig,
     Lease,
     LocalController,
+    LostGroup,
     OldReady,
     Partition,
     PolicyStatus,
@@ -52,8 +54,10 @@ _rpc.register(
     DeleteWork,
     GroupInfo,
     GroupState,
+    HeldGroup,
     JobConfig,
     Lease,
+    LostGroup,
     OldReady,
     Partition,
     PolicyStatus,
@@ -88,6 +92,9 @@ CALLS = frozenset(
         "lease_groups",
         "gc_list",
         "servers",
+        "confirm_checkpoint",
+        "lost",
+        "report_unusable",
     }
 )
 """Controller operations a remote client may call (the methods of ``ControllerClient``)."""

@@ -83,11 +83,13 @@ class StoragePool:
                 found = self._clients[location] = StorageClient(location, timeout=self.timeout)
             return found
 
-    def uses_shm(self, location: str) -> bool:
-        """Whether calls to the server at ``location`` go through shared memory (decided once, cached).
+    def uses_shm(self, location: str, *, timeout: float | None = None) -> bool:
+        """Whether calls to the server at ``location`` go through shared memory (decided once, cached;
+        deciding asks the server's ``health`` under ``timeout``, default the pool's).
 
         Raises:
             ConfigError: ``transport="shm"`` and the server has no arena or is on another host.
+            UnavailableError, DeadlineExceededError: the server did not answer while deciding.
         """
         with self._lock:
             found = self._routes.get(location)
@@ -96,7 +98,7 @@ class StoragePool:
         if self.transport == "flight":
             use = False
         else:
-            health = self.client(location).health()
+            health = self.client(location).health(timeout=timeout)
             shm_dir = health.get("shm_dir")
             same_host = health.get("host_id") == host_id()
             use = bool(shm_dir) and same_host and os.access(str(shm_dir), os.R_OK | os.X_OK)
@@ -212,32 +214,60 @@ class StoragePool:
         for location in sorted(set(locations)):
             self.client(location).fence(job_id, min_epoch)
 
-    def advance(self, handle: BatchHandle) -> dict[str, ShmOpened]:
+    def advance(self, handle: BatchHandle, *, timeout: float | None = None) -> dict[str, ShmOpened]:
         """Raise the servers' highest generation of the handle's groups to the lease's tokens.
 
         After this, a zombie holding an older lease on these groups is refused by the servers even for
         reads and appends it makes before the new holder's first read. Servers reached through shared
         memory do it with ``shm_open`` (which fences the same way) and hand over the groups' segments in
         the same call, which the lease maps (and so locks against reuse) at once: its first read needs no
-        call and no mapping of its own.
+        call and no mapping of its own. Every server is called at once, each under ``timeout`` (default
+        the pool's).
 
         Returns:
             The opened segments per location, for servers reached through shared memory.
+
+        Raises:
+            The error of the first server (in the handle's order) that failed, once every call ended.
+        """
+        opened, failed = self.advance_each(handle, timeout=timeout)
+        if failed:
+            raise next(iter(failed.values()))
+        return opened
+
+    def advance_each(
+        self, handle: BatchHandle, *, timeout: float | None = None
+    ) -> tuple[dict[str, ShmOpened], dict[str, Exception]]:
+        """:meth:`advance`, server by server: a server that fails does not hide what the others did.
+
+        Returns:
+            The opened segments per location (servers reached through shared memory), and the error of
+            every location whose call failed (``NotFoundError``: it lacks a group; ``UnavailableError``
+            or ``DeadlineExceededError``: it did not answer), in the handle's order.
         """
         by_location = _by_location(handle)
-        calls: list[Callable[[], Any]] = []
-        for loc, groups in by_location.items():
-            client, reads = self.client(loc), _lease_reads(groups)
-            if self.uses_shm(loc):
-                calls.append(functools.partial(_open_and_lock, client, reads))
-            else:
-                calls.append(functools.partial(client.advance_generation, reads))
-        results = _in_parallel(calls, "trajflight-advance")
-        return {loc: got for loc, got in zip(by_location, results, strict=True) if isinstance(got, ShmOpened)}
+        calls = [
+            functools.partial(self._advance_one, loc, groups, timeout) for loc, groups in by_location.items()
+        ]
+        results = _in_parallel_settled(calls, "trajflight-advance")
+        opened = {
+            loc: got for loc, got in zip(by_location, results, strict=True) if isinstance(got, ShmOpened)
+        }
+        failed = {
+            loc: got for loc, got in zip(by_location, results, strict=True) if isinstance(got, Exception)
+        }
+        return opened, failed
+
+    def _advance_one(self, location: str, groups: Sequence[Any], timeout: float | None) -> ShmOpened | None:
+        client, reads = self.client(location), _lease_reads(groups)
+        if self.uses_shm(location, timeout=timeout):
+            return _open_and_lock(client, reads, timeout)
+        client.advance_generation(reads, timeout=timeout)
+        return None
 
 
-def _open_and_lock(client: StorageClient, reads: Sequence[GroupRead]) -> ShmOpened:
-    opened = client.shm_open(reads)
+def _open_and_lock(client: StorageClient, reads: Sequence[GroupRead], timeout: float | None) -> ShmOpened:
+    opened = client.shm_open(reads, timeout=timeout)
     client.shm_lock(opened)  # a read asks the server if the board does not vouch for the groups
     return opened
 
@@ -377,6 +407,18 @@ def _in_parallel(calls: Sequence[Callable[[], T]], name: str) -> list[T]:
         return [call() for call in calls]
     with ThreadPoolExecutor(len(calls), thread_name_prefix=name) as executor:
         return [f.result() for f in [executor.submit(call) for call in calls]]
+
+
+def _in_parallel_settled(calls: Sequence[Callable[[], T]], name: str) -> list[T | Exception]:
+    """:func:`_in_parallel`, with each call's error in its place instead of raised."""
+
+    def settle(call: Callable[[], T]) -> T | Exception:
+        try:
+            return call()
+        except Exception as exc:  # handed back to the caller, which decides per server
+            return exc
+
+    return _in_parallel([functools.partial(settle, call) for call in calls], name)
 
 
 def read_handle(

@@ -25,6 +25,7 @@ __all__ = [
     "InvalidStateError",
     "LeaseExpiredError",
     "NotFoundError",
+    "RecoveryError",
     "SchemaError",
     "StaleFenceError",
     "TrajflightError",
@@ -136,6 +137,15 @@ class CheckpointError(InvalidRequestError):
     not belong to the job it is restored into. Nothing was restored; ``path`` names the file when known."""
 
     code = "checkpoint"
+
+
+class RecoveryError(CheckpointError):
+    """A controller's crash recovery found its journal inconsistent with its snapshot: a record that
+    succeeded when it was journaled fails on replay, or a record in the middle of the journal is corrupt.
+    The host refuses to start rather than run on a ledger that diverged from what happened. ``path``
+    names the journal, ``record`` the record (1-based), ``method`` its operation when known."""
+
+    code = "recovery"
 
 
 class DeadlineExceededError(TrajflightError):

@@ -73,8 +73,9 @@ def test_restore_can_drop_old_ready_groups(world):
 
 
 def test_restore_drops_ready_groups_whose_data_is_gone(world):
-    """A group READY at the checkpoint that the rolled-back incarnation committed afterwards (so its data
-    was deleted) must not be offered again: restore drops what the storage servers no longer hold."""
+    """A group READY at the checkpoint whose data the storage servers no longer hold (deleted after a later
+    checkpoint covered its commit, or its server lost it) must not be offered again: restore drops it and
+    records it lost (issue 14: never silently dropped)."""
     metas = world.put(3)
     data = world.ledger.checkpoint("j", now=world.now)
     gone = metas[0].partition
@@ -85,6 +86,8 @@ def test_restore_drops_ready_groups_whose_data_is_gone(world):
     )
     assert counts["READY"] == 2
     assert counts["DROPPED"] == 1
+    assert counts["lost"] == 1
+    assert [x.partition for x in fresh.lost("j")] == [gone]
     lease = fresh.acquire("j", "t", max_groups=10, now=world.now)
     assert lease is not None
     assert set(lease.partitions) == set(still_there)

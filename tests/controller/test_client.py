@@ -56,6 +56,7 @@ ARGS = {
     "partitions": [Partition("j", 1, 0)],
     "action": "drop",
     "source": b"",
+    "checkpoint": 1,
     "config": None,
     "calls": [("counts", {"job_id": "j"})],
     "items": [Publication(Partition("j", 1, 0), 1, 1, 1, 1, 0, ())],

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import pickle
+import zlib
+
 import pytest
 
-from trajflight.controller import GroupState, Publication, write_checkpoint
-from trajflight.controller._durable import HostCore
-from trajflight.errors import CheckpointError, InvalidRequestError, StaleFenceError
+from trajflight.controller import GroupState, LocalController, Publication, write_checkpoint
+from trajflight.controller._durable import _RECORD, HostCore
+from trajflight.errors import (
+    CheckpointError,
+    InvalidRequestError,
+    NotFoundError,
+    RecoveryError,
+    StaleFenceError,
+    error_class_for_code,
+)
 
 
 class Clock:
@@ -160,3 +170,80 @@ def test_batched_publication_is_journaled_and_replayed_after_a_crash(tmp_path):
     assert again.ledger.usage("j") == (9 + 19 + 30, 3)  # the unused reservations stay given back
     assert again.apply("publish_many", {"items": items})[:2] == infos  # a retry after the crash is answered
     again.close()
+
+
+def _append_record(path, method, kwargs, now):
+    """Append a well-formed journal record (valid length and checksum), as a tamperer or a bug would."""
+    body = pickle.dumps((method, kwargs, now))
+    with open(path, "ab") as f:
+        f.write(_RECORD.pack(len(body), zlib.crc32(body)) + body)
+
+
+def test_a_journal_record_that_fails_on_replay_refuses_to_start(tmp_path):
+    """Regression (issue 14, item 12): replay ran each record under ``contextlib.suppress(Exception)``, so
+    a record that failed on replay (the ledger diverged from what happened) was silently skipped and the
+    host ran on the diverged ledger. Only calls that succeeded are journaled: the start must fail, loud
+    and typed, naming the journal, the record, the operation and the original error."""
+    clock = Clock()
+    core = HostCore(clock=clock, state_dir=tmp_path)
+    _open(core)
+    _put(core, 2)
+    core.close()
+    journal = _journal(tmp_path)
+    _append_record(journal, "commit", {"token": 1 << 50, "batch_id": "never"}, clock.now)
+    with pytest.raises(RecoveryError) as err:
+        HostCore(clock=clock, state_dir=tmp_path)
+    assert err.value.path == str(journal)
+    assert err.value.record == 8  # after register_server, open_job, register_writer, 2 x (allocate, publish)
+    assert err.value.method == "commit"
+    assert "NotFoundError" in str(err.value)
+    assert str(1 << 50) in str(err.value)
+    assert isinstance(err.value, CheckpointError)
+    assert isinstance(err.value.__cause__, NotFoundError)
+    assert error_class_for_code(RecoveryError.code) is RecoveryError
+
+
+def test_a_corrupt_record_before_the_last_refuses_to_start_but_a_torn_tail_is_ignored(tmp_path):
+    """A checksum mismatch in the middle is corruption (refused); at the very end it is a torn write of a
+    call that never returned (ignored, as before)."""
+    clock = Clock()
+    core = HostCore(clock=clock, state_dir=tmp_path)
+    _open(core)
+    _put(core, 2)
+    core.close()
+    journal = _journal(tmp_path)
+    good = journal.read_bytes()
+    journal.write_bytes(good[:-3])  # the last publish torn mid-write
+    again = HostCore(clock=clock, state_dir=tmp_path)
+    assert again.ledger.counts("j")["READY"] == 1
+    assert again.ledger.counts("j")["ALLOCATED"] == 1
+    again.close()
+
+    core = HostCore(clock=clock, state_dir=tmp_path)
+    _put(core, 1)
+    core.close()
+    journal = _journal(tmp_path)
+    data = bytearray(journal.read_bytes())
+    data[_RECORD.size + 2] ^= 0xFF  # inside the first record's body; two valid records follow it
+    journal.write_bytes(bytes(data))
+    with pytest.raises(RecoveryError, match=r"record 1 cannot be replayed: its checksum"):
+        HostCore(clock=clock, state_dir=tmp_path)
+    tail = bytearray(journal.read_bytes())
+    tail[_RECORD.size + 2] ^= 0xFF  # repaired ...
+    tail[-2] ^= 0xFF  # ... and the last record's body damaged instead: a torn tail, ignored
+    journal.write_bytes(bytes(tail))
+    third = HostCore(clock=clock, state_dir=tmp_path)
+    assert third.ledger.counts("j")["READY"] == 1  # the new group's publish was the torn record
+    assert third.ledger.counts("j")["ALLOCATED"] == 2
+    third.close()
+
+
+def test_a_local_controller_does_not_start_on_a_diverged_journal(tmp_path):
+    clock = Clock()
+    core = HostCore(clock=clock, state_dir=tmp_path)
+    _open(core)
+    core.close()
+    _append_record(_journal(tmp_path), "publish", {"partition": ("j", 1, 7), "token": 1, "rows": 1,
+                   "nbytes": 1, "tokens": 1, "policy_version": 0, "columns": ()}, clock.now)  # fmt: skip
+    with pytest.raises(RecoveryError, match=r"\(publish\) cannot be replayed"):
+        LocalController(clock=clock, state_dir=tmp_path, start=False)

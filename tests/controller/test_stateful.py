@@ -4,7 +4,10 @@ Invariants checked after every step: every group is in the state the model predi
 LEASED/PREPARED to READY and TRAINING/TRAINED to UNKNOWN, and nothing else moves); at most one live
 lease holds a group; tokens strictly increase and a group's generation only grows; a call on an ended
 lease never changes anything (no stale token is accepted); each group is committed at most once and never
-offered again; capacity is never exceeded and is released only after a confirmed delete.
+offered again; capacity is never exceeded and is released only after a confirmed delete; once a
+checkpoint was taken, commits are kept until a later checkpoint is confirmed (issue 14); groups reported
+missing are lost for good and a server reported unreachable has none of its groups leased until its
+back-off ends or a delete on it is confirmed.
 """
 
 from __future__ import annotations
@@ -15,13 +18,14 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from trajflight.controller import JobConfig, Ledger, Partition, Publication
+from trajflight.controller import JobConfig, Ledger, Partition, Publication, checkpoint_seq
 from trajflight.controller._durable import MUTATING
 from trajflight.errors import CapacityExceededError, TrajflightError
 
 CAP_BYTES = 600
 CAP_GROUPS = 12
 TTL = 10.0
+RETRY, RETRY_MAX = 1.0, 4.0
 LIVE = ("LEASED", "PREPARED", "TRAINING", "TRAINED")
 STEPS = {
     "start_training": ("PREPARED", "TRAINING"),
@@ -43,8 +47,9 @@ class Recorder:
             return attr
 
         def call(*args, **kwargs):
+            parks = self.ledger.parks
             result = attr(*args, **kwargs)
-            if result is not None or name != "acquire":
+            if result is not None or name != "acquire" or self.ledger.parks != parks:
                 self.log.append((name, args, kwargs))
             return result
 
@@ -57,7 +62,9 @@ def _observable(ledger: Ledger) -> tuple:
         t: (lease.expires_at, tuple(lease.live), dict(lease.stage)) for t, lease in ledger._leases.items()
     }
     gc = {w.partition for w in ledger.gc_list()}
-    return groups, leases, gc, ledger.usage("j"), ledger.last_token
+    job = ledger._jobs["j"]
+    kept, lost = dict(job.kept), dict(job.lost)
+    return groups, leases, gc, ledger.usage("j"), ledger.last_token, kept, lost, ledger._reach.export()
 
 
 class LedgerMachine(RuleBasedStateMachine):
@@ -74,9 +81,14 @@ class LedgerMachine(RuleBasedStateMachine):
             capacity_groups=CAP_GROUPS,
             now=self.now,
         )
-        self.L.open_job(
-            "j", 1, JobConfig(default_lease_ttl=TTL, max_lease_ttl=50.0, max_group_bytes=100), now=self.now
+        config = JobConfig(
+            default_lease_ttl=TTL,
+            max_lease_ttl=50.0,
+            max_group_bytes=100,
+            server_retry_initial=RETRY,
+            server_retry_max=RETRY_MAX,
         )
+        self.L.open_job("j", 1, config, now=self.now)
         self.L.register_writer("j", 1, "w", node="n", now=self.now)
         self.state: dict[Partition, str] = {}
         self.gen: dict[Partition, int] = {}
@@ -86,9 +98,17 @@ class LedgerMachine(RuleBasedStateMachine):
         self.max_token = 0
         self.committed: set[Partition] = set()
         self.on_gc: set[Partition] = set()
+        self.checkpoints = 0  # taken
+        self.durable = 0  # newest confirmed
+        self.kept: dict[Partition, int] = {}  # committed after checkpoint n, not yet covered
+        self.lost: set[Partition] = set()
+        self.until: float | None = None  # s0 is in back-off until then
+        self.failures = 0
 
     # ------------------------------------------------------------ model helpers
     def _expire(self):
+        if self.until is not None and self.until <= self.now:
+            self.until = None  # the back-off ended (its failures are remembered)
         for token, lease in list(self.leases.items()):
             if lease["expires"] <= self.now:
                 for key in lease["live"]:
@@ -176,6 +196,9 @@ class LedgerMachine(RuleBasedStateMachine):
         self._expire()
         ready = [k for k, s in self.state.items() if s == "READY"]
         lease = self.L.acquire("j", "t", max_groups=n, now=self.now)
+        if self.until is not None:  # s0, which holds every group, is in back-off
+            assert lease is None, "a group of a server in back-off was leased"
+            return
         if lease is None:
             assert not ready
             return
@@ -327,7 +350,10 @@ class LedgerMachine(RuleBasedStateMachine):
                 for k in keys:
                     assert k not in self.committed, "committed twice"
                     self.committed.add(k)
-                    self.on_gc.add(k)
+                    if self.checkpoints:
+                        self.kept[k] = self.checkpoints
+                    else:
+                        self.on_gc.add(k)
                     lease["live"].remove(k)
                 if not lease["live"]:
                     self._end(token)
@@ -355,6 +381,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 self.on_gc.discard(work.partition)
                 for d in (self.state, self.gen, self.size):
                     del d[work.partition]
+                self.until, self.failures = None, 0  # s0 answered: reached
 
     @precondition(lambda self: any(s == "UNKNOWN" for s in self.state.values()))
     @rule(data=st.data(), action=st.sampled_from(["requeue", "drop"]))
@@ -368,6 +395,81 @@ class LedgerMachine(RuleBasedStateMachine):
         else:
             self.state[key] = "DROPPED"
             self.on_gc.add(key)
+
+    @precondition(lambda self: not self.leases)
+    @rule()
+    def checkpoint(self):
+        """A quiescent checkpoint: from now on commits are kept until a later one is confirmed."""
+        self._expire()
+        if self.leases:
+            return
+        data = self.L.checkpoint("j", now=self.now)
+        self.checkpoints += 1
+        assert checkpoint_seq(data) == self.checkpoints
+
+    @precondition(lambda self: self.checkpoints > 0)
+    @rule(data=st.data())
+    def confirm(self, data):
+        self._expire()
+        seq = data.draw(st.integers(1, self.checkpoints))
+        self.L.confirm_checkpoint("j", seq, now=self.now)
+        if seq > self.durable:
+            self.durable = seq
+            for key in [k for k, taken in self.kept.items() if taken < seq]:
+                del self.kept[key]
+                self.on_gc.add(key)
+
+    def _leave(self, token, keys):
+        lease = self.leases[token]
+        for k in keys:
+            lease["live"].remove(k)
+        for b, (bkeys, _) in list(lease["batches"].items()):
+            rest = [k for k in bkeys if k not in keys]
+            if rest:
+                lease["batches"][b][0] = rest
+            else:
+                del lease["batches"][b]
+        if not lease["live"]:
+            self._end(token)
+
+    @precondition(lambda self: bool(self.leases))
+    @rule(data=st.data())
+    def missing(self, data):
+        """A trainer finds a leased group missing on its server: lost, never offered again."""
+        self._expire()
+        if not self.leases:
+            return
+        token = data.draw(st.sampled_from(sorted(self.leases)))
+        open_ = [k for k in self.leases[token]["live"] if self.state[k] in ("LEASED", "PREPARED")]
+        if not open_:
+            return
+        keys = data.draw(st.lists(st.sampled_from(open_), min_size=1, unique=True))
+        left = self.L.report_unusable(token, missing=keys, now=self.now)
+        assert set(left) == set(keys)
+        for k in keys:
+            self.state[k] = "DROPPED"
+            self.on_gc.add(k)
+            self.lost.add(k)
+        self._leave(token, keys)
+
+    @precondition(lambda self: bool(self.leases))
+    @rule(data=st.data())
+    def unreachable(self, data):
+        """A trainer finds s0 not answering: the lease's untrained groups go back to READY, and none is
+        leased until the back-off ends."""
+        self._expire()
+        if not self.leases:
+            return
+        token = data.draw(st.sampled_from(sorted(self.leases)))
+        keys = [k for k in self.leases[token]["live"] if self.state[k] in ("LEASED", "PREPARED")]
+        left = self.L.report_unusable(token, unreachable=["s0"], now=self.now)
+        assert set(left) == set(keys)
+        if self.until is None:
+            self.failures += 1
+            self.until = self.now + min(RETRY_MAX, RETRY * 2 ** (self.failures - 1))
+        for k in keys:
+            self.state[k] = "READY"
+        self._leave(token, keys)
 
     @rule()
     def snapshot_and_reload(self):
@@ -413,6 +515,15 @@ class LedgerMachine(RuleBasedStateMachine):
         assert used_groups == len(self.state) <= CAP_GROUPS
         (server,) = self.L.servers()
         assert (server.used_bytes, server.used_groups) == (used_bytes, used_groups)
+
+    @invariant()
+    def kept_and_lost_match_the_model(self):
+        counts = self.L.counts("j")
+        assert dict(self.L._jobs["j"].kept) == self.kept
+        assert counts["kept"] == len(self.kept)
+        assert {x.partition for x in self.L.lost("j")} == self.lost
+        for key in self.lost:
+            assert self.state.get(key, "DROPPED") == "DROPPED", "a lost group came back"
 
     @invariant()
     def committed_groups_stay_committed(self):

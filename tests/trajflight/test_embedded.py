@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import trajflight
+from trajflight._storage import with_key
 from trajflight.codec import GroupKey
 from trajflight.errors import (
     CapacityExceededError,
@@ -122,6 +123,10 @@ def test_a_killed_trainer_loses_its_lease_and_its_token_is_refused_everywhere(cl
 def test_restart_from_checkpoint_refuses_stale_writers_and_offers_each_uncommitted_group_once(
     cluster, job, tmp_path
 ):
+    """Every group uncommitted at the checkpoint is offered exactly once after the restore, also the one
+    the rolled-back incarnation committed after the checkpoint (issue 14: its model never trained it, so
+    dropping it would lose it from the restored model's lineage); the group put after the checkpoint is
+    purged, never offered."""
     client = cluster.client()
     client.open_job(job, 1)
     writer = client.writer(job, 1)
@@ -132,18 +137,19 @@ def test_restart_from_checkpoint_refuses_stale_writers_and_offers_each_uncommitt
     ckpt = tmp_path / "job.ckpt"
     client.checkpoint(job, ckpt)
     # After the checkpoint: one more batch trained and committed by the old incarnation (its training is
-    # lost with it, its data deleted by the commit), and one group put by the old writer.
+    # lost with it; its data is kept until a later checkpoint), and one group put by the old writer.
     with trainer.lease(1, wait=5) as batch:
         committed_after = _prompts(batch.fetch_table(["sample_id"]))
     put_groups(writer, 1, seed=7, first=6)
     deadline = time.monotonic() + 10
-    while client.controller.gc_list(job) and time.monotonic() < deadline:  # the commit's delete is done
+    while client.controller.gc_list(job) and time.monotonic() < deadline:  # the first commit's deletes
         time.sleep(0.02)
     assert not client.controller.gc_list(job)
 
     cluster.restart_controller()
     client = cluster.client()
-    client.restore(ckpt, job_id=job, epoch=2, config=None, old_ready="reoffer")
+    counts = client.restore(ckpt, job_id=job, epoch=2, config=None, old_ready="reoffer")
+    assert (counts["READY"], counts["purged"], counts["lost"]) == (4, 1, 0)
     # Stale writers of epoch 1 are refused by the controller and by the storage servers.
     with pytest.raises(StaleFenceError):
         put_groups(client.writer(job, 1), 1, first=50)
@@ -151,16 +157,96 @@ def test_restart_from_checkpoint_refuses_stale_writers_and_offers_each_uncommitt
         key = GroupKey(job, 1, 999)
         with pytest.raises(StaleFenceError, match="fenced"):
             client.storage.client(location).put_group(key, _one_group(job, 1, 999))
-    # Every group uncommitted at the checkpoint is offered exactly once; committed ones never again, nor the
-    # one committed (and deleted) after the checkpoint by the incarnation that was rolled back.
     offered: list[int] = []
     new_trainer = client.trainer(job)
     while (batch := new_trainer.try_lease(3, wait=0.5)) is not None:
         with batch:
             offered += _prompts(batch.fetch_table(["sample_id"]))
-    assert sorted(offered) == sorted(set(range(6)) - set(committed) - set(committed_after))
+    assert sorted(offered) == sorted(set(range(6)) - set(committed))
+    assert set(committed_after) <= set(offered)
     assert Counter(offered).most_common(1)[0][1] == 1
-    assert not set(offered) & (set(committed) | set(committed_after))
+    client.checkpoint(job, tmp_path / "after.ckpt")  # covers the new commits: their data goes
+    assert cluster.wait_idle(job) == (0, 0)
+
+
+@pytest.mark.parametrize("delete", ["swept", "failing"])
+def test_restore_reoffers_groups_committed_after_the_checkpoint_deterministically(
+    cluster, job, tmp_path, monkeypatch, delete
+):
+    """Regression (issue 14, item 2): ``ck = checkpoint(); lease(2); fetch; commit(); restart controller;
+    restore(ck, epoch=2)`` re-offered the two groups when the commit's delete had not run yet and dropped
+    them when it had. Now the commit keeps their data until a later checkpoint is durable, so the restore
+    offers them again either way: with the sweeper forced to run every delete it is given before the
+    restart ("swept"), and with every delete failing ("failing")."""
+    client = cluster.client()
+    client.open_job(job, 1)
+    put_groups(client.writer(job, 1), 4)
+    ckpt = tmp_path / "job.ckpt"
+    client.checkpoint(job, ckpt)
+    assert cluster.controller is not None
+    if delete == "failing":
+
+        def refuse(work):
+            raise RuntimeError("the storage server is away")
+
+        monkeypatch.setattr(cluster.controller, "_deleter", refuse)
+    with client.trainer(job).lease(2, wait=5) as batch:
+        committed = _prompts(batch.fetch_table(["sample_id"]))
+    if delete == "swept":
+        cluster.controller.sweep()  # every due delete runs now, before the restart
+        assert not client.controller.gc_list(job)
+    held = sum(len(client.storage.client(loc).list_groups(job)) for loc in cluster.server_locations)
+    assert held == 4  # the committed groups' data is kept for a restore
+
+    cluster.restart_controller()
+    client = cluster.client()
+    counts = client.restore(ckpt, job_id=job, epoch=2)
+    assert (counts["READY"], counts["lost"], counts["purged"]) == (4, 0, 0)
+    with client.trainer(job).lease(4, wait=5) as batch:
+        ids = batch.fetch_table(["sample_id"]).column("sample_id").to_pylist()
+    assert len(ids) == len(set(ids)) == 16  # each sample once
+    assert set(committed) <= set(_prompts(pa.table({"sample_id": ids})))
+    client.checkpoint(job, ckpt)
+    assert cluster.wait_idle(job) == (0, 0)
+
+
+def test_restore_purges_and_counts_puts_made_after_the_checkpoint(cluster, job, tmp_path):
+    """Regression (issue 14, item 3): puts acknowledged READY after the checkpoint (and a put granted but
+    never published) had no ledger state after the restore while their data stayed on the servers, whose
+    capacity never came back. The restore purges them through the GC list and counts them; once
+    everything is trained and checkpointed the servers hold no byte of the job."""
+    client = cluster.client()
+    client.open_job(job, 1)
+    writer = client.writer(job, 1)
+    put_groups(writer, 3)
+    ckpt = tmp_path / "job.ckpt"
+    client.checkpoint(job, ckpt)
+    put_groups(writer, 2, seed=3, first=3)  # acknowledged READY after the checkpoint
+    batch = _one_group(job, 1, 0)
+    grant = client.controller.allocate(job, 1, writer.writer_id, nbytes=batch.get_total_buffer_size())
+    key = GroupKey(*grant.partition)
+    client.storage.put_group(grant.location, key, with_key(batch, key), writer=writer.writer_id, timeout=10)
+    assert sum(len(client.storage.client(loc).list_groups(job)) for loc in cluster.server_locations) == 6
+
+    cluster.restart_controller()
+    client = cluster.client()
+    with trajflight.connect(cluster.address, timeout=20) as remote:  # the listings cross the wire
+        counts = remote.restore(ckpt, job_id=job, epoch=2)
+        assert remote.lost(job) == ()
+    assert (counts["READY"], counts["purged"], counts["lost"]) == (3, 3, 0)
+    offered: list[int] = []
+    trainer = client.trainer(job)
+    while (leased := trainer.try_lease(2, wait=0.5)) is not None:
+        with leased:
+            offered += _prompts(leased.fetch_table(["sample_id"]))
+    assert sorted(offered) == [0, 1, 2]
+    client.checkpoint(job, ckpt)
+    assert cluster.wait_idle(job) == (0, 0)
+    for location in cluster.server_locations:
+        stats = client.storage.client(location).stats()
+        assert stats["jobs"].get(job, {}).get("bytes", 0) == 0
+        assert not client.storage.client(location).list_groups(job)
+    assert client.controller.counts(job)["purged"] == 3
 
 
 def _one_group(job: str, epoch: int, group_id: int) -> pa.RecordBatch:

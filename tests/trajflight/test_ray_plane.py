@@ -259,6 +259,8 @@ def test_restart_controller_keeps_address_servers_and_clients(ray_runtime):
         with client.trainer(job).lease(3, wait=10) as batch:
             assert len(batch) == 3
             assert batch.fetch(["reward"]).num_rows == 12
+        # A restored job keeps its commits until a later checkpoint is durable (issue 14): confirm one.
+        assert client.confirm_checkpoint(job, client.checkpoint(job)) == 3
         assert plane.wait_idle(job, timeout=15.0) == (0, 0)
 
 

@@ -1,0 +1,158 @@
+"""Restoring a job from its checkpoint: what is offered again, what is purged, what is reported lost.
+
+A restore installs the checkpointed job under a larger epoch, then compares it with what the storage
+servers hold (``available``, from their listings):
+
+* a group READY at the checkpoint that a server holds is offered again (same partition, new tokens);
+  a job that checkpoints keeps committed data until a later checkpoint covers the commit, so this
+  includes every group the rolled-back incarnation committed after the newest durable checkpoint;
+* a group READY (or UNKNOWN) at the checkpoint that no server holds can never be offered again: it is
+  recorded lost with its partition and the reason, and goes to the GC list (a delete of nothing);
+* a group a server holds that the checkpoint does not know (acknowledged after it, or granted and never
+  published), and a held group that was only granted at the checkpoint, is purged: it goes to the GC
+  list with the server's size, so the servers' capacity comes back, and is counted;
+* unpublished grants are abandoned, UNKNOWN groups stay UNKNOWN, the GC list carries over (with the
+  commits the checkpoint covers), and so does the record of lost groups.
+
+Without ``available`` the checkpoint is trusted: nothing is found lost and nothing is purged.
+This module changes nothing when it raises: every argument is checked before anything is installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from trajflight.errors import InvalidRequestError, StaleFenceError
+
+from . import _checkpoint as _ckpt
+from ._entries import (
+    ALLOCATED,
+    DROPPED,
+    READY,
+    UNKNOWN,
+    _Group,
+    _Job,
+    check_int,
+    check_name,
+    check_partition,
+)
+from ._records import HeldGroup, JobConfig, Partition
+
+if TYPE_CHECKING:
+    from ._core import LedgerCore
+
+__all__ = ["Holdings", "check_holdings", "restore_job"]
+
+Holdings = tuple[set[Partition], dict[Partition, HeldGroup]]
+"""The partitions the servers hold, and those of them known with their server and size."""
+
+
+def check_holdings(
+    available: Iterable[Partition | HeldGroup | Any], job_id: str, epoch: int, servers: set[str]
+) -> Holdings:
+    """Check ``available`` (partitions, or :class:`HeldGroup` listings) for a restore of ``job_id``.
+
+    Raises:
+        InvalidRequestError: an entry is malformed, of another job, or on a server neither registered
+            nor listed by the checkpoint.
+        StaleFenceError: a server holds a group of ``epoch`` or later (restore under a larger epoch).
+    """
+    if isinstance(available, str | bytes):
+        raise InvalidRequestError("available must be a list of partitions or HeldGroup records")
+    present: set[Partition] = set()
+    held: dict[Partition, HeldGroup] = {}
+    for item in available:
+        key = check_partition(item.partition if isinstance(item, HeldGroup) else item)
+        if key.job_id != job_id:
+            raise InvalidRequestError(
+                f"available lists {tuple(key)!r:.100}, a group of another job than {job_id!r}; "
+                "list the servers' groups of the job restored only"
+            )
+        check_int(key.epoch, "a partition's epoch")
+        if key.epoch >= epoch:
+            raise StaleFenceError(
+                f"the storage servers hold group {tuple(key)!r:.100} of epoch {key.epoch}, not older than "
+                f"the restore's epoch {epoch}: restore under an epoch larger than every epoch the job ran",
+                job_id=job_id,
+                epoch=epoch,
+            )
+        present.add(key)
+        if isinstance(item, HeldGroup):
+            check_name(item.server_id, "a held group's server_id")
+            check_int(item.nbytes, "a held group's nbytes")
+            if item.server_id not in servers:
+                raise InvalidRequestError(
+                    f"group {tuple(key)!r:.100} is held by server {item.server_id!r:.100}, which is not "
+                    "registered; register it before the restore"
+                )
+            held[key] = HeldGroup(key, item.server_id, item.nbytes)
+    return present, held
+
+
+def restore_job(
+    ledger: LedgerCore,
+    imp: _ckpt.JobImport,
+    *,
+    epoch: int,
+    config: JobConfig,
+    now: float,
+    drop: bool,
+    holdings: Holdings | None,
+) -> None:
+    """Install the parsed checkpoint ``imp`` at ``epoch`` and apply the rules of the module docstring.
+
+    ``drop``: READY groups of the checkpoint are dropped (deleted) rather than offered again.
+    ``holdings``: from :func:`check_holdings`, or ``None`` to trust the checkpoint.
+    """
+    groups = _ckpt.install_job_checkpoint(ledger, imp, epoch, config, now)
+    job = ledger._jobs[imp.parsed[0]["job_id"]]
+    # Restored from a checkpoint: its commits are kept until a later checkpoint of it is durable.
+    job.checkpoints = job.durable = max(1, job.checkpoints)
+    present, held = (None, {}) if holdings is None else holdings
+    gone = (
+        f"absent from every storage server at the restore to epoch {epoch} (committed and deleted after "
+        "this checkpoint, or its server lost it)"
+    )
+    for g in sorted(groups, key=lambda g: g.ready_seq):
+        absent = present is not None and g.key not in present
+        if g.state is READY:
+            if drop:
+                ledger._to_gc(g, DROPPED)
+            elif absent:
+                _lose(ledger, job, g, gone)
+            else:
+                g.ready_seq = job.ready.push(g.key, g.policy_version, g.colset)
+        elif g.state is UNKNOWN and absent:
+            _lose(ledger, job, g, gone)  # an operator's requeue could never be read
+        elif g.state is ALLOCATED:
+            if present is not None and not absent:
+                job.purged += 1  # put after the checkpoint, never published
+            ledger._to_gc(g, DROPPED)
+    known = {g.key for g in groups}
+    for key, item in held.items():
+        if key not in known:
+            _purge(ledger, job, item, now)
+    ledger.ready_version += 1
+
+
+def _lose(ledger: LedgerCore, job: _Job, g: _Group, reason: str) -> None:
+    job.lost[g.key] = reason
+    ledger._to_gc(g, DROPPED)
+
+
+def _purge(ledger: LedgerCore, job: _Job, item: HeldGroup, now: float) -> None:
+    """Put a stored group the checkpoint does not know on the GC list, counting its bytes until the
+    delete is confirmed (so that the server's capacity and the ledger's agree again)."""
+    # A fresh token: larger than any the rolled-back incarnation gave the group, so the server takes it.
+    g = _Group(item.partition, item.server_id, ledger._next_token(), item.nbytes, now)
+    ledger._groups[g.key] = g
+    job.groups[g.key] = None
+    job.counts[g.state] += 1
+    server = ledger._servers[g.server_id]
+    server.used_bytes += g.nbytes
+    server.used_groups += 1
+    job.used_bytes += g.nbytes
+    job.used_groups += 1
+    ledger._to_gc(g, DROPPED)
+    job.purged += 1
