@@ -203,6 +203,32 @@ def tf_clear(client: StorageClient, keys: list[GroupKey]) -> None:
     client.delete([GroupRead(k, LeaseToken(0)) for k in keys])
 
 
+class FreshKeys:
+    """The workload under a new epoch before each timed put: a server tombstones the keys it deleted and
+    refuses to store them again, so a repeat must not reuse them."""
+
+    def __init__(
+        self, client: StorageClient, batches: list[pa.RecordBatch], *, first: int, step: int
+    ) -> None:
+        self.client = client
+        self.template = batches
+        self.epoch, self.step = first - step, step
+        self.batches = batches
+        self.keys: list[GroupKey] = []  # epoch 0 stays unused: the get runs put it afterwards
+
+    def setup(self) -> None:
+        """Delete the previous round's groups, then stamp the next epoch (untimed)."""
+        if self.keys:
+            tf_clear(self.client, self.keys)
+        self.epoch += self.step
+        index = self.template[0].schema.get_field_index("epoch")
+        self.batches = [
+            b.set_column(index, "epoch", pa.array(np.full(b.num_rows, self.epoch, dtype=np.int64)))
+            for b in self.template
+        ]
+        self.keys = [GroupKey(k.job_id, self.epoch, k.group_id) for k in keys_of(self.template)]
+
+
 def bare_put_all(client: flight.FlightClient, batches: list[pa.RecordBatch], keys: list[GroupKey]) -> None:
     options = flight.FlightCallOptions(timeout=60)
     for key, batch in zip(keys, batches, strict=True):
@@ -263,20 +289,25 @@ def main() -> int:
         def clear_bare() -> None:
             list(raw.do_action(flight.Action("clear", b"")))
 
+        fresh = FreshKeys(client, batches, first=1, step=2)
+        fresh_batched = FreshKeys(client, batches, first=2, step=2)
         results |= interleaved(
             {
-                "put trajflight": (lambda: tf_put_all(client, batches, keys), lambda: tf_clear(client, keys)),
+                "put trajflight": (lambda: tf_put_all(client, fresh.batches, fresh.keys), fresh.setup),
                 "put bare": (lambda: bare_put_all(raw, batches, keys), clear_bare),
                 "put trajflight batched": (
-                    lambda: client.put_groups(list(zip(keys, batches, strict=True))),
-                    lambda: tf_clear(client, keys),
+                    lambda: client.put_groups(
+                        list(zip(fresh_batched.keys, fresh_batched.batches, strict=True))
+                    ),
+                    fresh_batched.setup,
                 ),
                 "put bare batched": (lambda: bare_put_batched(raw, batches), clear_bare),
             },
             args.repeats,
         )
         # -- get: the whole workload on tf and bare; its second half also on tf2 (parallel case)
-        tf_clear(client, keys)
+        tf_clear(client, fresh.keys)
+        tf_clear(client, fresh_batched.keys)
         clear_bare()
         tf_put_all(client, batches, keys)
         bare_put_all(raw, batches, keys)
