@@ -36,6 +36,7 @@ from trajflight.errors import (
 from ._entries import (
     ALLOCATED,
     DROPPED,
+    INT64_MAX,
     LEASED,
     PREPARED,
     READY,
@@ -47,6 +48,7 @@ from ._entries import (
     _Lease,
     _Server,
     _Writer,
+    brief,
     check_int,
     check_name,
     check_old_ready,
@@ -171,13 +173,16 @@ class LedgerCore:
             self._ended_groups -= len(oldest.keys)
 
     def _job(self, job_id: str) -> _Job:
-        job = self._jobs.get(job_id)
+        job = self._jobs.get(job_id) if type(job_id) is str else None
         if job is None:
-            raise NotFoundError(f"job {job_id!r} is not open; call open_job first", job_id=job_id)
+            check_name(job_id, "job_id")
+            raise NotFoundError(f"job {brief(job_id)} is not open; call open_job first", job_id=job_id)
         return job
 
     def _job_epoch(self, job_id: str, epoch: int) -> _Job:
         job = self._job(job_id)
+        if type(epoch) is not int or epoch < 0 or epoch > INT64_MAX:
+            check_int(epoch, "epoch")
         if epoch < job.epoch:
             raise StaleFenceError(
                 f"epoch {epoch} of job {job_id!r} is fenced by epoch {job.epoch}: this caller belongs to an "
@@ -217,17 +222,19 @@ class LedgerCore:
 
     def _lease(self, token: int) -> _Lease:
         """The lease of ``token``, live or ended; raise if the token was never a lease or is forgotten."""
+        if type(token) is not int or token < 0 or token > INT64_MAX:
+            check_int(token, "token")
         lease = self._leases.get(token)
         if lease is None:
             lease = self._ended.get(token)
         if lease is not None:
             return lease
-        if isinstance(token, int) and 0 < token <= self.last_token:
+        if 0 < token <= self.last_token:
             raise StaleFenceError(
                 f"token {token} belongs to a lease that ended long ago; stop and acquire a new lease",
                 token=token,
             )
-        raise NotFoundError(f"no lease has token {token!r}; use the token returned by acquire", token=token)
+        raise NotFoundError(f"no lease has token {token}; use the token returned by acquire", token=token)
 
     def _ended_error(self, lease: _Lease) -> Exception:
         if lease.ended == "expired":
@@ -443,7 +450,7 @@ class LedgerCore:
         """
         self._advance(now)
         job = self._job_epoch(job_id, epoch)
-        writer = job.writers.get(writer_id)
+        writer = job.writers.get(check_name(writer_id, "writer_id"))
         if writer is None:
             raise NotFoundError(
                 f"writer {writer_id!r} is not registered for job {job_id!r}; register_writer first"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -81,6 +82,15 @@ class Partition(NamedTuple):
     group_id: int
 
 
+_INT64_MAX = (1 << 63) - 1
+
+
+def _cut(value: object) -> str:
+    """A caller's value for an error message, cut to about 100 characters."""
+    text = repr(value[:101]) if isinstance(value, str) else reprlib.repr(value)
+    return text if len(text) <= 100 else text[:100] + "..."
+
+
 _SIZE_SETTINGS = ("capacity_bytes", "max_group_bytes")
 _DURATION_SETTINGS = (
     "grant_ttl",
@@ -136,16 +146,27 @@ class JobConfig:
     def __post_init__(self) -> None:
         for name in ("capacity_bytes", "capacity_groups", "max_staleness"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise ConfigError(f"{name}: expected a non-negative int or None, got {value!r}", setting=name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT64_MAX
+            ):
+                raise ConfigError(
+                    f"{name}: expected a non-negative int (int64) or None, got {_cut(value)}", setting=name
+                )
         for name in ("max_group_bytes", "max_groups_per_lease"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"{name}: expected a positive int, got {value!r}", setting=name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= _INT64_MAX:
+                raise ConfigError(f"{name}: expected a positive int (int64), got {_cut(value)}", setting=name)
         for name in _DURATION_SETTINGS:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                raise ConfigError(f"{name}: expected a finite number of seconds, got {value!r}", setting=name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or (isinstance(value, int) and value > _INT64_MAX)
+                or not math.isfinite(value)
+            ):
+                raise ConfigError(
+                    f"{name}: expected a finite number of seconds, got {_cut(value)}", setting=name
+                )
             if value <= 0:
                 raise ConfigError(f"{name}: must be positive, got {value!r}", setting=name)
         if not isinstance(self.strict_on_policy, bool):
@@ -195,8 +216,9 @@ class JobConfig:
         kwargs: dict[str, Any] = {}
         for name, value in values.items():
             if name not in known:
+                shown = name if isinstance(name, str) and len(name) <= 100 else _cut(name)
                 raise ConfigError(
-                    f"{name}: unknown controller setting; known settings are {sorted(known)}", setting=name
+                    f"{shown}: unknown controller setting; known settings are {sorted(known)}", setting=shown
                 )
             if name in _SIZE_SETTINGS and value is not None:
                 value = parse_size(value, setting=name)
