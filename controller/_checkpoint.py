@@ -343,6 +343,7 @@ def export_snapshot(ledger: LedgerCore) -> bytes:
         "servers": _export_servers(ledger),
         "jobs": [_export_job(ledger, job) for job in ledger._jobs.values()],
         "leases": leases,
+        "fences": ledger._fences.export(),
     }
     return encode(KIND_SNAPSHOT, payload)
 
@@ -378,5 +379,6 @@ def import_snapshot(ledger: LedgerCore, data: bytes, *, source: str = "snapshot"
             ledger._leases[token] = lease
             ledger._lease_heap.append((expires_at, token))
         ledger._lease_heap.sort()
+        ledger._fences.load(payload.get("fences", []), ledger._now)  # snapshots before fences had none
     except (KeyError, ValueError, TypeError) as exc:
         raise CheckpointError(f"{source}: payload is malformed ({exc!r})", path=source) from None

@@ -9,7 +9,7 @@ replaying the same calls at the same ``now`` rebuilds the same state; a torn las
 then starts a new incarnation so that new tokens exceed every old one, and ends every lease
 that was live: LEASED/PREPARED groups go back to READY, TRAINING/TRAINED groups come back UNKNOWN.
 
-Not journaled: queries, sweeper ticks, delete hand-outs, refused calls and empty acquires. None of
+Not journaled: queries, sweeper ticks, delete and fence hand-outs, refused calls and empty acquires. None of
 them changes state except by lazy expiry, and expiry is decided by the recorded deadlines: the next
 journaled call applies every expiry due by its own ``now`` before acting, in the original order, so
 replay reaches the same states (only the retry timing of deletes may differ). The ledger checks every
@@ -59,13 +59,14 @@ MUTATING = frozenset(
         "release",
         "resolve",
         "delete_done",
+        "fence_done",
         "restore",
         "recover",
     }
 )
 """Ledger methods that change state and take ``now``: journaled."""
 
-TIMED_UNJOURNALED = frozenset({"tick", "take_deletes", "checkpoint"})
+TIMED_UNJOURNALED = frozenset({"tick", "take_deletes", "take_fences", "checkpoint"})
 """Ledger methods that take ``now`` but are not journaled (see the module docstring)."""
 
 QUERIES = frozenset(
@@ -75,6 +76,7 @@ QUERIES = frozenset(
         "lease_groups",
         "live_leases",
         "gc_list",
+        "fence_list",
         "groups_in",
         "group",
         "servers",

@@ -241,8 +241,8 @@ class LeaseMachine(PartitionLedger):
             raise NotFoundError(f"group {tuple(key)} is not part of lease {lease.token}")
         if g.generation != lease.token:
             raise StaleFenceError(
-                f"group {tuple(key)} was re-leased with a newer token {g.generation} than {lease.token}; "
-                "stop working on it",
+                f"group {tuple(key)} has a newer generation {g.generation} than lease {lease.token} (the "
+                "lease ended, or the group was leased again); stop working on it",
                 token=lease.token,
             )
         if key not in lease.live or g.state not in states:

@@ -22,6 +22,7 @@ from trajflight.errors import ConfigError
 
 __all__ = [
     "DeleteWork",
+    "FenceWork",
     "GroupInfo",
     "GroupState",
     "JobConfig",
@@ -387,6 +388,34 @@ class DeleteWork:
     server_id: str
     location: str
     token: int
+    attempt: int
+    last_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FenceWork:
+    """One fence the host must raise on a storage server, then confirm with ``fence_done``.
+
+    A lease that ended without its holder (expiry, a newer epoch, a controller restart) leaves its
+    groups under a fresh generation; until the server knows it, the old holder (a zombie) could still
+    read and append there. The host raises the group's highest generation on its server to
+    ``generation`` (``advance_generation``), after which the old token is refused for Flight and
+    shared-memory reads, appends and deletes alike. A server that no longer has the group, or already
+    saw a higher generation, counts as done.
+
+    Attributes:
+        partition: The group to fence.
+        server_id: The server holding it.
+        location: That server's Flight location.
+        generation: The generation to raise it to (the group's newest token).
+        attempt: 1 for the first attempt, then 2, 3, ...
+        last_error: Why the previous attempt failed, if one did.
+    """
+
+    partition: Partition
+    server_id: str
+    location: str
+    generation: int
     attempt: int
     last_error: str | None = None
 

@@ -28,6 +28,7 @@ def _observed(world):
         ledger.usage("j"),
         ledger.servers(),
         ledger.live_leases(),
+        ledger.fence_list(),
         ledger.last_token,
     )
 

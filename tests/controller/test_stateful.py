@@ -57,7 +57,8 @@ def _observable(ledger: Ledger) -> tuple:
         t: (lease.expires_at, tuple(lease.live), dict(lease.stage)) for t, lease in ledger._leases.items()
     }
     gc = {w.partition for w in ledger.gc_list()}
-    return groups, leases, gc, ledger.usage("j"), ledger.last_token
+    fences = {w.partition: w.generation for w in ledger.fence_list()}
+    return groups, leases, gc, fences, ledger.usage("j"), ledger.last_token
 
 
 class LedgerMachine(RuleBasedStateMachine):
@@ -89,13 +90,18 @@ class LedgerMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ model helpers
     def _expire(self):
-        for token, lease in list(self.leases.items()):
+        # In the ledger's order (expiry, then token): each expired lease gives its groups the next token
+        # as a fresh generation, which their storage servers are told about (the fence list).
+        for token, lease in sorted(self.leases.items(), key=lambda item: (item[1]["expires"], item[0])):
             if lease["expires"] <= self.now:
+                fresh = self.max_token + 1
+                self._new_token(fresh)
                 for key in lease["live"]:
                     if self.state[key] in ("LEASED", "PREPARED"):
                         self.state[key] = "READY"
                     else:
                         self.state[key] = "UNKNOWN"
+                    self.gen[key] = fresh
                 self._end(token)
 
     def _sync(self):
