@@ -25,6 +25,7 @@ from trajflight.errors import DeadlineExceededError, NotFoundError, UnavailableE
 from ._host import LocalController
 from ._records import (
     DeleteWork,
+    FenceWork,
     GroupInfo,
     JobConfig,
     Lease,
@@ -521,6 +522,11 @@ class ControllerClient:
     def gc_list(self, job_id: str | None = None, *, timeout: float | None = None) -> tuple[DeleteWork, ...]:
         """What waits for a confirmed delete (``Ledger.gc_list``)."""
         out: tuple[DeleteWork, ...] = self._call("gc_list", timeout, job_id=job_id)
+        return out
+
+    def fence_list(self, *, timeout: float | None = None) -> tuple[FenceWork, ...]:
+        """Fences that wait for their storage servers to confirm them (``Ledger.fence_list``)."""
+        out: tuple[FenceWork, ...] = self._call("fence_list", timeout)
         return out
 
     def servers(self, *, timeout: float | None = None) -> tuple[ServerInfo, ...]:

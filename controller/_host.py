@@ -1,9 +1,10 @@
-"""The in-process host: the ledger behind a lock, with a sweeper thread that expires leases and runs deletes.
+"""The in-process host: the ledger behind a lock, with a sweeper thread that expires leases, runs deletes
+and raises fences.
 
 :class:`LocalController` serialises calls with one lock, wakes long-polling ``acquire`` calls when groups
 become READY, and runs a daemon sweeper that applies expiries when they fall due (not only on the next
-call) and executes the ledger's delete work through the injected ``deleter``, outside the lock. Use it as
-a context manager, or call :meth:`LocalController.close`.
+call) and executes the ledger's delete and fence work through the injected ``deleter`` and ``fencer``,
+outside the lock. Use it as a context manager, or call :meth:`LocalController.close`.
 
 It does not guarantee fairness between long-polling acquirers (whoever wakes first takes the groups).
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -21,11 +22,13 @@ from trajflight.errors import DeadlineExceededError, InvalidRequestError, Unavai
 
 from ._checkpoint import read_file, write_atomic
 from ._durable import HostCore, run_deletes
-from ._records import DeleteWork, Lease
+from ._fences import run_fences
+from ._records import DeleteWork, FenceWork, Lease
 
 __all__ = ["LocalController"]
 
 Deleter = Callable[[DeleteWork], None]
+Fencer = Callable[[Sequence[FenceWork]], None]
 
 
 class LocalController:
@@ -35,6 +38,9 @@ class LocalController:
         deleter: Deletes one group from its storage server; raises on failure (the group stays on the GC
             list and is retried). ``None``: no storage servers, every delete is confirmed at once. Give
             it its own deadline: while it hangs, the sweeper waits (calls still expire leases lazily).
+        fencer: Raises the generation of some groups of one storage server (the fences of one location,
+            see :class:`~trajflight.controller.FenceWork`); raises on failure (retried with back-off).
+            ``None``: every fence is confirmed at once. Give it its own deadline, as ``deleter``.
         clock: Wall-clock seconds given to the ledger as ``now``.
         state_dir: Journal and snapshot directory for crash recovery (see :mod:`._durable`); ``None``
             keeps state in memory only.
@@ -48,6 +54,7 @@ class LocalController:
         self,
         *,
         deleter: Deleter | None = None,
+        fencer: Fencer | None = None,
         clock: Callable[[], float] = time.time,
         state_dir: str | os.PathLike[str] | None = None,
         sweep_interval: float = 0.05,
@@ -57,6 +64,7 @@ class LocalController:
     ) -> None:
         self._core = HostCore(clock=clock, state_dir=state_dir, fsync=journal_fsync)
         self._deleter = deleter
+        self._fencer = fencer
         self._sweep_interval = sweep_interval
         self._delete_batch = delete_batch
         self._cond = threading.Condition(threading.Lock())
@@ -184,20 +192,28 @@ class LocalController:
 
     # ------------------------------------------------------------------ sweeper
     def sweep(self) -> int:
-        """One sweeper pass: apply due expiries, run due deletes, report them. Returns deletes run."""
+        """One sweeper pass: apply due expiries, run due deletes and fences, report them. Returns the work
+        items run (deletes plus fences)."""
         with self._cond:
             before = self._core.ledger.ready_version
             self._core.apply("tick", {})
             work = self._core.apply("take_deletes", {"limit": self._delete_batch})
+            fences = self._core.apply("take_fences", {"limit": self._delete_batch})
             if self._core.ledger.ready_version != before:
                 self._cond.notify_all()
-        if not work:
+        if not work and not fences:
             return 0
+        fenced = run_fences(fences, self._fencer)
         results = run_deletes(work, self._deleter)
         with self._cond:
             for item, ok, error in results:
                 self._core.apply("delete_done", {"partition": item.partition, "ok": ok, "error": error})
-        return len(work)
+            for fence, ok, error in fenced:
+                self._core.apply(
+                    "fence_done",
+                    {"partition": fence.partition, "generation": fence.generation, "ok": ok, "error": error},
+                )
+        return len(work) + len(fences)
 
     def _sweep_loop(self) -> None:
         while not self._stop.is_set():

@@ -128,7 +128,9 @@ class LocalCluster:
         return self
 
     def _start_controller(self, port: int) -> None:
-        self.controller = LocalController(deleter=self._pool.delete, state_dir=self.state_dir)
+        self.controller = LocalController(
+            deleter=self._pool.delete, fencer=self._pool.fence_groups, state_dir=self.state_dir
+        )
         self._control = ControlServer(self.controller, host=self.host, port=port)
         local = ControllerClient(LocalTransport(self.controller), timeout=self.timeout)
         for i, location in enumerate(self.server_locations):

@@ -30,6 +30,7 @@ from trajflight import _rpc
 from trajflight.controller import (
     ControllerClient,
     DeleteWork,
+    FenceWork,
     GroupInfo,
     GroupState,
     JobConfig,
@@ -50,6 +51,7 @@ __all__ = ["CALLS", "ControlServer", "FlightTransport", "connect_control"]
 
 _rpc.register(
     DeleteWork,
+    FenceWork,
     GroupInfo,
     GroupState,
     JobConfig,
@@ -87,6 +89,7 @@ CALLS = frozenset(
         "usage",
         "lease_groups",
         "gc_list",
+        "fence_list",
         "servers",
     }
 )

@@ -8,7 +8,16 @@ servers, with back-off, carried in snapshots and rebuilt by journal replay. Fake
 
 from __future__ import annotations
 
-from trajflight.controller import FenceWork, GroupState, Ledger
+import threading
+
+from trajflight.controller import (
+    ControllerClient,
+    FenceWork,
+    GroupState,
+    JobConfig,
+    Ledger,
+    LocalController,
+)
 from trajflight.controller._fences import RETRY_INITIAL, TAKE_TIMEOUT
 
 TTL = 10.0  # the world's default lease TTL (tests/controller/conftest.py CONFIG)
@@ -140,3 +149,73 @@ def test_the_fence_list_survives_a_snapshot(world):
         (w.partition, w.generation) for w in world.ledger.fence_list()
     }
     assert len(restored.take_fences(now=world.now)) == 3  # none in flight after a restart
+
+
+def test_the_host_sweeper_runs_fences_per_location_and_retries_failures(tmp_path):
+    """The in-process host: one fencer call per server location, outside the lock; a failure is retried,
+    and pending fences survive a crash of the host (journal replay and the restart's own fences)."""
+
+    class Clock:
+        now = 1000.0
+
+        def __call__(self) -> float:
+            return self.now
+
+    clock, calls, fail = Clock(), [], {"on": True}
+    lock_free = []
+
+    def fencer(work):
+        lock_free.append(host._cond.acquire(blocking=False))  # the sweeper does not hold the lock
+        if lock_free[-1]:
+            host._cond.release()
+        calls.append(sorted(w.partition.group_id for w in work))
+        if fail["on"]:
+            raise ConnectionError("storage server down")
+
+    host = LocalController(fencer=fencer, clock=clock, state_dir=tmp_path, start=False)
+    client = ControllerClient(host, timeout=5.0)
+    config = JobConfig(default_lease_ttl=5.0)
+    for i in range(2):
+        client.register_server(
+            f"s{i}", node="n", location=f"grpc://127.0.0.1:{i + 1}", capacity_bytes=1000, capacity_groups=1
+        )
+    client.open_job("j", 1, config)
+    client.register_writer("j", 1, "w", node="n")
+    for _ in range(2):
+        grant = client.allocate("j", 1, "w", nbytes=10)
+        client.publish(
+            grant.partition, token=grant.token, rows=1, nbytes=10, tokens=1, policy_version=0, columns=()
+        )
+    lease = client.acquire("j", "t", max_groups=2)
+    assert lease is not None
+    assert len({g.server_id for g in lease.groups}) == 2
+    clock.now += 5.0
+    assert host.sweep() == 2
+    assert sorted(calls) == [[0], [1]]
+    assert all(lock_free)
+    assert {w.last_error for w in client.fence_list()} == {"ConnectionError: storage server down"}
+    host._core.close()  # the host dies with two fences pending
+
+    again = LocalController(fencer=fencer, clock=clock, state_dir=tmp_path, start=False)
+    assert len(ControllerClient(again).fence_list()) == 2  # replayed from the journal
+    fail["on"] = False
+    calls.clear()
+    clock.now += 1.0  # past the back-off
+    assert again.sweep() == 2
+    assert ControllerClient(again).fence_list() == ()
+    again.close()
+
+
+def test_a_sweeper_thread_fences_expired_leases_without_any_call():
+    fenced = threading.Event()
+    with LocalController(fencer=lambda work: fenced.set(), sweep_interval=0.02) as host:
+        client = ControllerClient(host)
+        client.register_server("s", node="n", location="grpc://x", capacity_bytes=100, capacity_groups=9)
+        client.open_job("j", 1)
+        client.register_writer("j", 1, "w", node="n")
+        grant = client.allocate("j", 1, "w", nbytes=10)
+        client.publish(
+            grant.partition, token=grant.token, rows=1, nbytes=10, tokens=1, policy_version=0, columns=()
+        )
+        client.acquire("j", "t", max_groups=1, ttl=0.2)
+        assert fenced.wait(10.0)

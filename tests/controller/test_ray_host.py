@@ -196,3 +196,31 @@ def test_batched_publication_is_one_actor_call_with_typed_refusals(controller):
     with pytest.raises(InvalidRequestError, match="items is empty"):
         controller.publish_many([])
     assert controller.usage("j") == (120, 2)
+
+
+def test_the_actor_fences_expired_leases_and_retries_failed_fences(ray_runtime, tmp_path):
+    """Item 9 on the Ray host: the actor's sweeper hands the fences of an expired lease to its fencer."""
+
+    def fencer(work):  # shipped by value to the actor; fails, so the fence stays listed with its error
+        raise ConnectionError(f"server down ({len(work)} groups)")
+
+    namespace = f"trajflight-test-{uuid.uuid4().hex[:8]}"
+    client = start_ray_controller(name="c", namespace=namespace, fencer=fencer, timeout=30.0)
+    try:
+        client.register_server(
+            "s0", node="n0", location="grpc://127.0.0.1:1", capacity_bytes=10**9, capacity_groups=10**6
+        )
+        client.open_job("j", 1)
+        client.register_writer("j", 1, "w0", node="n0")
+        (part,) = _put(client, 1)
+        lease = client.acquire("j", "t", max_groups=1, ttl=0.5)
+        deadline = time.monotonic() + 30.0
+        while not (fences := client.fence_list()) or fences[0].last_error is None:
+            assert time.monotonic() < deadline, "the sweeper did not run the fence"
+            time.sleep(0.05)
+        (fence,) = fences
+        assert fence.partition == part
+        assert fence.generation > lease.token
+        assert "server down (1 groups)" in fence.last_error
+    finally:
+        ray_runtime.kill(client.transport.actor, no_restart=True)
