@@ -2,8 +2,10 @@
 
 The actor runs on an asyncio loop: each ledger call runs to completion between two awaits (so calls are
 serialised without a lock) and a long-polling ``acquire`` awaits an event instead of blocking, so other
-callers proceed while it waits. A sweeper task applies expiries as they fall due and runs deletes and
-fences through the injected ``deleter`` and ``fencer`` in a worker thread.
+callers proceed while it waits, for at most :data:`~._host.MAX_WAIT` seconds (a longer ``wait`` is cut
+to it; the client polls again). :meth:`ControllerActor.close` answers parked acquires with
+UnavailableError before the actor is killed. A sweeper task applies expiries as they fall due and runs
+deletes and fences through the injected ``deleter`` and ``fencer`` in a worker thread.
 
 Crash recovery: with ``state_dir`` the actor journals every state-changing call (see :mod:`._durable`);
 Ray restarts it up to ``max_restarts`` times and the constructor, which Ray re-runs, reloads the snapshot,
@@ -24,11 +26,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trajflight.errors import TrajflightError
+from trajflight.errors import TrajflightError, UnavailableError
 
 from ._checkpoint import read_file, write_atomic
 from ._durable import HostCore, run_deletes
+from ._entries import check_seconds
 from ._fences import run_fences
+from ._host import MAX_WAIT
 from ._records import DeleteWork, FenceWork
 
 __all__ = ["DEFAULT_NAME", "DEFAULT_NAMESPACE", "ControllerActor", "ray_actor_class", "start_ray_actor"]
@@ -66,6 +70,7 @@ class ControllerActor:
         self._core = HostCore(clock=time.time, state_dir=state_dir, fsync=journal_fsync)
         self._deleter = deleter
         self._fencer = fencer
+        self._closing = False
         self._sweep_interval = sweep_interval
         self._delete_batch = delete_batch
         self._changed: asyncio.Event | None = None
@@ -103,9 +108,19 @@ class ControllerActor:
         return out
 
     async def acquire(self, kwargs: dict[str, Any], wait: float) -> Reply:
-        """Long-poll acquire: retry whenever groups become READY, for up to ``wait`` seconds."""
-        end = time.monotonic() + max(0.0, wait)
+        """Long-poll acquire: retry whenever groups become READY, for up to ``wait`` seconds (at most
+        :data:`~._host.MAX_WAIT`); ``("err", UnavailableError)`` once :meth:`close` was called."""
+        try:
+            wait = min(check_seconds(wait, "wait"), MAX_WAIT)
+        except TrajflightError as exc:
+            return ("err", exc)
+        end = time.monotonic() + wait
         while True:
+            if self._closing:
+                return (
+                    "err",
+                    UnavailableError("the controller is shutting down; lease again once it is back"),
+                )
             try:
                 lease = self._apply("acquire", kwargs)
             except TrajflightError as exc:
@@ -119,6 +134,14 @@ class ControllerActor:
             event = self._ensure_started()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), remaining)
+
+    async def close(self) -> None:
+        """Answer every parked acquire with UnavailableError (call it before killing the actor)."""
+        self._closing = True
+        event = self._ensure_started()
+        event.set()
+        self._changed = asyncio.Event()
+        await asyncio.sleep(0)  # let the woken acquires answer
 
     async def checkpoint(self, job_id: str, path: str | None) -> Reply:
         """Take a job checkpoint; write it (atomically, on the actor's node) to ``path`` when given."""

@@ -13,6 +13,12 @@ Actions (``do_action`` type -> JSON body -> one result):
 * ``checkpoint``: ``{"job_id", "path", "timeout"}`` -> bytes; ``restore``: ``{"source", "kwargs", ...}``.
 * ``info``: deployment facts (storage servers, host identity, counters).
 
+A long-polling ``acquire`` is parked at most :data:`~trajflight.controller._host.MAX_WAIT` seconds. It
+gives up as soon as its caller is gone (the call is cancelled: a killed trainer), and a lease granted to a
+caller that left before the reply was delivered is released at once, so a dead poll never holds groups
+until their TTL. :meth:`ControlServer.shutdown` answers parked acquires with UnavailableError first, so
+it never waits them out.
+
 It does not authenticate callers: bind it to loopback (the default) or a trusted network.
 """
 
@@ -22,6 +28,7 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow.flight as flight
@@ -44,7 +51,8 @@ from trajflight.controller import (
     ResolveAction,
     ServerInfo,
 )
-from trajflight.errors import InvalidRequestError, TrajflightError
+from trajflight.controller._entries import check_seconds
+from trajflight.errors import InvalidRequestError, TrajflightError, UnavailableError
 from trajflight.flight_server._errors import server_errors, translate_errors
 
 __all__ = ["CALLS", "ControlServer", "FlightTransport", "connect_control"]
@@ -125,7 +133,15 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
         self.host = host
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()
+        self._closing = False
         self.started_at = time.time()
+
+    def shutdown(self) -> None:
+        """Stop serving: parked long-polling acquires are answered with UnavailableError first (so this
+        never waits them out), then in-flight calls finish and the server stops."""
+        self._closing = True
+        self.controller.wake()
+        super().shutdown()
 
     @property
     def location(self) -> str:
@@ -146,18 +162,35 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
             ("info", "deployment facts: storage servers, host identity, counters"),
         ]
 
-    def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> list[bytes]:
+    def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> Any:
         with server_errors(f"controller action {action.type}"):
             body = _rpc.loads(action.body.to_pybytes()) if action.body.size else {}
             if not isinstance(body, dict):
                 raise InvalidRequestError(f"controller action {action.type}: the body must be an object")
             try:
-                result = self._dispatch(action.type, body)
+                result = self._dispatch(action.type, body, context)
             except TypeError as exc:  # arguments the operation does not take: the caller's mistake
                 raise InvalidRequestError(f"controller action {action.type}: bad arguments: {exc}") from exc
-            return [_rpc.dumps(result)]
+            payload = _rpc.dumps(result)
+        if action.type == "acquire" and result is not None:
+            if context.is_cancelled():  # the caller left while it was granted: give the groups back
+                self.controller.release_abandoned(result, timeout=5.0)
+                return []
+            return self._deliver(result, payload)
+        return [payload]
 
-    def _dispatch(self, kind: str, body: dict[str, Any]) -> Any:
+    def _deliver(self, lease: Lease, payload: bytes) -> Iterator[bytes]:
+        """Send a granted lease; release it at once when the reply cannot be delivered (the caller is gone:
+        Flight stops iterating after a failed write, and this generator is closed without resuming)."""
+        delivered = False
+        try:
+            yield payload
+            delivered = True
+        finally:
+            if not delivered:
+                self.controller.release_abandoned(lease, timeout=5.0)
+
+    def _dispatch(self, kind: str, body: dict[str, Any], context: flight.ServerCallContext) -> Any:
         timeout = body.get("timeout")
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)):
             raise InvalidRequestError(f"controller action {kind}: timeout must be a number of seconds")
@@ -174,9 +207,17 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
                 raise InvalidRequestError("controller action many: calls must be a list of [method, kwargs]")
             return [self._call(method, kwargs, timeout) for method, kwargs in calls]
         if kind == "acquire":
+            wait = check_seconds(body.get("wait", 0.0), "wait")
             lease: Lease | None = self.controller.acquire(
-                body.get("kwargs") or {}, wait=body.get("wait", 0.0), timeout=timeout
+                body.get("kwargs") or {},
+                wait=wait,
+                timeout=timeout,
+                abandoned=lambda: self._closing or context.is_cancelled(),
             )
+            if lease is None and self._closing:
+                raise UnavailableError(
+                    "the controller is shutting down; connect to its successor and lease again"
+                )
             self._count("leases_granted" if lease is not None else "acquires_empty")
             if lease is not None:
                 self._count("groups_leased", len(lease.groups))

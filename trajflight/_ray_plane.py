@@ -520,6 +520,9 @@ class RayCluster:
         (idempotent). Stored groups and in-memory controller state are gone afterwards."""
         ray = sys.modules.get("ray") if self._started else None  # never import it just to close
         if ray is not None and ray.is_initialized():
+            if self._controller_actor is not None:  # parked long polls get UnavailableError, not a dead actor
+                with contextlib.suppress(Exception):
+                    ray.get(self._controller_actor.close.remote(), timeout=5.0)
             stops = [a.close.remote(5.0) for a in self._server_actors]
             if stops:
                 ray.wait(stops, num_returns=len(stops), timeout=10.0)

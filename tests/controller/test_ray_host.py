@@ -15,6 +15,7 @@ from trajflight.errors import (
     LeaseExpiredError,
     NotFoundError,
     StaleFenceError,
+    UnavailableError,
 )
 
 pytestmark = pytest.mark.ray
@@ -196,6 +197,21 @@ def test_batched_publication_is_one_actor_call_with_typed_refusals(controller):
     with pytest.raises(InvalidRequestError, match="items is empty"):
         controller.publish_many([])
     assert controller.usage("j") == (120, 2)
+
+
+def test_close_answers_a_parked_acquire_and_a_long_wait_is_cut(controller, ray_runtime):
+    """Item 5 on the Ray host: a parked acquire (``wait=1e9``) is answered with UnavailableError when the
+    actor closes, instead of holding the caller until the actor is killed under it."""
+    actor = controller.transport.actor
+    kwargs = {"job_id": "j", "owner": "t", "max_groups": 1}
+    pending = actor.acquire.remote(kwargs, 1e9)
+    assert ray_runtime.get(actor.acquire.remote(kwargs, float("nan")), timeout=20.0)[0] == "err"
+    ready, _ = ray_runtime.wait([pending], timeout=0.5)
+    assert not ready  # parked
+    ray_runtime.get(actor.close.remote(), timeout=20.0)
+    status, error = ray_runtime.get(pending, timeout=20.0)
+    assert status == "err"
+    assert isinstance(error, UnavailableError)
 
 
 def test_the_actor_fences_expired_leases_and_retries_failed_fences(ray_runtime, tmp_path):
