@@ -2,7 +2,7 @@
 
 * :class:`Ledger` — the sans-IO state machine (time passed in as ``now``): jobs and epochs, placement and
   capacity, put grants, fenced leases ``READY -> LEASED -> PREPARED -> TRAINING -> TRAINED ->
-  COMMITTED`` (+ ``UNKNOWN``), pipeline stages, policy versions, the GC list, checkpoints.
+  COMMITTED`` (+ ``UNKNOWN``), pipeline stages, policy versions, the GC and fence lists, checkpoints.
 * :class:`LocalController` — hosts it in this process (thread-safe, sweeper thread, optional journal).
 * :func:`start_ray_controller` / :func:`connect_ray` — host it in a named async Ray actor.
 * :class:`ControllerClient` — the same operations for both hosts, every call under a deadline.
@@ -20,6 +20,7 @@ from ._host import LocalController
 from ._ledger import Ledger
 from ._records import (
     DeleteWork,
+    FenceWork,
     GroupInfo,
     GroupState,
     HeldGroup,
@@ -38,6 +39,7 @@ from ._records import (
 __all__ = [
     "ControllerClient",
     "DeleteWork",
+    "FenceWork",
     "GroupInfo",
     "GroupState",
     "HeldGroup",

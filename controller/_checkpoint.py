@@ -413,6 +413,7 @@ def export_snapshot(ledger: LedgerCore) -> bytes:
         "jobs": [_export_job(ledger, job) for job in ledger._jobs.values()],
         "leases": leases,
         "reach": ledger._reach.export(),
+        "fences": ledger._fences.export(),
     }
     return encode(KIND_SNAPSHOT, payload)
 
@@ -451,5 +452,6 @@ def import_snapshot(ledger: LedgerCore, data: bytes, *, source: str = "snapshot"
             ledger._leases[token] = lease
             ledger._lease_heap.append((expires_at, token))
         ledger._lease_heap.sort()
+        ledger._fences.load(payload.get("fences", []), ledger._now)  # snapshots before fences had none
     except (KeyError, ValueError, TypeError) as exc:
         raise CheckpointError(f"{source}: payload is malformed ({exc!r})", path=source) from None

@@ -17,15 +17,18 @@ caller may retry after a deadline or an unavailable host; a retried ``acquire`` 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from trajflight.errors import DeadlineExceededError, NotFoundError, UnavailableError
 
 from ._checkpoint import checkpoint_seq
-from ._host import LocalController
+from ._entries import check_seconds
+from ._host import MAX_WAIT, LocalController
 from ._records import (
     DeleteWork,
+    FenceWork,
     GroupInfo,
     HeldGroup,
     JobConfig,
@@ -427,7 +430,15 @@ class ControllerClient:
 
         Returns ``None`` when none was eligible in time; ``wait`` is cut to the deadline. Other callers
         proceed while this one waits (on both hosts). See ``Ledger.acquire`` for the filters.
+
+        A host parks one poll for at most :data:`~trajflight.controller._host.MAX_WAIT` seconds; a longer
+        ``wait`` is made of several polls, one after the other, until a lease comes or ``wait`` ends.
+
+        Raises:
+            InvalidRequestError: ``wait`` is not a finite number of seconds >= 0 (or a filter is bad).
+            UnavailableError: the controller is shutting down (a parked poll is answered with it).
         """
+        check_seconds(wait, "wait")
         t = self._t(timeout)
         kwargs = {
             "job_id": job_id,
@@ -439,7 +450,15 @@ class ControllerClient:
             "require": tuple(require),
             "lack": tuple(lack),
         }
-        return self.transport.acquire(kwargs, min(wait, t), t)
+        start, total, covered = time.monotonic(), min(wait, t), 0.0
+        left = t  # the whole call's deadline bounds every poll
+        while True:
+            poll = min(total - covered, MAX_WAIT)
+            lease = self.transport.acquire(kwargs, poll, left)
+            covered += poll
+            left = start + t - time.monotonic()
+            if lease is not None or covered >= total or left <= 0:  # at most ceil(wait / MAX_WAIT) polls
+                return lease
 
     def renew(self, token: int, *, ttl: float | None = None, timeout: float | None = None) -> float:
         """Heartbeat: extend the whole lease; returns the new expiry (host clock)."""
@@ -541,6 +560,11 @@ class ControllerClient:
     def gc_list(self, job_id: str | None = None, *, timeout: float | None = None) -> tuple[DeleteWork, ...]:
         """What waits for a confirmed delete (``Ledger.gc_list``)."""
         out: tuple[DeleteWork, ...] = self._call("gc_list", timeout, job_id=job_id)
+        return out
+
+    def fence_list(self, *, timeout: float | None = None) -> tuple[FenceWork, ...]:
+        """Fences that wait for their storage servers to confirm them (``Ledger.fence_list``)."""
+        out: tuple[FenceWork, ...] = self._call("fence_list", timeout)
         return out
 
     def servers(self, *, timeout: float | None = None) -> tuple[ServerInfo, ...]:

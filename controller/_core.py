@@ -13,9 +13,13 @@ Fencing tokens come from one counter, ``incarnation << 32 | counter``: each gran
 next value, so a group's generation strictly increases across re-grants, and across restarts as long as the
 incarnation does (hosts persist it).
 
+A lease that ends without its holder (expiry, a newer epoch, a restart) gives its groups a fresh
+generation and puts them on the fence list (:mod:`._fences`): the host raises that generation on their
+storage servers (``take_fences`` / ``fence_done``), so that the old holder's token is refused there too.
+
 It does not guarantee anything about the storage servers: it tells the host what to delete
-(``take_deletes``) and believes what the host reports (``delete_done``). It is not
-thread-safe; hosts serialise calls.
+(``take_deletes``) and to fence (``take_fences``) and believes what the host reports (``delete_done``,
+``fence_done``). It is not thread-safe; hosts serialise calls.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from trajflight.errors import (
 from ._entries import (
     ALLOCATED,
     DROPPED,
+    INT64_MAX,
     LEASED,
     PREPARED,
     READY,
@@ -47,13 +52,17 @@ from ._entries import (
     _Lease,
     _Server,
     _Writer,
+    brief,
     check_int,
     check_name,
     check_old_ready,
+    check_partition,
 )
+from ._fences import FenceList
 from ._index import ReadyIndex
 from ._reach import Parked, Reachability
 from ._records import (
+    FenceWork,
     GroupInfo,
     GroupState,
     JobConfig,
@@ -94,6 +103,7 @@ class LedgerCore:
         self._grant_heap: list[tuple[float, Partition]] = []
         self._colcache: dict[frozenset[str], tuple[str, ...]] = {}
         self._reach = Reachability()  # storage servers in back-off, and the READY groups parked on them
+        self._fences = FenceList()
         self.ready_version = 0
         """Incremented whenever a group becomes READY: hosts wake long-polling acquirers on a change."""
 
@@ -178,7 +188,10 @@ class LedgerCore:
         self._jobs[g.key.job_id].gc.add(g.key, self._now)
 
     def _end_live_lease(self, lease: _Lease, reason: str) -> None:
-        """End a live lease: LEASED/PREPARED groups go back to READY, TRAINING/TRAINED to UNKNOWN."""
+        """End a live lease without its holder: LEASED/PREPARED groups go back to READY, TRAINING/TRAINED
+        to UNKNOWN, and every one of them gets a fresh generation that its storage server is told about
+        (the fence list), so that the holder, if it still runs, is refused there too."""
+        fresh = self._next_token() if lease.live else 0
         for key in lease.live:
             g = self._groups[key]
             if g.state is LEASED or g.state is PREPARED:
@@ -186,6 +199,10 @@ class LedgerCore:
             elif g.state is TRAINING or g.state is TRAINED:
                 self._set_state(g, UNKNOWN)
                 g.lease = None
+            else:
+                continue
+            g.generation = fresh
+            self._fences.add(key, g.server_id, self._servers[g.server_id].location, fresh, self._now)
         lease.live.clear()
         self._retire(lease, reason)
 
@@ -199,13 +216,16 @@ class LedgerCore:
             self._ended_groups -= len(oldest.keys)
 
     def _job(self, job_id: str) -> _Job:
-        job = self._jobs.get(job_id)
+        job = self._jobs.get(job_id) if type(job_id) is str else None
         if job is None:
-            raise NotFoundError(f"job {job_id!r} is not open; call open_job first", job_id=job_id)
+            check_name(job_id, "job_id")
+            raise NotFoundError(f"job {brief(job_id)} is not open; call open_job first", job_id=job_id)
         return job
 
     def _job_epoch(self, job_id: str, epoch: int) -> _Job:
         job = self._job(job_id)
+        if type(epoch) is not int or epoch < 0 or epoch > INT64_MAX:
+            check_int(epoch, "epoch")
         if epoch < job.epoch:
             raise StaleFenceError(
                 f"epoch {epoch} of job {job_id!r} is fenced by epoch {job.epoch}: this caller belongs to an "
@@ -245,17 +265,19 @@ class LedgerCore:
 
     def _lease(self, token: int) -> _Lease:
         """The lease of ``token``, live or ended; raise if the token was never a lease or is forgotten."""
+        if type(token) is not int or token < 0 or token > INT64_MAX:
+            check_int(token, "token")
         lease = self._leases.get(token)
         if lease is None:
             lease = self._ended.get(token)
         if lease is not None:
             return lease
-        if isinstance(token, int) and 0 < token <= self.last_token:
+        if 0 < token <= self.last_token:
             raise StaleFenceError(
                 f"token {token} belongs to a lease that ended long ago; stop and acquire a new lease",
                 token=token,
             )
-        raise NotFoundError(f"no lease has token {token!r}; use the token returned by acquire", token=token)
+        raise NotFoundError(f"no lease has token {token}; use the token returned by acquire", token=token)
 
     def _ended_error(self, lease: _Lease) -> Exception:
         if lease.ended == "expired":
@@ -285,6 +307,42 @@ class LedgerCore:
         if lease.ended is not None:
             raise self._ended_error(lease)
         return lease
+
+    # ------------------------------------------------------------------ fences
+    def take_fences(self, *, now: float, limit: int = 256) -> list[FenceWork]:
+        """Hand out up to ``limit`` due fences; each must be reported with :meth:`fence_done`.
+
+        A fence of a group the ledger has since forgotten (deleted) is dropped, not handed out. An
+        unreported fence is handed out again after a timeout.
+        """
+        self._advance(now)
+        out = []
+        for work in self._fences.take(self._now, limit):
+            if work.partition in self._groups:
+                out.append(work)
+            else:
+                self._fences.discard(work.partition)
+        return out
+
+    def fence_done(
+        self,
+        partition: Partition | Any,
+        *,
+        generation: int,
+        ok: bool,
+        now: float,
+        error: str | None = None,
+    ) -> bool:
+        """Report a fence's outcome. Returns True when it confirmed the group's pending fence; False for a
+        failure (retried with back-off), a fence of an older generation, or a late duplicate."""
+        self._advance(now)
+        key = check_partition(partition)
+        check_int(generation, "generation")
+        return self._fences.done(key, generation, bool(ok), self._now, error)
+
+    def fence_list(self) -> tuple[FenceWork, ...]:
+        """The fences that wait for a confirmation, with attempts and last errors (operators, tests)."""
+        return tuple(self._fences)
 
     # ------------------------------------------------------------------ storage servers
     def register_server(
@@ -473,7 +531,7 @@ class LedgerCore:
         """
         self._advance(now)
         job = self._job_epoch(job_id, epoch)
-        writer = job.writers.get(writer_id)
+        writer = job.writers.get(check_name(writer_id, "writer_id"))
         if writer is None:
             raise NotFoundError(
                 f"writer {writer_id!r} is not registered for job {job_id!r}; register_writer first"

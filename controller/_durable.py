@@ -12,7 +12,7 @@ replay diverged),
 then starts a new incarnation so that new tokens exceed every old one, and ends every lease
 that was live: LEASED/PREPARED groups go back to READY, TRAINING/TRAINED groups come back UNKNOWN.
 
-Not journaled: queries, sweeper ticks, delete hand-outs, refused calls and empty acquires (a job
+Not journaled: queries, sweeper ticks, delete and fence hand-outs, refused calls and empty acquires (a job
 checkpoint is journaled: it numbers the checkpoint and decides which commits are kept; so is an empty
 acquire that parked groups of a storage server in back-off). None of
 them changes state except by lazy expiry, and expiry is decided by the recorded deadlines: the next
@@ -64,6 +64,7 @@ MUTATING = frozenset(
         "release",
         "resolve",
         "delete_done",
+        "fence_done",
         "restore",
         "recover",
         "checkpoint",
@@ -73,7 +74,7 @@ MUTATING = frozenset(
 )
 """Ledger methods that change state and take ``now``: journaled."""
 
-TIMED_UNJOURNALED = frozenset({"tick", "take_deletes"})
+TIMED_UNJOURNALED = frozenset({"tick", "take_deletes", "take_fences"})
 """Ledger methods that take ``now`` but are not journaled (see the module docstring)."""
 
 QUERIES = frozenset(
@@ -83,6 +84,7 @@ QUERIES = frozenset(
         "lease_groups",
         "live_leases",
         "gc_list",
+        "fence_list",
         "groups_in",
         "group",
         "servers",

@@ -8,6 +8,8 @@ These are owned by the ledger and never handed out: callers get the frozen recor
 from __future__ import annotations
 
 import functools
+import math
+import reprlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -21,20 +23,38 @@ __all__ = [
     "ALLOCATED",
     "COMMITTED",
     "DROPPED",
+    "ECHO_CHARS",
+    "INT64_MAX",
     "LEASED",
+    "MAX_NAME_CHARS",
     "PREPARED",
     "READY",
     "TRAINED",
     "TRAINING",
     "UNKNOWN",
+    "brief",
     "check_columns",
     "check_int",
     "check_name",
     "check_old_ready",
     "check_partition",
     "check_partitions",
+    "check_seconds",
     "check_state",
 ]
+
+INT64_MAX = (1 << 63) - 1
+"""Largest int the ledger accepts anywhere: storage servers and Arrow key columns hold int64."""
+
+MAX_NAME_CHARS = 1024
+"""Longest name (job, writer, owner, server, node, location, batch, column) the ledger accepts."""
+
+ECHO_CHARS = 100
+"""Most characters of a caller's value an error message repeats (see :func:`brief`)."""
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, ECHO_CHARS, ECHO_CHARS
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = _REPR.maxfrozenset = 4
 
 READY = GroupState.READY
 LEASED = GroupState.LEASED
@@ -194,63 +214,127 @@ class _Job:
         return sorted(w for w, writer in self.writers.items() if writer.acked < self.policy_version)
 
 
+def brief(value: object) -> str:
+    """``repr(value)`` cut to about :data:`ECHO_CHARS` characters, for error messages.
+
+    Never echoes unbounded caller input (a 10 MB name, a 100k-deep list): long strings and containers
+    are cut, and the length of a cut string is given instead.
+    """
+    if isinstance(value, str | bytes) and len(value) > ECHO_CHARS:
+        return f"{value[:ECHO_CHARS]!r}... ({len(value)} {'chars' if isinstance(value, str) else 'bytes'})"
+    try:
+        text = _REPR.repr(value)
+    except Exception:  # a hostile __repr__: name the type only
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= ECHO_CHARS + 20 else text[: ECHO_CHARS + 20] + "..."
+
+
 def check_name(value: object, what: str) -> str:
-    """Return ``value`` if it is a non-empty string; else raise InvalidRequestError naming ``what``."""
+    """Return ``value`` if it is a non-empty string of at most :data:`MAX_NAME_CHARS` characters; else
+    raise InvalidRequestError naming ``what``."""
     if not isinstance(value, str) or not value:
-        raise InvalidRequestError(f"{what} must be a non-empty string, got {value!r}")
+        raise InvalidRequestError(f"{what} must be a non-empty string, got {brief(value)}")
+    if len(value) > MAX_NAME_CHARS:
+        raise InvalidRequestError(
+            f"{what} must be at most {MAX_NAME_CHARS} characters, got {len(value)}: {brief(value)}"
+        )
     return value
 
 
-def check_int(value: object, what: str, *, minimum: int = 0) -> int:
-    """Return ``value`` if it is an int (not a bool) >= ``minimum``; else raise InvalidRequestError."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidRequestError(f"{what} must be an int >= {minimum}, got {value!r}")
+def check_int(value: object, what: str, *, minimum: int = 0, maximum: int = INT64_MAX) -> int:
+    """Return ``value`` if it is an int (not a bool) in ``[minimum, maximum]`` (int64 by default); else
+    raise InvalidRequestError naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequestError(f"{what} must be an int >= {minimum}, got {brief(value)}")
+    if value < minimum:
+        raise InvalidRequestError(f"{what} must be an int >= {minimum}, got {brief(value)}")
+    if value > maximum:
+        raise InvalidRequestError(f"{what} must be an int <= {maximum}, got {brief(value)}")
     return value
+
+
+def check_seconds(
+    value: object, what: str, *, minimum: float = 0.0, maximum: float | None = None, positive: bool = False
+) -> float:
+    """Return ``value`` as a float if it is a finite number (not a bool) >= ``minimum`` (> 0 when
+    ``positive``) and <= ``maximum``; else raise InvalidRequestError naming ``what``. NaN and infinities
+    are refused."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidRequestError(f"{what} must be a number of seconds, got {brief(value)}")
+    if isinstance(value, int) and abs(value) > INT64_MAX:
+        raise InvalidRequestError(f"{what} is out of range, got {brief(value)}")
+    seconds = float(value)
+    if not math.isfinite(seconds):
+        raise InvalidRequestError(f"{what} must be a finite number of seconds, got {brief(value)}")
+    if seconds < minimum or (positive and seconds <= 0):
+        bound = "> 0" if positive and minimum <= 0 else f">= {minimum:g}"
+        raise InvalidRequestError(f"{what} must be {bound} seconds, got {brief(value)}")
+    if maximum is not None and seconds > maximum:
+        raise InvalidRequestError(f"{what} must be <= {maximum:g} seconds, got {brief(value)}")
+    return seconds
 
 
 def check_old_ready(value: OldReady | str) -> OldReady:
     """Return ``value`` as :class:`OldReady`; else raise InvalidRequestError listing the choices."""
     try:
         return OldReady(value)
-    except ValueError:
-        raise InvalidRequestError(f"old_ready must be 'reoffer' or 'drop', got {value!r}") from None
+    except (ValueError, TypeError):
+        raise InvalidRequestError(f"old_ready must be 'reoffer' or 'drop', got {brief(value)}") from None
 
 
 def check_state(value: GroupState | str) -> GroupState:
     """Return ``value`` as :class:`GroupState`; else raise InvalidRequestError listing the states."""
     try:
         return GroupState(value)
-    except ValueError:
+    except (ValueError, TypeError):
         raise InvalidRequestError(
-            f"unknown group state {value!r}; one of {[s.value for s in GroupState]}"
+            f"unknown group state {brief(value)}; one of {[s.value for s in GroupState]}"
         ) from None
 
 
 def check_partition(value: Any) -> Partition:
-    """Return ``value`` (a Partition or a ``(job_id, epoch, group_id)`` sequence) as a :class:`Partition`."""
-    if isinstance(value, Partition):
-        return value
+    """Return ``value`` (a Partition or a ``(job_id, epoch, group_id)`` sequence) as a :class:`Partition`,
+    its job id a name and its epoch and group id ints in int64 (an unchecked NamedTuple is checked too)."""
+    if (
+        type(value) is Partition
+        and type(value[0]) is str
+        and type(value[1]) is int
+        and type(value[2]) is int
+        and 0 < len(value[0]) <= MAX_NAME_CHARS
+        and 0 <= value[1] <= INT64_MAX
+        and 0 <= value[2] <= INT64_MAX
+    ):
+        return value  # the common case, checked without a call
+    if isinstance(value, str | bytes | dict):
+        raise InvalidRequestError(f"a partition is (job_id, epoch, group_id), got {brief(value)}")
     try:
         job_id, epoch, group_id = value
     except (TypeError, ValueError):
-        raise InvalidRequestError(f"a partition is (job_id, epoch, group_id), got {value!r}") from None
-    return Partition(job_id, epoch, group_id)
+        raise InvalidRequestError(f"a partition is (job_id, epoch, group_id), got {brief(value)}") from None
+    return Partition(
+        check_name(job_id, "a partition's job_id"),
+        check_int(epoch, "a partition's epoch"),
+        check_int(group_id, "a partition's group_id"),
+    )
 
 
 def check_partitions(values: Iterable[Any]) -> tuple[Partition, ...]:
     """Distinct partitions in the order given (see :func:`check_partition`)."""
     if isinstance(values, str | bytes) or not isinstance(values, Iterable):
-        raise InvalidRequestError(f"expected a sequence of partitions, got {values!r}")
+        raise InvalidRequestError(f"expected a sequence of partitions, got {brief(values)}")
     return tuple(dict.fromkeys(check_partition(v) for v in values))
 
 
 def check_columns(values: Iterable[str], what: str) -> frozenset[str]:
     """Column names as a frozenset; a bare string is refused (it would read as its characters)."""
     if isinstance(values, str | bytes) or not isinstance(values, Iterable):
-        raise InvalidRequestError(f"{what} must be a list of column names, got {values!r}")
+        raise InvalidRequestError(f"{what} must be a list of column names, got {brief(values)}")
     if type(values) is tuple and all(type(v) is str for v in values):
         return _checked_columns(values, what)  # every group of a job publishes the same tuple
-    out = frozenset(values)
+    try:
+        out = frozenset(values)
+    except TypeError:  # an unhashable item: not a column name
+        raise InvalidRequestError(f"{what} must be a list of column names, got {brief(values)}") from None
     for name in out:
         check_name(name, f"a column name in {what}")
     return out

@@ -1,31 +1,52 @@
-"""The in-process host: the ledger behind a lock, with a sweeper thread that expires leases and runs deletes.
+"""The in-process host: the ledger behind a lock, with a sweeper thread that expires leases, runs deletes
+and raises fences.
 
 :class:`LocalController` serialises calls with one lock, wakes long-polling ``acquire`` calls when groups
 become READY, and runs a daemon sweeper that applies expiries when they fall due (not only on the next
-call) and executes the ledger's delete work through the injected ``deleter``, outside the lock. Use it as
-a context manager, or call :meth:`LocalController.close`.
+call) and executes the ledger's delete and fence work through the injected ``deleter`` and ``fencer``,
+outside the lock. Use it as a context manager, or call :meth:`LocalController.close`.
+
+A long-polling ``acquire`` waits at most :data:`MAX_WAIT` seconds (a longer ``wait`` is cut to it; the
+client polls again, see ``ControllerClient.acquire``). It is woken and answered with
+:class:`~trajflight.errors.UnavailableError` when the controller closes, and gives up (granting nothing,
+or releasing what it had just been granted) as soon as its caller is gone (``abandoned``).
 
 It does not guarantee fairness between long-polling acquirers (whoever wakes first takes the groups).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from trajflight.errors import DeadlineExceededError, InvalidRequestError, UnavailableError
+from trajflight.errors import DeadlineExceededError, TrajflightError, UnavailableError
 
 from ._checkpoint import checkpoint_seq, read_file, write_atomic
 from ._durable import HostCore, run_deletes
-from ._records import DeleteWork, Lease
+from ._entries import check_seconds
+from ._fences import run_fences
+from ._records import DeleteWork, FenceWork, Lease
 
-__all__ = ["LocalController"]
+__all__ = ["MAX_WAIT", "POLL_CHECK", "LocalController", "check_timeout"]
 
 Deleter = Callable[[DeleteWork], None]
+Fencer = Callable[[Sequence[FenceWork]], None]
+
+MAX_WAIT = 20.0
+"""Longest one long-polling ``acquire`` waits on a host (seconds); a longer ``wait`` is cut to it."""
+
+POLL_CHECK = 0.1
+"""How often a parked ``acquire`` looks whether its caller is gone (seconds)."""
+
+
+def check_timeout(timeout: object) -> float | None:
+    """``timeout`` (seconds) if it is ``None`` or a finite number >= 0; else InvalidRequestError."""
+    return None if timeout is None else check_seconds(timeout, "timeout")
 
 
 class LocalController:
@@ -35,6 +56,9 @@ class LocalController:
         deleter: Deletes one group from its storage server; raises on failure (the group stays on the GC
             list and is retried). ``None``: no storage servers, every delete is confirmed at once. Give
             it its own deadline: while it hangs, the sweeper waits (calls still expire leases lazily).
+        fencer: Raises the generation of some groups of one storage server (the fences of one location,
+            see :class:`~trajflight.controller.FenceWork`); raises on failure (retried with back-off).
+            ``None``: every fence is confirmed at once. Give it its own deadline, as ``deleter``.
         clock: Wall-clock seconds given to the ledger as ``now``.
         state_dir: Journal and snapshot directory for crash recovery (see :mod:`._durable`); ``None``
             keeps state in memory only.
@@ -48,6 +72,7 @@ class LocalController:
         self,
         *,
         deleter: Deleter | None = None,
+        fencer: Fencer | None = None,
         clock: Callable[[], float] = time.time,
         state_dir: str | os.PathLike[str] | None = None,
         sweep_interval: float = 0.05,
@@ -57,12 +82,14 @@ class LocalController:
     ) -> None:
         self._core = HostCore(clock=clock, state_dir=state_dir, fsync=journal_fsync)
         self._deleter = deleter
+        self._fencer = fencer
         self._sweep_interval = sweep_interval
         self._delete_batch = delete_batch
         self._cond = threading.Condition(threading.Lock())
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._parked = 0
         if start:
             self.start()
 
@@ -74,15 +101,29 @@ class LocalController:
             self._thread.start()
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop the sweeper (waiting up to ``timeout``) and close the journal; later calls fail."""
-        self._closed = True
-        self._stop.set()
+        """Stop the sweeper (waiting up to ``timeout``) and close the journal; later calls fail.
+
+        Parked long-polling acquires are woken at once and answered with UnavailableError, so that a
+        Flight control server in front of this controller can shut down without waiting them out.
+        """
         with self._cond:
+            self._closed = True
             self._cond.notify_all()
+        self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
         with self._cond:
             self._core.close()
+
+    def wake(self) -> None:
+        """Wake every parked long-polling acquire so that it looks again (at its ``abandoned`` check)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    @property
+    def waiting(self) -> int:
+        """Long-polling acquires parked right now (for operators and tests)."""
+        return self._parked
 
     def __enter__(self) -> LocalController:
         self.start()
@@ -105,6 +146,9 @@ class LocalController:
         timeout = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
         if not self._cond.acquire(timeout=timeout):
             raise DeadlineExceededError("the controller did not take the call before its deadline; retry")
+        if self._closed:  # closed while this call waited for the lock: the journal is gone
+            self._cond.release()
+            raise UnavailableError("the controller is closed; start a new one")
 
     def call(self, method: str, kwargs: dict[str, Any] | None = None, *, timeout: float | None = None) -> Any:
         """Run one ledger call (``now`` is supplied by the host) before ``timeout`` seconds.
@@ -112,8 +156,10 @@ class LocalController:
         Raises:
             DeadlineExceededError: the lock was not obtained in time (the call did not run).
             UnavailableError: the controller is closed.
+            InvalidRequestError: ``timeout`` is not ``None`` or a finite number >= 0.
             TrajflightError: whatever the ledger raised.
         """
+        timeout = check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         self._lock(deadline)
         try:
@@ -127,35 +173,72 @@ class LocalController:
             self._cond.release()
 
     def acquire(
-        self, kwargs: dict[str, Any], *, wait: float = 0.0, timeout: float | None = None
+        self,
+        kwargs: dict[str, Any],
+        *,
+        wait: float = 0.0,
+        timeout: float | None = None,
+        abandoned: Callable[[], bool] | None = None,
     ) -> Lease | None:
         """Long-poll ``Ledger.acquire``: retry whenever groups become READY, for up to ``wait`` seconds.
 
-        Returns ``None`` when no eligible group became READY in time. ``wait`` is cut to ``timeout``.
+        ``wait`` is cut to ``timeout`` and to :data:`MAX_WAIT`. ``abandoned`` (checked every
+        :data:`POLL_CHECK` seconds while parked, and right before and after the grant) says that the
+        caller is gone: nothing is granted to it then, and a lease granted just as it left is released
+        at once (its groups go back to READY, at the front).
+
+        Returns:
+            The lease, or ``None`` when no eligible group became READY in time (or the caller is gone).
 
         Raises:
+            UnavailableError: the controller is closed, or closed while this call was parked.
             DeadlineExceededError: the lock was not obtained before ``timeout``.
+            InvalidRequestError: ``wait`` or ``timeout`` is not a finite number >= 0.
             TrajflightError: whatever the ledger raised.
         """
-        if wait < 0:
-            raise InvalidRequestError(f"wait must be >= 0 seconds, got {wait!r}")
+        wait = min(check_seconds(wait, "wait"), MAX_WAIT)
+        timeout = check_timeout(timeout)
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout
         end = start + (wait if timeout is None else min(wait, timeout))
         self._lock(deadline)
+        self._parked += 1
         try:
             while True:
+                if self._closed:
+                    raise UnavailableError(
+                        "the controller is shutting down; connect to its successor and lease again"
+                    )
+                if abandoned is not None and abandoned():
+                    return None
                 lease: Lease | None = self._core.apply("acquire", kwargs)
+                if lease is not None and abandoned is not None and abandoned():
+                    self._give_back(lease)
+                    return None
                 remaining = end - time.monotonic()
-                if lease is not None or remaining <= 0 or self._closed:
+                if lease is not None or remaining <= 0:
                     return lease
-                ledger = self._core.ledger
-                nxt = ledger.next_deadline()
+                nxt = self._core.ledger.next_deadline()
                 if nxt is not None:
                     remaining = min(remaining, max(0.001, nxt - self._core.clock()))
+                if abandoned is not None:
+                    remaining = min(remaining, POLL_CHECK)
                 self._cond.wait(remaining)
         finally:
+            self._parked -= 1
             self._cond.release()
+
+    def _give_back(self, lease: Lease) -> None:
+        """Release a lease nobody will hold (its caller left); call with the lock held."""
+        self._core.apply("release", {"token": lease.token})
+        self._cond.notify_all()
+
+    def release_abandoned(self, lease: Lease, *, timeout: float | None = None) -> None:
+        """Release ``lease`` at once because its caller is gone before it got it (a lease granted to a
+        long poll whose reply could not be delivered). A lease already moved on is left alone."""
+        # Ended, committed or released meanwhile: nothing left to give back.
+        with contextlib.suppress(TrajflightError):
+            self.call("release", {"token": lease.token}, timeout=timeout)
 
     def checkpoint(
         self, job_id: str, path: str | os.PathLike[str] | None = None, *, timeout: float | None = None
@@ -189,20 +272,34 @@ class LocalController:
 
     # ------------------------------------------------------------------ sweeper
     def sweep(self) -> int:
-        """One sweeper pass: apply due expiries, run due deletes, report them. Returns deletes run."""
+        """One sweeper pass: apply due expiries, run due deletes and fences, report them. Returns the work
+        items run (deletes plus fences)."""
         with self._cond:
+            if self._closed:
+                return 0
             before = self._core.ledger.ready_version
             self._core.apply("tick", {})
             work = self._core.apply("take_deletes", {"limit": self._delete_batch})
+            fences = self._core.apply("take_fences", {"limit": self._delete_batch})
             if self._core.ledger.ready_version != before:
                 self._cond.notify_all()
-        if not work:
+        if not work and not fences:
             return 0
+        fenced = run_fences(fences, self._fencer)
         results = run_deletes(work, self._deleter)
         with self._cond:
+            if self._closed:
+                return (
+                    0  # closed meanwhile: the journal is gone; the work is handed out again after a restart
+                )
             for item, ok, error in results:
                 self._core.apply("delete_done", {"partition": item.partition, "ok": ok, "error": error})
-        return len(work)
+            for fence, ok, error in fenced:
+                self._core.apply(
+                    "fence_done",
+                    {"partition": fence.partition, "generation": fence.generation, "ok": ok, "error": error},
+                )
+        return len(work) + len(fences)
 
     def _sweep_loop(self) -> None:
         while not self._stop.is_set():

@@ -36,6 +36,7 @@ from ._entries import (
     UNKNOWN,
     _Group,
     _Lease,
+    brief,
     check_columns,
     check_int,
     check_name,
@@ -166,7 +167,7 @@ class LeaseMachine(PartitionLedger):
             return default
         if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= maximum:
             raise InvalidRequestError(
-                f"ttl must be a number of seconds in (0, {maximum}] (max_lease_ttl), got {ttl!r}"
+                f"ttl must be a number of seconds in (0, {maximum}] (max_lease_ttl), got {brief(ttl)}"
             )
         return float(ttl)
 
@@ -251,8 +252,8 @@ class LeaseMachine(PartitionLedger):
             raise NotFoundError(f"group {tuple(key)} is not part of lease {lease.token}")
         if g.generation != lease.token:
             raise StaleFenceError(
-                f"group {tuple(key)} was re-leased with a newer token {g.generation} than {lease.token}; "
-                "stop working on it",
+                f"group {tuple(key)} has a newer generation {g.generation} than lease {lease.token} (the "
+                "lease ended, or the group was leased again); stop working on it",
                 token=lease.token,
             )
         if key not in lease.live or g.state not in states:
@@ -267,7 +268,7 @@ class LeaseMachine(PartitionLedger):
     ) -> tuple[Partition, ...]:
         self._advance(now)
         lease = self._lease(token)
-        keys = lease.batches.get(batch_id)
+        keys = lease.batches.get(check_name(batch_id, "batch_id"))
         if keys is None:
             if lease.ended is not None:
                 raise self._ended_error(lease)
@@ -517,8 +518,8 @@ class LeaseMachine(PartitionLedger):
         self._job(job_id)
         try:
             act = ResolveAction(action)
-        except ValueError:
-            raise InvalidRequestError(f"action must be 'requeue' or 'drop', got {action!r}") from None
+        except (ValueError, TypeError):
+            raise InvalidRequestError(f"action must be 'requeue' or 'drop', got {brief(action)}") from None
         keys = check_partitions(partitions)
         todo = []
         for key in keys:

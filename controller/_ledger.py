@@ -71,8 +71,7 @@ class Ledger(LeaseMachine):
             times.append(self._lease_heap[0][0])
         if self._grant_heap:
             times.append(self._grant_heap[0][0])
-        for job in self._jobs.values():
-            due = job.gc.next_due()
+        for due in (*(job.gc.next_due() for job in self._jobs.values()), self._fences.next_due()):
             if due is not None:
                 times.append(due)
         due = self._reach.next_due()

@@ -29,12 +29,14 @@ from ._core import LedgerCore
 from ._entries import (
     ALLOCATED,
     DROPPED,
+    INT64_MAX,
     _Group,
     _Job,
     _Server,
     _Writer,
     check_columns,
     check_int,
+    check_name,
     check_partition,
 )
 from ._records import GroupInfo, Partition, Publication, PutGrant
@@ -123,7 +125,7 @@ class PartitionLedger(LedgerCore):
 
     def _allocating_writer(self, job_id: str, epoch: int, writer_id: str) -> tuple[_Job, _Writer]:
         job = self._job_epoch(job_id, epoch)
-        writer = job.writers.get(writer_id)
+        writer = job.writers.get(check_name(writer_id, "writer_id"))
         if writer is None:
             raise NotFoundError(
                 f"writer {writer_id!r} is not registered for job {job_id!r} epoch {epoch}; "
@@ -229,11 +231,12 @@ class PartitionLedger(LedgerCore):
         job = self._job_epoch(key.job_id, key.epoch)
         g = self._granted(key, token)
         sizes = (rows, nbytes, tokens, policy_version)
+        _check_sizes(key, sizes)
+        cols = check_columns(columns, "columns")  # a repeat is checked too: bad input is never accepted
         if g.state is not ALLOCATED:
             _check_repeat(key, self._published_sizes(key, g), sizes)
             return self._info(g)
         self._check_publication(job, key, g, sizes)
-        cols = check_columns(columns, "columns")
         self._make_published(job, g, sizes, cols, self._columns(cols))
         return self._info(g)
 
@@ -287,10 +290,12 @@ class PartitionLedger(LedgerCore):
             g = self._granted(key, item.token)
             groups.append(g)
             sizes = (item.rows, item.nbytes, item.tokens, item.policy_version)
+            _check_sizes(key, sizes)
             prior = planned.get(key)
             if prior is None and g.state is not ALLOCATED:
                 prior = self._published_sizes(key, g)
             if prior is not None:
+                check_columns(item.columns, "columns")  # a repeat's too: bad input is never accepted
                 _check_repeat(key, prior, sizes)
                 continue
             self._check_publication(job, key, g, sizes)
@@ -308,6 +313,8 @@ class PartitionLedger(LedgerCore):
 
     def _granted(self, key: Partition, token: int) -> _Group:
         """The group of ``key`` if ``token`` is its grant's token; else raise."""
+        if type(token) is not int or token < 0 or token > INT64_MAX:
+            check_int(token, "token")
         g = self._groups.get(key)
         if g is None:
             raise NotFoundError(f"partition {tuple(key)} was never allocated (or is deleted); allocate first")
@@ -329,12 +336,7 @@ class PartitionLedger(LedgerCore):
 
     @staticmethod
     def _check_publication(job: _Job, key: Partition, g: _Group, sizes: _Sizes) -> None:
-        """Check the sizes of a first publication of the ALLOCATED group ``g`` (of ``key``)."""
-        try:
-            for value, what in zip(sizes, ("rows", "nbytes", "tokens", "policy_version"), strict=True):
-                check_int(value, what)
-        except InvalidRequestError as exc:  # name the group: one of a publish_many's many
-            raise InvalidRequestError(f"{exc} (the publication of {tuple(key)})") from None
+        """Check the sizes (checked ints already) of a first publication of the ALLOCATED group ``g``."""
         _, nbytes, _, policy_version = sizes
         if nbytes > g.nbytes:
             raise InvalidRequestError(
@@ -370,6 +372,17 @@ class PartitionLedger(LedgerCore):
         if g is None:
             raise NotFoundError(f"no group {tuple(partition)} (never allocated, or already deleted)")
         return self._info(g)
+
+
+def _check_sizes(key: Partition, sizes: _Sizes) -> None:
+    """Every size of a publication is an int in int64 range (first publications and repeats alike)."""
+    if all(type(v) is int and 0 <= v <= INT64_MAX for v in sizes):
+        return
+    try:
+        for value, what in zip(sizes, ("rows", "nbytes", "tokens", "policy_version"), strict=True):
+            check_int(value, what)
+    except InvalidRequestError as exc:  # name the group: one of a publish_many's many
+        raise InvalidRequestError(f"{exc} (the publication of {tuple(key)})") from None
 
 
 def _check_repeat(key: Partition, published: _Sizes, sizes: _Sizes) -> None:

@@ -2,8 +2,10 @@
 
 The actor runs on an asyncio loop: each ledger call runs to completion between two awaits (so calls are
 serialised without a lock) and a long-polling ``acquire`` awaits an event instead of blocking, so other
-callers proceed while it waits. A sweeper task applies expiries as they fall due and runs deletes through
-the injected ``deleter`` in a worker thread.
+callers proceed while it waits, for at most :data:`~._host.MAX_WAIT` seconds (a longer ``wait`` is cut
+to it; the client polls again). :meth:`ControllerActor.close` answers parked acquires with
+UnavailableError before the actor is killed. A sweeper task applies expiries as they fall due and runs
+deletes and fences through the injected ``deleter`` and ``fencer`` in a worker thread.
 
 Crash recovery: with ``state_dir`` the actor journals every state-changing call (see :mod:`._durable`);
 Ray restarts it up to ``max_restarts`` times and the constructor, which Ray re-runs, reloads the snapshot,
@@ -21,14 +23,17 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from trajflight.errors import TrajflightError
+from trajflight.errors import TrajflightError, UnavailableError
 
 from ._checkpoint import checkpoint_seq, read_file, write_atomic
 from ._durable import HostCore, run_deletes
-from ._records import DeleteWork
+from ._entries import check_seconds
+from ._fences import run_fences
+from ._host import MAX_WAIT
+from ._records import DeleteWork, FenceWork
 
 __all__ = ["DEFAULT_NAME", "DEFAULT_NAMESPACE", "ControllerActor", "ray_actor_class", "start_ray_actor"]
 
@@ -47,8 +52,10 @@ class ControllerActor:
             failure. ``None``: every delete is confirmed at once. Give it its own deadline: while it
             hangs, the sweeper waits (calls still expire leases lazily).
         sweep_interval: Longest sleep of the sweeper (seconds).
-        delete_batch: Most deletes per sweeper pass.
+        delete_batch: Most deletes (and fences) per sweeper pass.
         journal_fsync: fsync the journal after every call.
+        fencer: Raises the generation of the fences of one storage server location (picklable); raises on
+            failure. ``None``: every fence is confirmed at once.
     """
 
     def __init__(
@@ -58,9 +65,12 @@ class ControllerActor:
         sweep_interval: float = 0.05,
         delete_batch: int = 256,
         journal_fsync: bool = False,
+        fencer: Callable[[Sequence[FenceWork]], None] | None = None,
     ) -> None:
         self._core = HostCore(clock=time.time, state_dir=state_dir, fsync=journal_fsync)
         self._deleter = deleter
+        self._fencer = fencer
+        self._closing = False
         self._sweep_interval = sweep_interval
         self._delete_batch = delete_batch
         self._changed: asyncio.Event | None = None
@@ -98,9 +108,19 @@ class ControllerActor:
         return out
 
     async def acquire(self, kwargs: dict[str, Any], wait: float) -> Reply:
-        """Long-poll acquire: retry whenever groups become READY, for up to ``wait`` seconds."""
-        end = time.monotonic() + max(0.0, wait)
+        """Long-poll acquire: retry whenever groups become READY, for up to ``wait`` seconds (at most
+        :data:`~._host.MAX_WAIT`); ``("err", UnavailableError)`` once :meth:`close` was called."""
+        try:
+            wait = min(check_seconds(wait, "wait"), MAX_WAIT)
+        except TrajflightError as exc:
+            return ("err", exc)
+        end = time.monotonic() + wait
         while True:
+            if self._closing:
+                return (
+                    "err",
+                    UnavailableError("the controller is shutting down; lease again once it is back"),
+                )
             try:
                 lease = self._apply("acquire", kwargs)
             except TrajflightError as exc:
@@ -114,6 +134,14 @@ class ControllerActor:
             event = self._ensure_started()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), remaining)
+
+    async def close(self) -> None:
+        """Answer every parked acquire with UnavailableError (call it before killing the actor)."""
+        self._closing = True
+        event = self._ensure_started()
+        event.set()
+        self._changed = asyncio.Event()
+        await asyncio.sleep(0)  # let the woken acquires answer
 
     async def checkpoint(self, job_id: str, path: str | None) -> Reply:
         """Take a job checkpoint; write it (atomically, on the actor's node) to ``path`` when given, and
@@ -145,15 +173,22 @@ class ControllerActor:
         }
 
     async def sweep(self) -> int:
-        """One sweeper pass (expiries, then deletes); returns the deletes run."""
+        """One sweeper pass (expiries, then deletes and fences); returns the work items run."""
         self._apply("tick", {})
         work = self._apply("take_deletes", {"limit": self._delete_batch})
-        if not work:
+        fences = self._apply("take_fences", {"limit": self._delete_batch})
+        if not work and not fences:
             return 0
+        fenced = await asyncio.to_thread(run_fences, fences, self._fencer)
         results = await asyncio.to_thread(run_deletes, work, self._deleter)
         for item, ok, error in results:
             self._apply("delete_done", {"partition": item.partition, "ok": ok, "error": error})
-        return len(work)
+        for fence, ok, error in fenced:
+            self._apply(
+                "fence_done",
+                {"partition": fence.partition, "generation": fence.generation, "ok": ok, "error": error},
+            )
+        return len(work) + len(fences)
 
     async def _sweep_loop(self) -> None:
         while True:
@@ -186,6 +221,7 @@ def start_ray_actor(
     namespace: str = DEFAULT_NAMESPACE,
     state_dir: str | os.PathLike[str] | None = None,
     deleter: Callable[[DeleteWork], None] | None = None,
+    fencer: Callable[[Sequence[FenceWork]], None] | None = None,
     max_restarts: int = -1,
     sweep_interval: float = 0.05,
     journal_fsync: bool = False,
@@ -200,6 +236,7 @@ def start_ray_actor(
         namespace: One namespace per deployment, so that two deployments on one cluster never meet.
         state_dir: Journal and snapshot directory on the actor's node (required to survive restarts).
         deleter: Picklable callable deleting one group from its storage server.
+        fencer: Picklable callable raising the generation of the fences of one storage server.
         max_restarts: Restarts Ray may do (-1: unlimited).
         sweep_interval: Longest sleep of the sweeper.
         journal_fsync: fsync the journal after every call.
@@ -221,5 +258,10 @@ def start_ray_actor(
         opts["lifetime"] = "detached"
     opts.update(options or {})
     return cls.options(**opts).remote(
-        None if state_dir is None else os.fspath(state_dir), deleter, sweep_interval, 256, journal_fsync
+        None if state_dir is None else os.fspath(state_dir),
+        deleter,
+        sweep_interval,
+        256,
+        journal_fsync,
+        fencer,
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -21,6 +22,7 @@ from trajflight.errors import ConfigError
 
 __all__ = [
     "DeleteWork",
+    "FenceWork",
     "GroupInfo",
     "GroupState",
     "HeldGroup",
@@ -81,6 +83,15 @@ class Partition(NamedTuple):
     job_id: str
     epoch: int
     group_id: int
+
+
+_INT64_MAX = (1 << 63) - 1
+
+
+def _cut(value: object) -> str:
+    """A caller's value for an error message, cut to about 100 characters."""
+    text = repr(value[:101]) if isinstance(value, str) else reprlib.repr(value)
+    return text if len(text) <= 100 else text[:100] + "..."
 
 
 _SIZE_SETTINGS = ("capacity_bytes", "max_group_bytes")
@@ -146,16 +157,27 @@ class JobConfig:
     def __post_init__(self) -> None:
         for name in ("capacity_bytes", "capacity_groups", "max_staleness"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise ConfigError(f"{name}: expected a non-negative int or None, got {value!r}", setting=name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT64_MAX
+            ):
+                raise ConfigError(
+                    f"{name}: expected a non-negative int (int64) or None, got {_cut(value)}", setting=name
+                )
         for name in ("max_group_bytes", "max_groups_per_lease"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"{name}: expected a positive int, got {value!r}", setting=name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= _INT64_MAX:
+                raise ConfigError(f"{name}: expected a positive int (int64), got {_cut(value)}", setting=name)
         for name in _DURATION_SETTINGS:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                raise ConfigError(f"{name}: expected a finite number of seconds, got {value!r}", setting=name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or (isinstance(value, int) and value > _INT64_MAX)
+                or not math.isfinite(value)
+            ):
+                raise ConfigError(
+                    f"{name}: expected a finite number of seconds, got {_cut(value)}", setting=name
+                )
             if value <= 0:
                 raise ConfigError(f"{name}: must be positive, got {value!r}", setting=name)
         if not isinstance(self.strict_on_policy, bool):
@@ -211,8 +233,9 @@ class JobConfig:
         kwargs: dict[str, Any] = {}
         for name, value in values.items():
             if name not in known:
+                shown = name if isinstance(name, str) and len(name) <= 100 else _cut(name)
                 raise ConfigError(
-                    f"{name}: unknown controller setting; known settings are {sorted(known)}", setting=name
+                    f"{shown}: unknown controller setting; known settings are {sorted(known)}", setting=shown
                 )
             if name in _SIZE_SETTINGS and value is not None:
                 value = parse_size(value, setting=name)
@@ -416,6 +439,34 @@ class HeldGroup:
     partition: Partition
     server_id: str
     nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class FenceWork:
+    """One fence the host must raise on a storage server, then confirm with ``fence_done``.
+
+    A lease that ended without its holder (expiry, a newer epoch, a controller restart) leaves its
+    groups under a fresh generation; until the server knows it, the old holder (a zombie) could still
+    read and append there. The host raises the group's highest generation on its server to
+    ``generation`` (``advance_generation``), after which the old token is refused for Flight and
+    shared-memory reads, appends and deletes alike. A server that no longer has the group, or already
+    saw a higher generation, counts as done.
+
+    Attributes:
+        partition: The group to fence.
+        server_id: The server holding it.
+        location: That server's Flight location.
+        generation: The generation to raise it to (the group's newest token).
+        attempt: 1 for the first attempt, then 2, 3, ...
+        last_error: Why the previous attempt failed, if one did.
+    """
+
+    partition: Partition
+    server_id: str
+    location: str
+    generation: int
+    attempt: int
+    last_error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

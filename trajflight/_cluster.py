@@ -128,7 +128,9 @@ class LocalCluster:
         return self
 
     def _start_controller(self, port: int) -> None:
-        self.controller = LocalController(deleter=self._pool.delete, state_dir=self.state_dir)
+        self.controller = LocalController(
+            deleter=self._pool.delete, fencer=self._pool.fence_groups, state_dir=self.state_dir
+        )
         self._control = ControlServer(self.controller, host=self.host, port=port)
         local = ControllerClient(LocalTransport(self.controller), timeout=self.timeout)
         for i, location in enumerate(self.server_locations):
@@ -147,8 +149,8 @@ class LocalCluster:
         if self._control is None or self.controller is None:
             raise UnavailableError("the cluster is not running")
         port = self._control.port
+        self.controller.close()  # first: parked long polls are answered, so the shutdown never waits them out
         self._control.shutdown()
-        self.controller.close()
         self._start_controller(port=port)
 
     def _start_servers(self) -> None:
@@ -191,13 +193,16 @@ class LocalCluster:
             self.server_locations.append(_read_location(proc, log_path, timeout=60.0))
 
     def close(self) -> None:
-        """Stop the control server, the controller and every storage server (idempotent)."""
+        """Stop the controller, the control server and every storage server (idempotent).
+
+        The controller closes first: an acquire parked in it (a trainer's long poll) is answered at once
+        with UnavailableError, so that the control server, which waits for its calls, stops promptly."""
+        if self.controller is not None:
+            self.controller.close()
         if self._control is not None:
             self._control.shutdown()
             self._control = None
-        if self.controller is not None:
-            self.controller.close()
-            self.controller = None
+        self.controller = None
         self._pool.close()
         for server in self._threads:
             server.close()

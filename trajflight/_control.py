@@ -13,6 +13,19 @@ Actions (``do_action`` type -> JSON body -> one result):
 * ``checkpoint``: ``{"job_id", "path", "timeout"}`` -> bytes; ``restore``: ``{"source", "kwargs", ...}``.
 * ``info``: deployment facts (storage servers, host identity, counters).
 
+Every request is bounded before it is parsed: at most :data:`MAX_REQUEST_BYTES` (``restore``:
+:data:`MAX_RESTORE_BYTES`; restore a larger checkpoint from a path on the controller's machine) and
+:data:`~trajflight._rpc.MAX_DEPTH` levels of nesting. Every number is checked by the ledger before it
+touches state (ints in int64, seconds finite and >= 0; a float is never an int), every answer to bad input
+is an :class:`~trajflight.errors.InvalidRequestError`, and no error repeats more than about 100
+characters of what the caller sent.
+
+A long-polling ``acquire`` is parked at most :data:`~trajflight.controller._host.MAX_WAIT` seconds. It
+gives up as soon as its caller is gone (the call is cancelled: a killed trainer), and a lease granted to a
+caller that left before the reply was delivered is released at once, so a dead poll never holds groups
+until their TTL. :meth:`ControlServer.shutdown` answers parked acquires with UnavailableError first, so
+it never waits them out.
+
 It does not authenticate callers: bind it to loopback (the default) or a trusted network.
 """
 
@@ -22,6 +35,7 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow.flight as flight
@@ -30,6 +44,7 @@ from trajflight import _rpc
 from trajflight.controller import (
     ControllerClient,
     DeleteWork,
+    FenceWork,
     GroupInfo,
     GroupState,
     HeldGroup,
@@ -45,13 +60,32 @@ from trajflight.controller import (
     ResolveAction,
     ServerInfo,
 )
-from trajflight.errors import InvalidRequestError, TrajflightError
+from trajflight.controller._entries import brief, check_seconds
+from trajflight.controller._host import check_timeout
+from trajflight.errors import InvalidRequestError, TrajflightError, UnavailableError
 from trajflight.flight_server._errors import server_errors, translate_errors
 
-__all__ = ["CALLS", "ControlServer", "FlightTransport", "connect_control"]
+__all__ = [
+    "CALLS",
+    "MAX_REQUEST_BYTES",
+    "MAX_RESTORE_BYTES",
+    "ControlServer",
+    "FlightTransport",
+    "connect_control",
+]
+
+MAX_REQUEST_BYTES = 16 << 20
+"""Largest request body of every action but ``restore`` (bytes)."""
+
+MAX_RESTORE_BYTES = 256 << 20
+"""Largest ``restore`` request body (bytes): checkpoint bytes travel base64-encoded inside it."""
+
+_MAX_MESSAGE_CHARS = 2000  # an error longer than this is cut: gRPC refuses oversized error details
+_RESTORE_KWARGS = frozenset({"job_id", "epoch", "config", "old_ready", "available"})
 
 _rpc.register(
     DeleteWork,
+    FenceWork,
     GroupInfo,
     GroupState,
     HeldGroup,
@@ -91,6 +125,7 @@ CALLS = frozenset(
         "usage",
         "lease_groups",
         "gc_list",
+        "fence_list",
         "servers",
         "confirm_checkpoint",
         "lost",
@@ -129,7 +164,15 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
         self.host = host
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()
+        self._closing = False
         self.started_at = time.time()
+
+    def shutdown(self) -> None:
+        """Stop serving: parked long-polling acquires are answered with UnavailableError first (so this
+        never waits them out), then in-flight calls finish and the server stops."""
+        self._closing = True
+        self.controller.wake()
+        super().shutdown()
 
     @property
     def location(self) -> str:
@@ -150,24 +193,46 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
             ("info", "deployment facts: storage servers, host identity, counters"),
         ]
 
-    def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> list[bytes]:
-        with server_errors(f"controller action {action.type}"):
-            body = _rpc.loads(action.body.to_pybytes()) if action.body.size else {}
-            if not isinstance(body, dict):
-                raise InvalidRequestError(f"controller action {action.type}: the body must be an object")
+    def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> Any:
+        kind = action.type
+        with server_errors(f"controller action {brief(kind)}"):
             try:
-                result = self._dispatch(action.type, body)
-            except TypeError as exc:  # arguments the operation does not take: the caller's mistake
-                raise InvalidRequestError(f"controller action {action.type}: bad arguments: {exc}") from exc
-            return [_rpc.dumps(result)]
+                limit = MAX_RESTORE_BYTES if kind == "restore" else MAX_REQUEST_BYTES
+                body = _rpc.loads(action.body.to_pybytes(), max_bytes=limit) if action.body.size else {}
+                if not isinstance(body, dict):
+                    raise InvalidRequestError(f"controller action {brief(kind)}: the body must be an object")
+                try:
+                    result = self._dispatch(kind, body, context)
+                except TypeError as exc:  # arguments the operation does not take: the caller's mistake
+                    raise InvalidRequestError(
+                        f"controller action {brief(kind)}: bad arguments: {brief(str(exc))}"
+                    ) from exc
+                payload = _rpc.dumps(result)
+            except TrajflightError as exc:
+                raise _bounded(exc) from exc
+        if kind == "acquire" and result is not None:
+            if context.is_cancelled():  # the caller left while it was granted: give the groups back
+                self.controller.release_abandoned(result, timeout=5.0)
+                return []
+            return self._deliver(result, payload)
+        return [payload]
 
-    def _dispatch(self, kind: str, body: dict[str, Any]) -> Any:
-        timeout = body.get("timeout")
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)):
-            raise InvalidRequestError(f"controller action {kind}: timeout must be a number of seconds")
+    def _deliver(self, lease: Lease, payload: bytes) -> Iterator[bytes]:
+        """Send a granted lease; release it at once when the reply cannot be delivered (the caller is gone:
+        Flight stops iterating after a failed write, and this generator is closed without resuming)."""
+        delivered = False
+        try:
+            yield payload
+            delivered = True
+        finally:
+            if not delivered:
+                self.controller.release_abandoned(lease, timeout=5.0)
+
+    def _dispatch(self, kind: str, body: dict[str, Any], context: flight.ServerCallContext) -> Any:
+        timeout = check_timeout(body.get("timeout"))
         for name in ("kwargs",):
-            if name in body and not isinstance(body[name], dict):
-                raise InvalidRequestError(f"controller action {kind}: {name!r} must be an object")
+            if name in body and body[name] is not None and not isinstance(body[name], dict):
+                raise InvalidRequestError(f"controller action {brief(kind)}: {name!r} must be an object")
         if kind == "call":
             return self._call(body.get("method"), body.get("kwargs") or {}, timeout)
         if kind == "many":
@@ -178,20 +243,36 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
                 raise InvalidRequestError("controller action many: calls must be a list of [method, kwargs]")
             return [self._call(method, kwargs, timeout) for method, kwargs in calls]
         if kind == "acquire":
+            wait = check_seconds(body.get("wait", 0.0), "wait")
             lease: Lease | None = self.controller.acquire(
-                body.get("kwargs") or {}, wait=body.get("wait", 0.0), timeout=timeout
+                body.get("kwargs") or {},
+                wait=wait,
+                timeout=timeout,
+                abandoned=lambda: self._closing or context.is_cancelled(),
             )
+            if lease is None and self._closing:
+                raise UnavailableError(
+                    "the controller is shutting down; connect to its successor and lease again"
+                )
             self._count("leases_granted" if lease is not None else "acquires_empty")
             if lease is not None:
                 self._count("groups_leased", len(lease.groups))
             return lease
         if kind == "checkpoint":
-            return self.controller.checkpoint(
-                _required(body, "job_id", str), body.get("path"), timeout=timeout
-            )
+            path = body.get("path")
+            if path is not None and not isinstance(path, str):
+                raise InvalidRequestError("controller action checkpoint: path must be a string or null")
+            return self.controller.checkpoint(_required(body, "job_id", str), path, timeout=timeout)
         if kind == "restore":
             source = _required(body, "source", (bytes, str))
-            return self.controller.restore(source, timeout=timeout, **(body.get("kwargs") or {}))
+            kwargs = body.get("kwargs") or {}
+            unknown = set(kwargs) - _RESTORE_KWARGS
+            if unknown:
+                raise InvalidRequestError(
+                    f"controller action restore: unknown arguments {brief(sorted(unknown))}; "
+                    f"known: {sorted(_RESTORE_KWARGS)}"
+                )
+            return self.controller.restore(source, timeout=timeout, **kwargs)
         if kind == "info":
             servers = self.controller.call("servers", {}, timeout=timeout)
             with self._lock:
@@ -203,11 +284,11 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
                 "counters": counters,
                 "uptime_s": time.time() - self.started_at,
             }
-        raise InvalidRequestError(f"unknown controller action {kind!r}")
+        raise InvalidRequestError(f"unknown controller action {brief(kind)}")
 
     def _call(self, method: Any, kwargs: dict[str, Any], timeout: float | None) -> Any:
-        if method not in CALLS:
-            raise InvalidRequestError(f"unknown controller operation {method!r}; known: {sorted(CALLS)}")
+        if not isinstance(method, str) or method not in CALLS:
+            raise InvalidRequestError(f"unknown controller operation {brief(method)}; known: {sorted(CALLS)}")
         result = self.controller.call(method, kwargs, timeout=timeout)
         if method in _COUNTED:
             self._count(_COUNTED[method], len(result) if isinstance(result, tuple | list) else 1)
@@ -216,6 +297,26 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
         elif method == "publish_many":
             self._count("bytes_published", sum(info.nbytes for info in result))
         return result
+
+
+def _bounded(exc: TrajflightError) -> TrajflightError:
+    """``exc`` with its message cut to a size gRPC always carries and its fields to short values: a last
+    guard, so that no caller input, however large, makes the error itself fail on the wire."""
+    long_fields = {
+        k: v
+        for k, v in exc.fields.items()
+        if isinstance(v, str | bytes | list | tuple | dict) and len(v) > 100
+    }
+    if len(exc.message) <= _MAX_MESSAGE_CHARS and not long_fields:
+        return exc
+    message = (
+        exc.message if len(exc.message) <= _MAX_MESSAGE_CHARS else exc.message[:_MAX_MESSAGE_CHARS] + "..."
+    )
+    fields = {**exc.fields, **{k: brief(v) for k, v in long_fields.items()}}
+    try:
+        return type(exc)(message, **fields)
+    except TypeError:
+        return type(exc)(message)
 
 
 def _required(body: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:

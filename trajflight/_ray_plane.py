@@ -4,7 +4,8 @@
 
 * the controller is the named async actor of :func:`trajflight.controller._ray_host.start_ray_actor`
   (``ray://NAMESPACE/NAME`` is the plane's address), restarted by Ray when it dies; its sweeper deletes
-  committed groups through :class:`FlightDeleter`, straight from the storage servers over Flight;
+  committed groups through :class:`FlightDeleter`, straight from the storage servers over Flight, and
+  fences the groups of leases that ended without their holder through :class:`FlightFencer`;
 * storage servers are :class:`StorageServerActor` actors pinned to their nodes
   (``NodeAffinitySchedulingStrategy(node_id, soft=False)``), one per node by default, each running a
   :class:`~trajflight.flight_server.StorageServer` on its node's IP address, port 0, registered with the
@@ -31,7 +32,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -39,7 +40,7 @@ from typing import Any
 from trajflight._client import Client
 from trajflight._storage import StoragePool
 from trajflight._units import parse_size
-from trajflight.controller import ControllerClient, DeleteWork, RayTransport
+from trajflight.controller import ControllerClient, DeleteWork, FenceWork, RayTransport
 from trajflight.controller._client import import_ray
 from trajflight.controller._ray_host import DEFAULT_NAME, start_ray_actor
 from trajflight.errors import (
@@ -53,6 +54,7 @@ from trajflight.errors import (
 __all__ = [
     "SCHEME",
     "FlightDeleter",
+    "FlightFencer",
     "RayCluster",
     "RayServer",
     "StorageServerActor",
@@ -226,6 +228,19 @@ class FlightDeleter:
                 self._pool = StoragePool(timeout=self.timeout)
             pool = self._pool
         pool.delete(work)
+
+
+class FlightFencer(FlightDeleter):
+    """The controller actor's fencer: raises the generation of groups of one storage server over Flight
+    (see :meth:`StoragePool.fence_groups`). Picklable and thread-safe, as :class:`FlightDeleter`."""
+
+    def __call__(self, work: Sequence[FenceWork]) -> None:
+        """Fence ``work`` (the fences of one location); raise on failure (the controller retries)."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = StoragePool(timeout=self.timeout)
+            pool = self._pool
+        pool.fence_groups(work)
 
 
 class StorageServerActor:
@@ -405,6 +420,7 @@ class RayCluster:
                 namespace=self.namespace,
                 state_dir=self.state_dir,
                 deleter=FlightDeleter(timeout=self.timeout),
+                fencer=FlightFencer(timeout=self.timeout),
                 options={"scheduling_strategy": strategy},
             )
         except ValueError as exc:  # Ray: the name is already taken
@@ -504,6 +520,9 @@ class RayCluster:
         (idempotent). Stored groups and in-memory controller state are gone afterwards."""
         ray = sys.modules.get("ray") if self._started else None  # never import it just to close
         if ray is not None and ray.is_initialized():
+            if self._controller_actor is not None:  # parked long polls get UnavailableError, not a dead actor
+                with contextlib.suppress(Exception):
+                    ray.get(self._controller_actor.close.remote(), timeout=5.0)
             stops = [a.close.remote(5.0) for a in self._server_actors]
             if stops:
                 ray.wait(stops, num_returns=len(stops), timeout=10.0)

@@ -30,7 +30,7 @@ import pyarrow as pa
 from trajflight._handles import BatchHandle
 from trajflight.codec import GroupKey
 from trajflight.codec._encode import default_sample_ids
-from trajflight.controller import DeleteWork
+from trajflight.controller import DeleteWork, FenceWork
 from trajflight.errors import ConfigError, DeadlineExceededError, InvalidRequestError
 from trajflight.flight_server import GroupRead, LeaseToken, ShmOpened, StorageClient
 from trajflight.flight_server._segments import join_batches
@@ -208,6 +208,19 @@ class StoragePool:
         """
         read = GroupRead(GroupKey(*work.partition), LeaseToken(work.token))
         self.client(work.location).delete([read])
+
+    def fence_groups(self, work: Sequence[FenceWork]) -> None:
+        """Carry out fences of the controller's fence list on one server (the controller host's
+        ``fencer``): raise each group's highest generation there, so that the token of the lease that
+        ended without its holder is refused for Flight and shared-memory reads, appends and deletes.
+
+        A group the server no longer has, or whose generation is already higher, counts as fenced. Raises
+        on failure: the controller keeps the fences on its list and retries.
+        """
+        if not work:
+            return
+        reads = [GroupRead(GroupKey(*w.partition), LeaseToken(w.generation)) for w in work]
+        self.client(work[0].location).advance_generation(reads)
 
     def fence(self, locations: Iterable[str], job_id: str, min_epoch: int) -> None:
         """Tell every server to refuse puts and leases of ``job_id`` under epochs below ``min_epoch``."""

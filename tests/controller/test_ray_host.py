@@ -15,6 +15,7 @@ from trajflight.errors import (
     LeaseExpiredError,
     NotFoundError,
     StaleFenceError,
+    UnavailableError,
 )
 
 pytestmark = pytest.mark.ray
@@ -196,3 +197,46 @@ def test_batched_publication_is_one_actor_call_with_typed_refusals(controller):
     with pytest.raises(InvalidRequestError, match="items is empty"):
         controller.publish_many([])
     assert controller.usage("j") == (120, 2)
+
+
+def test_close_answers_a_parked_acquire_and_a_long_wait_is_cut(controller, ray_runtime):
+    """Item 5 on the Ray host: a parked acquire (``wait=1e9``) is answered with UnavailableError when the
+    actor closes, instead of holding the caller until the actor is killed under it."""
+    actor = controller.transport.actor
+    kwargs = {"job_id": "j", "owner": "t", "max_groups": 1}
+    pending = actor.acquire.remote(kwargs, 1e9)
+    assert ray_runtime.get(actor.acquire.remote(kwargs, float("nan")), timeout=20.0)[0] == "err"
+    ready, _ = ray_runtime.wait([pending], timeout=0.5)
+    assert not ready  # parked
+    ray_runtime.get(actor.close.remote(), timeout=20.0)
+    status, error = ray_runtime.get(pending, timeout=20.0)
+    assert status == "err"
+    assert isinstance(error, UnavailableError)
+
+
+def test_the_actor_fences_expired_leases_and_retries_failed_fences(ray_runtime, tmp_path):
+    """Item 9 on the Ray host: the actor's sweeper hands the fences of an expired lease to its fencer."""
+
+    def fencer(work):  # shipped by value to the actor; fails, so the fence stays listed with its error
+        raise ConnectionError(f"server down ({len(work)} groups)")
+
+    namespace = f"trajflight-test-{uuid.uuid4().hex[:8]}"
+    client = start_ray_controller(name="c", namespace=namespace, fencer=fencer, timeout=30.0)
+    try:
+        client.register_server(
+            "s0", node="n0", location="grpc://127.0.0.1:1", capacity_bytes=10**9, capacity_groups=10**6
+        )
+        client.open_job("j", 1)
+        client.register_writer("j", 1, "w0", node="n0")
+        (part,) = _put(client, 1)
+        lease = client.acquire("j", "t", max_groups=1, ttl=0.5)
+        deadline = time.monotonic() + 30.0
+        while not (fences := client.fence_list()) or fences[0].last_error is None:
+            assert time.monotonic() < deadline, "the sweeper did not run the fence"
+            time.sleep(0.05)
+        (fence,) = fences
+        assert fence.partition == part
+        assert fence.generation > lease.token
+        assert "server down (1 groups)" in fence.last_error
+    finally:
+        ray_runtime.kill(client.transport.actor, no_restart=True)

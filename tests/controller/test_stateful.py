@@ -64,7 +64,18 @@ def _observable(ledger: Ledger) -> tuple:
     gc = {w.partition for w in ledger.gc_list()}
     job = ledger._jobs["j"]
     kept, lost = dict(job.kept), dict(job.lost)
-    return groups, leases, gc, ledger.usage("j"), ledger.last_token, kept, lost, ledger._reach.export()
+    fences = {w.partition: w.generation for w in ledger.fence_list()}
+    return (
+        groups,
+        leases,
+        gc,
+        fences,
+        ledger.usage("j"),
+        ledger.last_token,
+        kept,
+        lost,
+        ledger._reach.export(),
+    )
 
 
 class LedgerMachine(RuleBasedStateMachine):
@@ -109,13 +120,18 @@ class LedgerMachine(RuleBasedStateMachine):
     def _expire(self):
         if self.until is not None and self.until <= self.now:
             self.until = None  # the back-off ended (its failures are remembered)
-        for token, lease in list(self.leases.items()):
+        # In the ledger's order (expiry, then token): each expired lease gives its groups the next token
+        # as a fresh generation, which their storage servers are told about (the fence list).
+        for token, lease in sorted(self.leases.items(), key=lambda item: (item[1]["expires"], item[0])):
             if lease["expires"] <= self.now:
+                fresh = self.max_token + 1
+                self._new_token(fresh)
                 for key in lease["live"]:
                     if self.state[key] in ("LEASED", "PREPARED"):
                         self.state[key] = "READY"
                     else:
                         self.state[key] = "UNKNOWN"
+                    self.gen[key] = fresh
                 self._end(token)
 
     def _sync(self):

@@ -13,12 +13,16 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 
+import pyarrow as pa
 import pytest
 
 import trajflight
 from trajflight._ray_plane import RayCluster, parse_ray_address
+from trajflight.codec import GroupKey
+from trajflight.controller import GroupState
 from trajflight.errors import (
     AlreadyExistsError,
     ConfigError,
@@ -26,6 +30,7 @@ from trajflight.errors import (
     NotFoundError,
     StaleFenceError,
 )
+from trajflight.flight_server import GroupRead, LeaseToken
 
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1"}
 
@@ -221,6 +226,33 @@ def test_a_process_outside_ray_joins_by_address(plane, ray_runtime):
     with client.trainer(job).lease(2, wait=10) as batch:
         assert batch.fetch(["reward"]).num_rows == 8
     assert plane.wait_idle(job, timeout=15.0) == (0, 0)
+
+
+@pytest.mark.ray
+def test_an_expired_lease_is_fenced_on_its_storage_server_by_the_controller_actor(plane, ray_runtime):
+    """Issue 14 item 9 on Ray: the controller actor's FlightFencer raises the generation of an expired
+    lease's groups on their servers, so the old token is refused there (a zombie's read and append)."""
+    job = _job()
+    client = plane.client()
+    client.open_job(job, 1, {"default_lease_ttl": "1s"})
+    write = ray_runtime.remote(num_cpus=0)(_write_groups_fn())
+    ray_runtime.get(write.remote(plane.address, job, 1, 0, 1), timeout=60)
+    lease = client.controller.acquire(job, "raw", max_groups=1)  # no client-side fencing at all
+    (group,) = lease.groups
+    storage = client.storage.client(group.location)
+    read = GroupRead(GroupKey(*group.partition), LeaseToken(lease.token))
+    assert storage.get([read]).num_rows == group.rows
+    deadline = time.monotonic() + 30.0
+    while (
+        client.controller.group(group.partition).state is not GroupState.READY
+        or client.controller.fence_list()
+    ):
+        assert time.monotonic() < deadline, "the lease did not expire, or its fence did not run"
+        time.sleep(0.05)
+    with pytest.raises(StaleFenceError):
+        storage.get([read])
+    with pytest.raises(StaleFenceError):
+        storage.append_columns(read.key, pa.table({"z": pa.array([0.0] * group.rows)}), read.token)
 
 
 @pytest.mark.ray

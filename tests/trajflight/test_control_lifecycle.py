@@ -1,0 +1,240 @@
+"""Long polls and the lifecycle of the embedded controller (issue 14 items 5 and 6).
+
+Item 5: ``LocalCluster.close()`` (and so ``trajflight up``) shut the Flight control server down before
+the controller, and the server waits for its calls: a trainer parked in ``lease(wait=30)`` held the close
+for the whole wait, and a raw acquire with ``wait=1e9`` held it forever. Now the controller closes first
+and answers parked acquires with UnavailableError, the control server's own shutdown wakes them too, and a
+host parks one poll for at most ``MAX_WAIT`` seconds (the client polls again for longer waits).
+
+Item 6: a trainer killed while parked in ``try_lease(wait=20)`` left a handler behind that leased the
+next group put, so live trainers waited out its TTL. Now the handler notices that its caller is gone and
+never leaves it a lease.
+
+Every test bounds its hang with a generous pytest timeout and asserts outcomes, never durations.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow.flight as flight
+import pytest
+
+import trajflight
+from trajflight import _rpc
+from trajflight._control import ControlServer
+from trajflight.controller import ControllerClient, Lease, LocalController
+from trajflight.controller._host import MAX_WAIT
+from trajflight.errors import TrajflightError, UnavailableError
+from trajflight.flight_server._errors import translate_errors
+
+from .conftest import put_groups
+
+# A trainer that long-polls an empty job; prints what its lease call ended with.
+PARKED_TRAINER = textwrap.dedent(
+    """
+    import json, sys
+    import trajflight
+    address, job, wait = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    client = trajflight.connect(address, timeout=10)
+    print(json.dumps({"parking": True}), flush=True)
+    try:
+        batch = client.trainer(job).try_lease(1, wait=wait)
+        out = {"lease": None if batch is None else [list(p) for p in batch.partitions]}
+    except Exception as exc:
+        out = {"error": type(exc).__name__, "message": str(exc)}
+    print(json.dumps(out), flush=True)
+    """
+)
+
+
+def _wait_until(predicate: Any, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting until {what}")
+        time.sleep(0.02)
+
+
+def _child(*args: object) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", PARKED_TRAINER, *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.fixture
+def plane() -> Iterator[trajflight.LocalCluster]:
+    cluster = trajflight.LocalCluster(servers=1, capacity="64MiB", processes=False, timeout=20.0).start()
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def _raw_acquire(location: str, kwargs: dict[str, Any], wait: float, out: dict[str, Any]) -> None:
+    """A plain Flight client's long poll, as any other language would send it."""
+    client = flight.FlightClient(location)
+    try:
+        body = _rpc.dumps({"kwargs": kwargs, "wait": wait})
+        with translate_errors("acquire"):
+            results = list(client.do_action(flight.Action("acquire", body)))
+        out["result"] = [_rpc.loads(r.body.to_pybytes()) for r in results]
+    except TrajflightError as exc:
+        out["error"] = exc
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(90)
+def test_close_returns_while_a_trainer_process_is_parked_in_lease(plane):
+    """``lease(wait=30)`` held ``LocalCluster.close()`` (and ``trajflight up``) for 29.7 s."""
+    plane.client().open_job("parked", 1)
+    child = _child(plane.address, "parked", 30)
+    try:
+        assert json.loads(child.stdout.readline())["parking"]
+        controller = plane.controller
+        _wait_until(lambda: controller.waiting == 1, "the trainer is parked")
+        plane.close()  # must not wait the poll out
+        assert plane.controller is None
+        outcome = json.loads(child.stdout.readline() or "{}")
+    finally:
+        child.kill()
+        child.communicate(timeout=30)
+    assert outcome.get("error") == "UnavailableError", outcome
+    assert "shutting down" in outcome["message"]
+
+
+@pytest.mark.timeout(90)
+def test_close_returns_while_a_raw_acquire_waits_a_billion_seconds(plane):
+    """A raw Flight acquire with ``wait=1e9`` held ``LocalCluster.close()`` forever (15 minutes seen)."""
+    plane.client().open_job("raw", 1)
+    out: dict[str, Any] = {}
+    kwargs = {"job_id": "raw", "owner": "raw", "max_groups": 1}
+    poll = threading.Thread(target=_raw_acquire, args=(plane.address, kwargs, 1e9, out), daemon=True)
+    poll.start()
+    controller = plane.controller
+    _wait_until(lambda: controller.waiting == 1, "the acquire is parked")
+    plane.close()
+    poll.join(30.0)
+    assert not poll.is_alive()
+    assert isinstance(out.get("error"), UnavailableError), out
+
+
+@pytest.mark.timeout(90)
+def test_the_control_servers_own_shutdown_answers_parked_acquires():
+    """A control server shut down before its controller closes does not wait for parked polls either."""
+    with LocalController() as controller:
+        client = ControllerClient(controller)
+        client.open_job("j", 1)
+        server = ControlServer(controller)
+        out: dict[str, Any] = {}
+        kwargs = {"job_id": "j", "owner": "raw", "max_groups": 1}
+        poll = threading.Thread(target=_raw_acquire, args=(server.location, kwargs, 1e9, out), daemon=True)
+        poll.start()
+        _wait_until(lambda: controller.waiting == 1, "the acquire is parked")
+        server.shutdown()
+        poll.join(30.0)
+        assert not poll.is_alive()
+        assert isinstance(out.get("error"), UnavailableError), out
+        assert client.counts("j")["LEASED"] == 0
+
+
+def test_a_host_parks_one_poll_for_at_most_max_wait_and_the_client_polls_again():
+    """The server-side bound: a longer wait is cut to MAX_WAIT; ControllerClient re-polls up to ``wait``."""
+    waits: list[float] = []
+
+    class Recording:
+        def __init__(self, host: LocalController) -> None:
+            self.host = host
+
+        def invoke(self, method: str, kwargs: dict[str, Any], timeout: float) -> Any:
+            return self.host.call(method, kwargs, timeout=timeout)
+
+        def acquire(self, kwargs: dict[str, Any], wait: float, timeout: float) -> Lease | None:
+            waits.append(wait)
+            return None  # as a host answers when its poll ran out empty
+
+    with LocalController() as host:
+        client = ControllerClient(Recording(host), timeout=1000.0)  # type: ignore[arg-type]
+        assert client.acquire("j", "t", max_groups=1, wait=2.5 * MAX_WAIT) is None
+    assert len(waits) == 3
+    assert max(waits) == MAX_WAIT
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_trainers_long_poll_leaves_the_next_group_to_live_trainers(plane):
+    """Item 6: SIGKILL a trainer parked in ``try_lease(wait=20)``, put a group: a live trainer gets it at
+    once, instead of waiting out the TTL of a lease granted to the dead poll."""
+    client = plane.client()
+    client.open_job("abandoned", 1, {"default_lease_ttl": "60s"})
+    child = _child(plane.address, "abandoned", 20)
+    controller = plane.controller
+    try:
+        assert json.loads(child.stdout.readline())["parking"]
+        _wait_until(lambda: controller.waiting == 1, "the trainer is parked")
+        child.kill()
+        child.wait(30)
+    finally:
+        child.kill()
+        child.communicate(timeout=30)
+    # The dead poll's handler notices (its call is cancelled) long before its 20 s wait would end.
+    _wait_until(lambda: controller.waiting == 0, "the dead poll gave up", timeout=15.0)
+    put_groups(client.writer("abandoned", 1), 1)
+    batch = client.trainer("abandoned").try_lease(1, wait=15)  # well within the dead poll's TTL
+    assert batch is not None, client.controller.counts("abandoned")
+    batch.release()
+    assert controller.call("live_leases", {"job_id": "abandoned"}) == ()
+
+
+def test_a_lease_granted_as_its_caller_left_is_released_at_once():
+    """The race of item 6: the caller leaves between the check before the grant and the grant."""
+    with LocalController() as host:
+        client = ControllerClient(host)
+        client.register_server("s", node="n", location="grpc://x", capacity_bytes=100, capacity_groups=9)
+        client.open_job("j", 1)
+        client.register_writer("j", 1, "w", node="n")
+        grant = client.allocate("j", 1, "w", nbytes=10)
+        client.publish(
+            grant.partition, token=grant.token, rows=1, nbytes=10, tokens=1, policy_version=0, columns=()
+        )
+        looks = iter([False, True])  # still there before the grant, gone right after it
+        kwargs = {"job_id": "j", "owner": "gone", "max_groups": 1}
+        assert host.acquire(kwargs, wait=1.0, abandoned=lambda: next(looks)) is None
+        assert client.counts("j")["READY"] == 1
+        assert client.acquire("j", "live", max_groups=1) is not None
+
+
+def test_a_lease_whose_reply_was_not_delivered_is_released():
+    """The last window: the grant's reply cannot be written (the caller is gone), so Flight stops
+    iterating and closes the reply generator without resuming it: the lease goes back."""
+    with LocalController() as host:
+        client = ControllerClient(host)
+        client.register_server("s", node="n", location="grpc://x", capacity_bytes=100, capacity_groups=9)
+        client.open_job("j", 1)
+        client.register_writer("j", 1, "w", node="n")
+        grant = client.allocate("j", 1, "w", nbytes=10)
+        client.publish(
+            grant.partition, token=grant.token, rows=1, nbytes=10, tokens=1, policy_version=0, columns=()
+        )
+        server = ControlServer(host)
+        try:
+            lease = client.acquire("j", "gone", max_groups=1)
+            reply = server._deliver(lease, _rpc.dumps(lease))
+            next(reply)  # handed to gRPC, whose write then fails
+            reply.close()
+            assert client.counts("j")["READY"] == 1
+            delivered = server._deliver(client.acquire("j", "live", max_groups=1), b"")
+            assert list(delivered) == [b""]  # delivered: the lease stays
+            assert client.counts("j")["LEASED"] == 1
+        finally:
+            server.shutdown()
