@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("trajflight._demo", "the main job: rollout workers, a GRPO trainer, fenced leases, checkpoints"),
+    "demo": ("trajflight.demo", "the main job: a small GRPO run that learns, on the embedded data plane"),
     "example": ("trajflight._example", "encode a synthetic GRPO group, decode it to torch, print a summary"),
     "server": ("trajflight.flight_server._cli", "run one storage server on loopback"),
     "bench": ("trajflight.bench._cli", "benchmark trajflight against TransferQueue, Ray and bare Flight"),
