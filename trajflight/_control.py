@@ -11,13 +11,16 @@ Actions (``do_action`` type -> JSON body -> one result):
   :data:`CALLS` are served (no internal ledger method is reachable).
 * ``acquire``: ``{"kwargs", "wait", "timeout"}`` -> a lease or null (long poll; other calls proceed).
 * ``checkpoint``: ``{"job_id", "path", "timeout"}`` -> bytes; ``restore``: ``{"source", "kwargs", ...}``.
-* ``info``: deployment facts (storage servers, host identity, counters).
+* ``info``: deployment facts (storage servers, host identity, counters); unlike the others its body
+  (empty or ``{"v": 1}``) and its answer are plain JSON, so that any Flight client can ask.
 
 It does not authenticate callers: bind it to loopback (the default) or a trusted network.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import socket
 import threading
 import time
@@ -145,6 +148,8 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
 
     def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> list[bytes]:
         with server_errors(f"controller action {action.type}"):
+            if action.type == "info":  # plain JSON both ways, so that a bare Flight client can ask
+                return [json.dumps(self._info(action.body.to_pybytes())).encode()]
             body = _rpc.loads(action.body.to_pybytes()) if action.body.size else {}
             if not isinstance(body, dict):
                 raise InvalidRequestError(f"controller action {action.type}: the body must be an object")
@@ -186,17 +191,35 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
             source = _required(body, "source", (bytes, str))
             return self.controller.restore(source, timeout=timeout, **(body.get("kwargs") or {}))
         if kind == "info":
-            servers = self.controller.call("servers", {}, timeout=timeout)
-            with self._lock:
-                counters = dict(self.counters)
-            return {
-                "kind": "embedded",
-                "node": host_identity(),
-                "servers": servers,
-                "counters": counters,
-                "uptime_s": time.time() - self.started_at,
-            }
+            return self._info(b"")
         raise InvalidRequestError(f"unknown controller action {kind!r}")
+
+    def _info(self, body: bytes) -> dict[str, Any]:
+        """The ``info`` action: its body is empty or ``{"v": 1}``; its answer plain JSON (no type tags).
+
+        Raises:
+            InvalidRequestError: a body that is not such an object, or of another wire version.
+        """
+        if body.strip():
+            try:
+                request = json.loads(body)
+            except (UnicodeDecodeError, ValueError):
+                request = None
+            if not isinstance(request, dict) or request.get("v") != 1 or isinstance(request.get("v"), bool):
+                raise InvalidRequestError(
+                    'controller action info: the body must be empty or {"v": 1} (wire version 1)'
+                )
+        servers = self.controller.call("servers", {}, timeout=None)
+        with self._lock:
+            counters = dict(self.counters)
+        return {
+            "v": 1,
+            "kind": "embedded",
+            "node": host_identity(),
+            "servers": [dataclasses.asdict(s) for s in servers],
+            "counters": counters,
+            "uptime_s": time.time() - self.started_at,
+        }
 
     def _call(self, method: Any, kwargs: dict[str, Any], timeout: float | None) -> Any:
         if method not in CALLS:
@@ -261,8 +284,11 @@ class FlightTransport:
         return out
 
     def info(self, timeout: float) -> dict[str, Any]:
-        """Deployment facts of the controller host (``info`` action)."""
-        out: dict[str, Any] = self._action("info", {}, timeout)
+        """Deployment facts of the controller host (``info`` action: plain JSON, docs/wire-format.md)."""
+        options = flight.FlightCallOptions(timeout=timeout)
+        with translate_errors("controller info"):
+            results = list(self._client.do_action(flight.Action("info", b'{"v": 1}'), options=options))
+        out: dict[str, Any] = json.loads(results[0].body.to_pybytes())
         return out
 
 
