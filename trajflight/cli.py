@@ -24,7 +24,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the parser with every registered subcommand."""
-    parser = argparse.ArgumentParser(prog="trajflight", description=__doc__.splitlines()[0])
+    from trajflight import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="trajflight",
+        description="trajflight: RL post-training trajectories as Arrow, over Flight, under fenced leases.",
+    )
+    parser.add_argument("--version", action="version", version=f"trajflight {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         cmd = sub.add_parser(name, help=help_text, description=help_text)
