@@ -291,3 +291,13 @@ def test_what_a_restore_reports_is_read_in_one_place() -> None:
     note_restore(tally, {"READY": 4, "COMMITTED": 0, "lost": 2, "purged": 3})
     assert tally.restore == {"READY": 4, "lost": 2, "purged": 3}
     assert tally.orphans_purged == 3
+
+
+def test_demo_refuses_options_that_cannot_work(capsys: pytest.CaptureFixture[str]) -> None:
+    """A crash planned after the run's last step would never happen, and the resume checks would then
+    judge a run that did not resume: refused before anything starts."""
+    from trajflight.cli import main
+
+    assert main(["demo", "--groups", "16", "--resume", "--crash-after", "6"]) == 2
+    assert "--crash-after must be at least 1 and come before the run's end" in capsys.readouterr().err
+    assert main(["demo", "--samples", "1"]) == 2

@@ -105,8 +105,11 @@ def _check(args: argparse.Namespace) -> str | None:
         return "--samples must be at least 2 (advantages are normalised within a group)"
     if args.max_staleness < 0:
         return "--max-staleness must be 0 or more"
-    if args.resume and args.crash_after < 1:
-        return "--crash-after must be at least 1"
+    if args.resume and not 1 <= args.crash_after < args.groups // args.batch_groups:
+        return (
+            f"--crash-after must be at least 1 and come before the run's end (about "
+            f"{args.groups // args.batch_groups} steps of {args.batch_groups} groups)"
+        )
     if args.plot:
         from trajflight.demo._summary import check_plotting
 
@@ -152,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
             except TrajflightError as exc:  # said in one line below, with the summary of what was done
                 failure = exc
             demo.finish(checkpoint=failure is None)
-            if args.resume and failure is None:
+            resumed = demo.tally.crashed_after is not None
+            if resumed and failure is None:
                 demo.purge_orphans()
             elapsed = time.perf_counter() - started
             usage = plane.wait_idle(JOB, timeout=10.0)
@@ -179,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         usage=usage,
         elapsed=elapsed,
         config=config,
-        resumed=args.resume,
+        resumed=resumed,
         staleness_bound=a.max_staleness,
     )
     if args.plot:
