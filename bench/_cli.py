@@ -1,10 +1,15 @@
 """``trajflight bench``: trajflight side by side with TransferQueue, Ray and bare Flight, on the standard
-GRPO workload (``BENCHMARK.md``), with memcpy and a bare Flight server as references in the same run.
+GRPO workload (G=64 groups of K=8 samples, lognormal response lengths around 1024 tokens, seed 0: see
+``trajflight.workload``), with memcpy and a bare Flight server as references in the same run.
 
-Prints a table, writes the JSON result (schema: ``trajflight bench --schema``) and a PNG chart::
+Prints a table (within 100 columns) and writes nothing unless asked: ``--out DIR`` writes the JSON
+result (schema: ``trajflight bench --schema``), a PNG chart and Markdown tables into ``DIR``; ``--json``,
+``--chart`` and ``--markdown`` name single files. ``--check`` exits 1 when a performance target is
+missed (a ``--quick`` run is too small to judge them)::
 
     trajflight bench                      # G=64 K=8, 7 rounds, every system installed
-    trajflight bench --quick              # CI: tiny data, 2 rounds, seconds
+    trajflight bench --quick              # CI: tiny data, 2 rounds, seconds; a smoke test
+    trajflight bench --out results --check
     trajflight bench --systems trajflight,flight,memcpy --repeats 15 --json out.json --chart out.png
 
 Missing optional peers are skipped with their install hint. Importing this module is cheap (argparse
@@ -46,22 +51,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--systems", type=_systems, default=SYSTEMS, help=f"comma-separated subset of {','.join(SYSTEMS)}"
     )
-    parser.add_argument("--json", default="trajflight-bench.json", help="where to write the result JSON")
-    parser.add_argument("--chart", default="trajflight-bench.png", help="where to draw the PNG chart")
-    parser.add_argument("--no-chart", action="store_true", help="do not draw the chart")
-    parser.add_argument("--markdown", help="also write the summary as Markdown tables to this file")
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write trajflight-bench.json, .png and .md into DIR (created); default: write nothing",
+    )
+    parser.add_argument("--json", metavar="PATH", help="write the result JSON to PATH")
+    parser.add_argument("--chart", metavar="PATH", help="draw the PNG chart to PATH (needs matplotlib)")
+    parser.add_argument("--no-chart", action="store_true", help="with --out: do not draw the chart")
+    parser.add_argument("--markdown", metavar="PATH", help="write the summary as Markdown tables to PATH")
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 when a performance target is missed (not with --quick)"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--schema", action="store_true", help="print the result's JSON Schema and exit")
 
 
+def _outputs(args: argparse.Namespace) -> tuple[str | None, str | None, str | None]:
+    """Where the JSON, the chart and the Markdown go: ``--out DIR``'s files, or the files named."""
+    json_path, chart, markdown = args.json, args.chart, args.markdown
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        json_path = json_path or str(out / "trajflight-bench.json")
+        chart = chart or (None if args.no_chart else str(out / "trajflight-bench.png"))
+        markdown = markdown or str(out / "trajflight-bench.md")
+    return json_path, chart, markdown
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run the benchmark described by ``args``; 0 on success, 1 if trajflight itself failed."""
+    """Run the benchmark described by ``args``: 0 on success; 1 when trajflight itself failed, or under
+    ``--check`` when a target was missed; 2 on bad options."""
     from ._schema import SCHEMA
 
     if args.schema:
         print(json.dumps(SCHEMA, indent=2))
         return 0
-    from ._report import add_ratios_and_targets, draw_chart, format_markdown, format_table
+    if args.check and args.quick:
+        print(
+            "trajflight bench: --check judges the performance targets and --quick is too small to; "
+            "drop one of them",
+            file=sys.stderr,
+        )
+        return 2
+    json_path, chart, markdown = _outputs(args)
+    from ._report import add_ratios_and_targets, draw_chart, format_markdown, format_table, missed_targets
     from ._run import BenchConfig, run_bench
     from ._schema import validate_complete
     from ._stats import Progress
@@ -80,14 +114,20 @@ def run(args: argparse.Namespace) -> int:
     doc = add_ratios_and_targets(run_bench(cfg, Progress(enabled=not args.quiet)))
     validate_complete(doc)
     print(format_table(doc))
-    if args.json:
-        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
-        print(f"\nresult: {args.json}")
-    if args.markdown:
-        Path(args.markdown).write_text(format_markdown(doc) + "\n")
-        print(f"markdown: {args.markdown}")
-    if not args.no_chart and args.chart:
-        why_not = draw_chart(doc, args.chart)
-        print(why_not if why_not else f"chart: {args.chart}", file=sys.stderr if why_not else sys.stdout)
+    if json_path:
+        Path(json_path).write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"\nresult: {json_path}")
+    if markdown:
+        Path(markdown).write_text(format_markdown(doc) + "\n")
+        print(f"markdown: {markdown}")
+    if chart:
+        why_not = draw_chart(doc, chart)
+        print(why_not if why_not else f"chart: {chart}", file=sys.stderr if why_not else sys.stdout)
     ours = doc["systems"].get("trajflight")
-    return 1 if ours is not None and ours["status"] == "failed" else 0
+    if ours is not None and ours["status"] == "failed":
+        return 1
+    missed = missed_targets(doc)
+    if args.check and missed:
+        print(f"trajflight bench: {len(missed)} performance targets missed (--check)", file=sys.stderr)
+        return 1
+    return 0

@@ -46,7 +46,7 @@ SCHEMA_VERSION = 1
 
 @dataclass(frozen=True, slots=True)
 class BenchConfig:
-    """What to run. The defaults are the standard workload of ``BENCHMARK.md`` (G=64, K=8, seed 0).
+    """What to run. The defaults are the standard workload (G=64, K=8, seed 0; ``trajflight.workload``).
 
     Attributes:
         groups: G, groups in the workload.

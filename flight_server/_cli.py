@@ -12,8 +12,10 @@ The deployment secret is read from ``--secret-file`` or the ``TRAJFLIGHT_SECRET`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -83,6 +85,26 @@ def _stop_with_parent(stop: threading.Event) -> None:
     threading.Thread(target=watch, name="trajflight-parent-watch", daemon=True).start()
 
 
+_DEPLOYMENT = re.compile(r"trajflight-[0-9a-f]{32}\Z")
+
+
+def remove_empty_deployment_dir(shm_dir: str | None) -> None:
+    """Remove the deployment directory around this server's arena (``LocalCluster``'s layout,
+    ``.../trajflight-<uuid>/server-<i>``) once no other server's directory is left in it.
+
+    The last server of a cluster whose driver was killed (``--exit-with-parent``) so leaves nothing
+    behind. ``rmdir`` refuses a directory that is not empty, so a deployment with a live server (its
+    directory holds that server's) is never touched; a cluster that closes normally removes the
+    directory itself, and this finds nothing to do.
+    """
+    if not shm_dir or shm_dir == "auto":
+        return
+    parent = os.path.dirname(os.path.abspath(shm_dir))
+    if _DEPLOYMENT.match(os.path.basename(parent)):
+        with contextlib.suppress(OSError):
+            os.rmdir(parent)
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT; returns the exit status (0 after a clean or deadline-forced stop)."""
     from trajflight.flight_server._server import StorageServer
@@ -130,13 +152,16 @@ def run(args: argparse.Namespace) -> int:
         _stop_with_parent(stop)
     print(server.location, flush=True)
     print(
-        f"trajflight server listening on {server.location}, capacity {format_size(limits.capacity_bytes)}",
+        f"trajflight server: serving on {server.location} (capacity {format_size(limits.capacity_bytes)}); "
+        "stop with Ctrl-C or SIGTERM",
         file=sys.stderr,
         flush=True,
     )
     while not stop.wait(0.5):  # a timed wait so the main thread runs signal handlers promptly
         pass
-    if server.close(timeout=grace):
+    closed = server.close(timeout=grace)  # removes the arena's own directory in either case
+    remove_empty_deployment_dir(args.shm_dir)
+    if closed:
         print("trajflight server: stopped", file=sys.stderr, flush=True)
         return 0
     # A stalled client keeps gRPC's shutdown waiting; the data is in memory only, nothing to flush.

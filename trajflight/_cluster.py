@@ -67,6 +67,7 @@ class LocalCluster:
         max_groups: Groups each server may hold.
         processes: Run servers as separate processes (default) or as threads of this process.
         host: Interface everything binds to; loopback by default.
+        port: The control server's TCP port (what :attr:`address` names); 0 picks a free one.
         state_dir: Controller journal directory (crash recovery); ``None`` keeps it in memory.
         timeout: Default deadline of client calls.
         shm: Give every storage server a shared-memory arena (same-host zero-copy transport).
@@ -81,6 +82,7 @@ class LocalCluster:
         max_groups: int = 1_000_000,
         processes: bool = True,
         host: str = "127.0.0.1",
+        port: int = 0,
         state_dir: str | os.PathLike[str] | None = None,
         timeout: float = 30.0,
         shm: bool = True,
@@ -95,6 +97,7 @@ class LocalCluster:
         self.max_groups = max_groups
         self.processes = processes
         self.host = host
+        self.port = port
         self.state_dir = state_dir
         self.timeout = timeout
         self.shm = shm
@@ -121,7 +124,7 @@ class LocalCluster:
         self._started = True
         try:
             self._start_servers()
-            self._start_controller(port=0)
+            self._start_controller(port=self.port)
         except BaseException:
             self.close()
             raise

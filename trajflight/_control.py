@@ -11,7 +11,8 @@ Actions (``do_action`` type -> JSON body -> one result):
   :data:`CALLS` are served (no internal ledger method is reachable).
 * ``acquire``: ``{"kwargs", "wait", "timeout"}`` -> a lease or null (long poll; other calls proceed).
 * ``checkpoint``: ``{"job_id", "path", "timeout"}`` -> bytes; ``restore``: ``{"source", "kwargs", ...}``.
-* ``info``: deployment facts (storage servers, host identity, counters).
+* ``info``: deployment facts (storage servers, host identity, counters); unlike the others its body
+  (empty or ``{"v": 1}``) and its answer are plain JSON, so that any Flight client can ask.
 
 Every request is bounded before it is parsed: at most :data:`MAX_REQUEST_BYTES` (``restore``:
 :data:`MAX_RESTORE_BYTES`; restore a larger checkpoint from a path on the controller's machine) and
@@ -31,6 +32,8 @@ It does not authenticate callers: bind it to loopback (the default) or a trusted
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import socket
 import threading
 import time
@@ -196,6 +199,8 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
     def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> Any:
         kind = action.type
         with server_errors(f"controller action {brief(kind)}"):
+            if kind == "info":  # plain JSON both ways, so that a bare Flight client can ask
+                return [json.dumps(self._info(action.body.to_pybytes())).encode()]
             try:
                 limit = MAX_RESTORE_BYTES if kind == "restore" else MAX_REQUEST_BYTES
                 body = _rpc.loads(action.body.to_pybytes(), max_bytes=limit) if action.body.size else {}
@@ -274,17 +279,35 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
                 )
             return self.controller.restore(source, timeout=timeout, **kwargs)
         if kind == "info":
-            servers = self.controller.call("servers", {}, timeout=timeout)
-            with self._lock:
-                counters = dict(self.counters)
-            return {
-                "kind": "embedded",
-                "node": host_identity(),
-                "servers": servers,
-                "counters": counters,
-                "uptime_s": time.time() - self.started_at,
-            }
+            return self._info(b"")
         raise InvalidRequestError(f"unknown controller action {brief(kind)}")
+
+    def _info(self, body: bytes) -> dict[str, Any]:
+        """The ``info`` action: its body is empty or ``{"v": 1}``; its answer plain JSON (no type tags).
+
+        Raises:
+            InvalidRequestError: a body that is not such an object, or of another wire version.
+        """
+        if body.strip():
+            try:  # the body is tiny: anything longer than a kilobyte is not the request this action takes
+                request = json.loads(body) if len(body) <= 1024 else None
+            except (UnicodeDecodeError, ValueError, RecursionError):
+                request = None
+            if not isinstance(request, dict) or type(request.get("v")) is not int or request["v"] != 1:
+                raise InvalidRequestError(
+                    'controller action info: the body must be empty or {"v": 1} (wire version 1)'
+                )
+        servers = self.controller.call("servers", {}, timeout=None)
+        with self._lock:
+            counters = dict(self.counters)
+        return {
+            "v": 1,
+            "kind": "embedded",
+            "node": host_identity(),
+            "servers": [dataclasses.asdict(s) for s in servers],
+            "counters": counters,
+            "uptime_s": time.time() - self.started_at,
+        }
 
     def _call(self, method: Any, kwargs: dict[str, Any], timeout: float | None) -> Any:
         if not isinstance(method, str) or method not in CALLS:
@@ -369,8 +392,11 @@ class FlightTransport:
         return out
 
     def info(self, timeout: float) -> dict[str, Any]:
-        """Deployment facts of the controller host (``info`` action)."""
-        out: dict[str, Any] = self._action("info", {}, timeout)
+        """Deployment facts of the controller host (``info`` action: plain JSON, docs/wire-format.md)."""
+        options = flight.FlightCallOptions(timeout=timeout)
+        with translate_errors("controller info"):
+            results = list(self._client.do_action(flight.Action("info", b'{"v": 1}'), options=options))
+        out: dict[str, Any] = json.loads(results[0].body.to_pybytes())
         return out
 
 

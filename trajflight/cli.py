@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("trajflight._demo", "the main job: rollout workers, a GRPO trainer, fenced leases, checkpoints"),
+    "demo": ("trajflight.demo", "the main job: a small GRPO run that learns, on the embedded data plane"),
     "example": ("trajflight._example", "encode a synthetic GRPO group, decode it to torch, print a summary"),
     "server": ("trajflight.flight_server._cli", "run one storage server on loopback"),
     "bench": ("trajflight.bench._cli", "benchmark trajflight against TransferQueue, Ray and bare Flight"),
@@ -24,7 +24,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the parser with every registered subcommand."""
-    parser = argparse.ArgumentParser(prog="trajflight", description=__doc__.splitlines()[0])
+    from trajflight import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="trajflight",
+        description="trajflight: RL post-training trajectories as Arrow, over Flight, under fenced leases.",
+    )
+    parser.add_argument("--version", action="version", version=f"trajflight {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         cmd = sub.add_parser(name, help=help_text, description=help_text)

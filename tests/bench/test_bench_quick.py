@@ -9,12 +9,14 @@ skip path is checked by hiding both packages.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
-from trajflight.bench._report import add_ratios_and_targets
+from trajflight.bench._report import QUICK_NOTE, add_ratios_and_targets, format_table
 from trajflight.bench._run import BenchConfig, run_bench
 from trajflight.bench._schema import SCHEMA, SchemaViolation, validate, validate_complete
 from trajflight.bench._stats import Progress
@@ -81,19 +83,69 @@ def test_every_reported_figure_is_present_and_positive(quick_result: dict) -> No
     assert controller["transitions_per_s"] > 0
 
 
+def _full(quick_result: dict) -> dict:
+    """The quick run's document as if it were a full run (so that its targets are judged)."""
+    doc = copy.deepcopy({k: v for k, v in quick_result.items() if k != "_chart"})
+    doc["config"]["quick"] = False
+    return add_ratios_and_targets(doc)
+
+
 def test_ratios_and_targets_cover_the_references(quick_result: dict) -> None:
     ratios = quick_result["ratios"]
     for op in OPS:
         assert ratios[f"{op} trajflight/flight"] > 0
         assert ratios[f"{op} trajflight/memcpy"] > 0
-    targets = {t["id"]: t for t in quick_result["targets"]}
+    quick = {t["id"]: t for t in quick_result["targets"]}
+    judged = {t["id"]: t for t in _full(quick_result)["targets"]}
     for ours in ("trajflight", "trajflight-flight"):
-        assert targets[f"{ours}: put vs flight"]["met"] in (True, False)
-        assert targets[f"{ours}: small-group p50"]["met"] in (True, False)
+        for target in (f"{ours}: put vs flight", f"{ours}: small-group p50"):
+            assert judged[target]["met"] in (True, False)
+            # issue 19: --quick printed MISS lines for targets its tiny data cannot judge.
+            assert quick[target]["met"] is None
+            assert quick[target]["note"] == QUICK_NOTE
         # Peers that did not run give no verdict, and say so.
-        assert targets[f"{ours}: put vs transferqueue"]["met"] is None
-        assert "did not run" in targets[f"{ours}: put vs transferqueue"]["note"]
+        assert judged[f"{ours}: put vs transferqueue"]["met"] is None
+        assert "did not run" in judged[f"{ours}: put vs transferqueue"]["note"]
     assert ratios["get_all_jagged trajflight/trajflight-flight"] > 0
+
+
+def test_the_table_fits_100_columns_and_names_targets_by_what_they_are(quick_result: dict) -> None:
+    """issue 19: the tables ran to 245 characters, under a "Targets (issue 6)" heading."""
+    for doc in (quick_result, _full(quick_result)):
+        table = format_table(doc)
+        assert max(len(line) for line in table.splitlines()) <= 100
+        assert "issue" not in table
+        assert (
+            "Targets (trajflight against TransferQueue, Ray's object store and a bare Flight server)" in table
+        )
+    assert "MISS" not in format_table(quick_result)
+    assert "not judged under --quick" in format_table(quick_result)
+
+
+def test_bench_writes_nothing_unless_told_where(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """issue 19: `trajflight bench` wrote trajflight-bench.json and .png into the current directory."""
+    monkeypatch.chdir(tmp_path)
+    tiny = ["bench", "--quick", "--quiet", "--systems", "memcpy", "--repeats", "1", "--latency-iters", "2"]
+    assert main(tiny) == 0
+    assert list(tmp_path.iterdir()) == []
+    assert main([*tiny, "--out", "results"]) == 0
+    written = sorted(p.name for p in (tmp_path / "results").iterdir())
+    expected = ["trajflight-bench.json", "trajflight-bench.md"]
+    if importlib.util.find_spec("matplotlib") is not None:
+        expected.append("trajflight-bench.png")
+    assert written == expected
+    validate_complete(json.loads((tmp_path / "results" / "trajflight-bench.json").read_text()))
+
+
+def test_check_exits_1_when_a_target_is_missed(quick_result: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """issue 19: a run that missed targets exited 0; `--check` now fails it (and refuses --quick)."""
+    doc = _full(quick_result)
+    doc["systems"]["trajflight"]["latency"]["p50_ms"] = 1000.0  # misses the small-group target
+    monkeypatch.setattr("trajflight.bench._run.run_bench", lambda cfg, progress=None: copy.deepcopy(doc))
+    args = ["bench", "--quiet", "--systems", QUICK_SYSTEMS]
+    assert main(args) == 0
+    assert main([*args, "--check"]) == 1
+    assert main(["bench", "--quick", "--check"]) == 2
 
 
 def test_chart_is_drawn_or_explained(quick_result: dict) -> None:
