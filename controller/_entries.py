@@ -241,6 +241,14 @@ def check_name(value: object, what: str) -> str:
     return value
 
 
+def check_names(values: object, what: str) -> tuple[str, ...]:
+    """Distinct names in the order given, from a list or tuple (a bare string would read as its
+    characters, a mapping as its keys); raise InvalidRequestError naming ``what``."""
+    if not isinstance(values, list | tuple):
+        raise InvalidRequestError(f"{what} must be a list of names, got {brief(values)}")
+    return tuple(dict.fromkeys(check_name(v, f"each of {what}") for v in values))
+
+
 def check_int(value: object, what: str, *, minimum: int = 0, maximum: int = INT64_MAX) -> int:
     """Return ``value`` if it is an int (not a bool) in ``[minimum, maximum]`` (int64 by default); else
     raise InvalidRequestError naming ``what``."""

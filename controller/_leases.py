@@ -40,6 +40,7 @@ from ._entries import (
     check_columns,
     check_int,
     check_name,
+    check_names,
     check_partitions,
 )
 from ._partitions import PartitionLedger
@@ -465,7 +466,7 @@ class LeaseMachine(PartitionLedger):
         lease = self._lease(token)
         job = self._jobs[lease.job_id]
         keys = check_partitions(missing)
-        servers = tuple(dict.fromkeys(check_name(s, "a server id") for s in unreachable))
+        servers = check_names(unreachable, "unreachable")
         for server_id in servers:
             if server_id not in self._servers:
                 raise NotFoundError(f"no storage server {server_id!r:.100} is registered")

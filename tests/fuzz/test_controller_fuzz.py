@@ -170,6 +170,9 @@ TEMPLATES: dict[str, Callable[[Facts], dict[str, Any]]] = {
     "gc_list": lambda f: {"job_id": "j"},
     "fence_list": lambda f: {},
     "servers": lambda f: {},
+    "confirm_checkpoint": lambda f: {"job_id": "j", "seq": 1},
+    "report_unusable": lambda f: {"token": f.token, "missing": [], "unreachable": []},
+    "lost": lambda f: {"job_id": "j"},
 }  # fmt: skip
 REQUIRED: dict[str, tuple[str, ...]] = {
     "register_server": ("server_id", "node", "location", "capacity_bytes", "capacity_groups"),
@@ -196,6 +199,9 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "gc_list": (),
     "fence_list": (),
     "servers": (),
+    "confirm_checkpoint": ("job_id", "seq"),
+    "report_unusable": ("token",),
+    "lost": ("job_id",),
 }
 
 # The kind of every argument, and bad values of each kind (none of them valid for any argument of it).
@@ -205,6 +211,7 @@ KINDS: dict[str, str] = {
     "policy_version": "int", "version": "int", "token": "int", "rows": "int", "tokens": "int",
     "nbytes": "int", "config": "config", "old_ready": "choice", "action": "choice", "ttl": "seconds",
     "partition": "partition", "partitions": "partitions", "columns": "columns", "items": "items",
+    "seq": "int", "missing": "partitions", "unreachable": "names",
 }  # fmt: skip
 LIST_NBYTES = ([], "100", [0], [1.5], [BIG], [True], [100, -1], {"a": 1})
 BAD: dict[str, tuple[Any, ...]] = {
@@ -219,6 +226,7 @@ BAD: dict[str, tuple[Any, ...]] = {
     "partitions": ("j/1/0", 5, [("j", -1, 0)], [5], [("j", 1, 0.0)], {"a": 1}, [[["j"]]]),
     "columns": ("prompt_ids", 5, [1], [["a"]], [""], [None], ["c" * 2000]),
     "items": ([], "x", [5], [{"partition": ["j", 1, 0]}], 5),
+    "names": ("s", 5, [5], [""], ["x" * 2000], {"a": 1}, [["s"]]),
 }  # fmt: skip
 
 
@@ -465,11 +473,14 @@ _STRATEGIES = {
         st.text(max_size=6).filter(lambda t: t not in ("drop", "requeue", "reoffer")), st.integers()
     ),
     "items": st.one_of(st.just([]), st.lists(st.integers(), min_size=1, max_size=2), st.text(max_size=3)),
+    "names": st.one_of(
+        st.text(min_size=1, max_size=4), st.integers(), st.lists(_not_name, min_size=1, max_size=3)
+    ),
 }
 _CONFIG_FIELDS = {
     "capacity_bytes", "capacity_groups", "max_group_bytes", "grant_ttl", "default_lease_ttl", "max_lease_ttl",
     "max_groups_per_lease", "strict_on_policy", "max_staleness", "delete_retry_initial", "delete_retry_max",
-    "delete_timeout", "capacity_retry_after",
+    "delete_timeout", "capacity_retry_after", "server_retry_initial", "server_retry_max",
 }  # fmt: skip
 _ARGUMENTS = sorted(
     (op, name)
