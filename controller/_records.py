@@ -434,11 +434,14 @@ class HeldGroup:
         partition: The group.
         server_id: The registered server that holds it.
         nbytes: The bytes it takes there.
+        columns: The columns it stores there, appended ones included (empty: not known). A group
+            offered again takes these, so a column appended after the checkpoint is not asked for twice.
     """
 
     partition: Partition
     server_id: str
     nbytes: int
+    columns: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from ._entries import (
     UNKNOWN,
     _Group,
     _Job,
+    check_columns,
     check_int,
     check_name,
     check_partition,
@@ -86,7 +87,8 @@ def check_holdings(
                     f"group {tuple(key)!r:.100} is held by server {item.server_id!r:.100}, which is not "
                     "registered; register it before the restore"
                 )
-            held[key] = HeldGroup(key, item.server_id, item.nbytes)
+            columns = tuple(sorted(check_columns(item.columns, "a held group's columns")))
+            held[key] = HeldGroup(key, item.server_id, item.nbytes, columns)
     return present, held
 
 
@@ -122,6 +124,9 @@ def restore_job(
             elif absent:
                 _lose(ledger, job, g, gone)
             else:
+                stored = held.get(g.key)
+                if stored is not None and stored.columns:  # appended after the checkpoint, too
+                    g.colset, g.columns = frozenset(stored.columns), stored.columns
                 g.ready_seq = job.ready.push(g.key, g.policy_version, g.colset)
         elif g.state is UNKNOWN and absent:
             _lose(ledger, job, g, gone)  # an operator's requeue could never be read

@@ -179,7 +179,7 @@ class Client:
                 ``available`` list).
         """
         held = [
-            HeldGroup(Partition(*g.key), server.server_id, max(0, int(g.nbytes)))
+            HeldGroup(Partition(*g.key), server.server_id, max(0, int(g.nbytes)), tuple(g.schema.names))
             for server in self.controller.servers()
             for g in self.storage.client(server.location).list_groups(job_id)
         ]

@@ -195,6 +195,30 @@ def test_restore_from_the_latest_checkpoint_reoffers_groups_committed_after_it(w
     assert lease.token > world.ledger.last_token
 
 
+def test_a_group_offered_again_carries_the_columns_its_server_stores(world):
+    """Regression: a column appended after the checkpoint (a reward stage's ``advantage``) is on the
+    server but not in the checkpoint; the restored ledger offered the group to ``lack=["advantage"]``
+    again, whose append then failed with AlreadyExistsError, and never to ``require=["advantage"]``."""
+    grants = world.put(2)
+    data = world.ledger.checkpoint("j", now=world.now)
+    stored = ("advantage", "response_ids")
+    held = [HeldGroup(grants[0].partition, "s0", 1000, stored), *_held(world, grants[1:])]
+    fresh = Ledger()
+    fresh.restore(data, job_id="j", epoch=2, config=_config(world), now=world.now, available=held)
+    assert fresh.group(grants[0].partition).columns == stored
+    trainer = fresh.acquire("j", "t", max_groups=10, require=("advantage",), now=world.now)
+    assert trainer is not None
+    assert trainer.partitions == (grants[0].partition,)
+    stage = fresh.acquire("j", "s", max_groups=10, lack=("advantage",), now=world.now)
+    assert stage is not None
+    assert stage.partitions == (grants[1].partition,)
+    with pytest.raises(InvalidRequestError):
+        Ledger().restore(
+            data, job_id="j", epoch=2, config=_config(world), now=world.now,
+            available=[HeldGroup(grants[0].partition, "s0", 1000, "advantage")],  # type: ignore[arg-type]
+        )  # fmt: skip
+
+
 def test_restore_purges_and_counts_what_the_checkpoint_does_not_know(world):
     """Regression (issue 14, item 3): groups acknowledged READY after the checkpoint (and a group put but
     never published) had no ledger state after the restore, while their data stayed on the servers and
