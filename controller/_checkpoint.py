@@ -335,17 +335,18 @@ def parse_job_checkpoint(ledger: LedgerCore, payload: dict[str, Any]) -> JobImpo
 
 
 def install_job_checkpoint(
-    ledger: LedgerCore, imp: JobImport, epoch: int, config: JobConfig, now: float
+    ledger: LedgerCore, imp: JobImport, epoch: int, config: JobConfig, now: float, *, min_token: int = 0
 ) -> list[_Group]:
     """Install a parsed job checkpoint at ``epoch`` and return its groups (not yet indexed).
 
     The caller has checked job, configuration and epoch. The returned groups are in the ledger with
     their checkpointed states, capacity is counted for each of them, and tokens issued from now on are
-    larger than every token the checkpoint saw.
+    larger than every token the checkpoint saw, and than ``min_token``.
     """
     _import_servers(ledger, [list(row) for row in imp.servers])
-    if ledger.last_token < imp.last_token:
-        ledger._incarnation = (imp.last_token >> 32) + 1
+    floor = max(imp.last_token, min_token)
+    if ledger.last_token < floor:
+        ledger._incarnation = (floor >> 32) + 1
         ledger._counter = 0
     return _install_job(ledger, imp.parsed, epoch, config, now)
 

@@ -606,14 +606,17 @@ class ControllerClient:
         config: JobConfig | Mapping[str, Any] | None,
         old_ready: OldReady | str = OldReady.REOFFER,
         available: Iterable[Partition | HeldGroup] | None = None,
+        min_token: int = 0,
         timeout: float | None = None,
     ) -> dict[str, int]:
         """Restart a job from a checkpoint (bytes, or a file on the host's machine) under a larger epoch
         (``Ledger.restore``); ``available`` lists what the storage servers hold (:class:`HeldGroup`
-        listings, or bare partitions)."""
+        listings, or bare partitions); ``min_token`` the highest generation they saw for the job."""
         src = source if isinstance(source, bytes) else os.fspath(source)
         cfg = dict(config) if isinstance(config, Mapping) else config
         kwargs: dict[str, Any] = {"job_id": job_id, "epoch": epoch, "config": cfg, "old_ready": old_ready}
         if available is not None:
             kwargs["available"] = tuple(p if isinstance(p, HeldGroup) else Partition(*p) for p in available)
+        if min_token:
+            kwargs["min_token"] = min_token
         return self.transport.restore(src, kwargs, self._t(timeout))

@@ -252,6 +252,7 @@ class Ledger(LeaseMachine):
         now: float,
         old_ready: OldReady | str = OldReady.REOFFER,
         available: Sequence[Partition | HeldGroup] | None = None,
+        min_token: int = 0,
     ) -> dict[str, int]:
         """Restart ``job_id`` from a job checkpoint under a larger ``epoch``.
 
@@ -271,6 +272,10 @@ class Ledger(LeaseMachine):
             available: What the storage servers hold for the job: :class:`HeldGroup` listings (partition,
                 server, bytes; needed to purge) or bare partitions (presence only). ``None`` trusts the
                 checkpoint: nothing is found lost, nothing purged.
+            min_token: The highest generation the storage servers saw for the job (their ``stats``):
+                tokens issued afterwards are larger than it too. The rolled-back incarnation may have
+                issued tokens above the checkpoint's (after a crash recovery of its own), and servers
+                refuse a lease or delete under a token below one they saw.
 
         Returns:
             The job's counts after the restore (see :meth:`counts`).
@@ -318,13 +323,16 @@ class Ledger(LeaseMachine):
                 f"job {job_id!r} is already open in this controller; restore into a fresh controller"
             )
         drop = check_old_ready(old_ready) is OldReady.DROP
+        check_int(min_token, "min_token")
         imp = _ckpt.parse_job_checkpoint(self, payload)
         holdings = (
             None
             if available is None
             else check_holdings(available, job_id, epoch, imp.server_ids | set(self._servers))
         )
-        restore_job(self, imp, epoch=epoch, config=cfg, now=now, drop=drop, holdings=holdings)
+        restore_job(
+            self, imp, epoch=epoch, config=cfg, now=now, drop=drop, holdings=holdings, min_token=min_token
+        )
         return self.counts(job_id)
 
     def snapshot(self) -> bytes:

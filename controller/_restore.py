@@ -101,13 +101,15 @@ def restore_job(
     now: float,
     drop: bool,
     holdings: Holdings | None,
+    min_token: int = 0,
 ) -> None:
     """Install the parsed checkpoint ``imp`` at ``epoch`` and apply the rules of the module docstring.
 
     ``drop``: READY groups of the checkpoint are dropped (deleted) rather than offered again.
     ``holdings``: from :func:`check_holdings`, or ``None`` to trust the checkpoint.
+    ``min_token``: tokens issued afterwards are larger than it too (the servers' highest generation).
     """
-    groups = _ckpt.install_job_checkpoint(ledger, imp, epoch, config, now)
+    groups = _ckpt.install_job_checkpoint(ledger, imp, epoch, config, now, min_token=min_token)
     job = ledger._jobs[imp.parsed[0]["job_id"]]
     # Restored from a checkpoint: its commits are kept until a later checkpoint of it is durable.
     job.checkpoints = job.durable = max(1, job.checkpoints)

@@ -758,6 +758,9 @@ class GroupStore(ShmStoreMixin):
                 jobs.setdefault(job_id, {"groups": 0, "bytes": 0, "epochs": {}})["min_epoch"] = (
                     state.min_epoch
                 )
+            for key, generation in self._generation.items():  # a restore issues tokens above these
+                job = jobs.setdefault(key.job_id, {"groups": 0, "bytes": 0, "epochs": {}})
+                job["max_generation"] = max(job.get("max_generation", 0), generation)
             return {
                 "groups": len(self._groups),
                 "bytes": self._held_bytes,

@@ -178,13 +178,24 @@ class Client:
                 was restored (start it again, or restore with ``ControllerClient.restore`` and an explicit
                 ``available`` list).
         """
-        held = [
-            HeldGroup(Partition(*g.key), server.server_id, max(0, int(g.nbytes)), tuple(g.schema.names))
-            for server in self.controller.servers()
-            for g in self.storage.client(server.location).list_groups(job_id)
-        ]
+        held: list[HeldGroup] = []
+        min_token = 0
+        for server in self.controller.servers():
+            storage = self.storage.client(server.location)
+            held += [
+                HeldGroup(Partition(*g.key), server.server_id, max(0, int(g.nbytes)), tuple(g.schema.names))
+                for g in storage.list_groups(job_id)
+            ]
+            seen = storage.stats()["jobs"].get(job_id, {}).get("max_generation", 0)
+            min_token = max(min_token, int(seen))
         out = self.controller.restore(
-            source, job_id=job_id, epoch=epoch, config=config, old_ready=old_ready, available=held
+            source,
+            job_id=job_id,
+            epoch=epoch,
+            config=config,
+            old_ready=old_ready,
+            available=held,
+            min_token=min_token,
         )
         self._fence_servers(job_id, epoch)
         if out.get("lost"):

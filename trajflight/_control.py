@@ -84,7 +84,7 @@ MAX_RESTORE_BYTES = 256 << 20
 """Largest ``restore`` request body (bytes): checkpoint bytes travel base64-encoded inside it."""
 
 _MAX_MESSAGE_CHARS = 2000  # an error longer than this is cut: gRPC refuses oversized error details
-_RESTORE_KWARGS = frozenset({"job_id", "epoch", "config", "old_ready", "available"})
+_RESTORE_KWARGS = frozenset({"job_id", "epoch", "config", "old_ready", "available", "min_token"})
 
 _rpc.register(
     DeleteWork,

@@ -219,6 +219,23 @@ def test_a_group_offered_again_carries_the_columns_its_server_stores(world):
         )  # fmt: skip
 
 
+def test_restore_issues_tokens_above_min_token(world):
+    """Tokens after a restore exceed both the checkpoint's newest and the servers' highest generation."""
+    grants = world.put(1)
+    data = world.ledger.checkpoint("j", now=world.now)
+    seen = (7 << 32) | 12  # issued by a later incarnation of the rolled-back controller
+    fresh = Ledger()
+    fresh.restore(
+        data, job_id="j", epoch=2, config=_config(world), now=world.now, available=_held(world, grants),
+        min_token=seen,
+    )  # fmt: skip
+    lease = fresh.acquire("j", "t", max_groups=1, now=world.now)
+    assert lease is not None
+    assert lease.token > seen
+    with pytest.raises(InvalidRequestError):
+        Ledger().restore(data, job_id="j", epoch=2, config=_config(world), now=world.now, min_token=-1)
+
+
 def test_restore_purges_and_counts_what_the_checkpoint_does_not_know(world):
     """Regression (issue 14, item 3): groups acknowledged READY after the checkpoint (and a group put but
     never published) had no ledger state after the restore, while their data stayed on the servers and

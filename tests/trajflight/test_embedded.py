@@ -169,6 +169,33 @@ def test_restart_from_checkpoint_refuses_stale_writers_and_offers_each_uncommitt
     assert cluster.wait_idle(job) == (0, 0)
 
 
+def test_restore_issues_tokens_above_every_generation_the_servers_saw(cluster, job, tmp_path):
+    """Regression: a restore started its tokens just above the checkpoint's newest, but the rolled-back
+    incarnation may have issued larger ones (after a crash recovery of its own, a new incarnation): the
+    servers then refused every lease and delete of the restored job as stale, for ever. The restore now
+    asks the servers for the highest generation they saw."""
+    client = cluster.client()
+    client.open_job(job, 1)
+    put_groups(client.writer(job, 1), 3)
+    ckpt = tmp_path / "job.ckpt"
+    client.checkpoint(job, ckpt)
+    high = LeaseToken(40 << 32)  # a token of a later incarnation of the rolled-back controller
+    for g in cluster.controller.call("groups_in", {"job_id": job, "state": "READY"}):
+        client.storage.client(g.location).advance_generation([GroupRead(GroupKey(*g.partition), high)])
+    cluster.restart_controller()
+    client = cluster.client()
+    client.restore(ckpt, job_id=job, epoch=2, config=None)
+    trained: list[int] = []
+    trainer = client.trainer(job)
+    while (batch := trainer.try_lease(3, wait=0.5)) is not None:
+        assert batch.token > high.generation
+        with batch:
+            trained += _prompts(batch.fetch_table(["sample_id"]))
+    assert sorted(trained) == [0, 1, 2]
+    client.checkpoint(job, tmp_path / "after.ckpt")
+    assert cluster.wait_idle(job) == (0, 0)
+
+
 @pytest.mark.parametrize("delete", ["swept", "failing"])
 def test_restore_reoffers_groups_committed_after_the_checkpoint_deterministically(
     cluster, job, tmp_path, monkeypatch, delete
