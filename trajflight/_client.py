@@ -368,6 +368,9 @@ class Writer:
             CapacityExceededError: capacity stayed full until the deadline (``retry_after`` hints when to
                 try again); nothing was stored.
             StaleFenceError: the epoch was fenced (the job restarted): stop this worker.
+            LeaseExpiredError: the partition's grant expired (the job's ``grant_ttl``) before the data
+                reached its storage server, which refuses it since the controller gave the partition up;
+                nothing was stored: put the group again.
             SchemaError: bad group data, naming the column and row.
         """
         deadline = time.monotonic() + (self.put_timeout if timeout is None else timeout)
