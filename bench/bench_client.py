@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 
 import trajflight
-from trajflight.codec import GroupKey, decode
+from trajflight.codec import decode
 from trajflight.flight_server import StorageClient
+from trajflight.keys import Partition
 from trajflight.workload import make_workload
 
 
@@ -58,10 +59,10 @@ def main(argv: list[str] | None = None) -> int:
             batches = [g.encode(job, 0) for g in groups]
             start = time.perf_counter()
             for g, b in zip(groups, batches, strict=True):
-                storage.put_group(GroupKey(job, 0, g.group_id), b)
+                storage.put_group(Partition(job, 0, g.group_id), b)
             put_s = time.perf_counter() - start
             start = time.perf_counter()
-            decode(storage.get([GroupKey(job, 0, g.group_id) for g in groups]))
+            decode(storage.get([Partition(job, 0, g.group_id) for g in groups]))
             round_times = {"bare": (put_s, time.perf_counter() - start)}
             storage.fence(job, 1, purge=True)
             for name, client in clients.items():

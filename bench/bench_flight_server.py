@@ -31,8 +31,8 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pyarrow.ipc as ipc
 
-from trajflight.codec import GroupKey
 from trajflight.flight_server import GroupRead, LeaseToken, StorageClient, get_parallel
+from trajflight.keys import Partition
 
 PROJECTION = ["response_ids", "response_logprobs"]
 
@@ -187,19 +187,19 @@ def fmt(times: list[float], nbytes: int) -> str:
     )
 
 
-def keys_of(batches: list[pa.RecordBatch]) -> list[GroupKey]:
-    return [GroupKey(b.column("job_id")[0].as_py(), 0, b.column("group_id")[0].as_py()) for b in batches]
+def keys_of(batches: list[pa.RecordBatch]) -> list[Partition]:
+    return [Partition(b.column("job_id")[0].as_py(), 0, b.column("group_id")[0].as_py()) for b in batches]
 
 
 # ---------------------------------------------------------------------------------------------- runs
 
 
-def tf_put_all(client: StorageClient, batches: list[pa.RecordBatch], keys: list[GroupKey]) -> None:
+def tf_put_all(client: StorageClient, batches: list[pa.RecordBatch], keys: list[Partition]) -> None:
     for key, batch in zip(keys, batches, strict=True):
         client.put_group(key, batch)
 
 
-def tf_clear(client: StorageClient, keys: list[GroupKey]) -> None:
+def tf_clear(client: StorageClient, keys: list[Partition]) -> None:
     client.delete([GroupRead(k, LeaseToken(0)) for k in keys])
 
 
@@ -214,7 +214,7 @@ class FreshKeys:
         self.template = batches
         self.epoch, self.step = first - step, step
         self.batches = batches
-        self.keys: list[GroupKey] = []  # epoch 0 stays unused: the get runs put it afterwards
+        self.keys: list[Partition] = []  # epoch 0 stays unused: the get runs put it afterwards
 
     def setup(self) -> None:
         """Delete the previous round's groups, then stamp the next epoch (untimed)."""
@@ -226,10 +226,10 @@ class FreshKeys:
             b.set_column(index, "epoch", pa.array(np.full(b.num_rows, self.epoch, dtype=np.int64)))
             for b in self.template
         ]
-        self.keys = [GroupKey(k.job_id, self.epoch, k.group_id) for k in keys_of(self.template)]
+        self.keys = [Partition(k.job_id, self.epoch, k.group_id) for k in keys_of(self.template)]
 
 
-def bare_put_all(client: flight.FlightClient, batches: list[pa.RecordBatch], keys: list[GroupKey]) -> None:
+def bare_put_all(client: flight.FlightClient, batches: list[pa.RecordBatch], keys: list[Partition]) -> None:
     options = flight.FlightCallOptions(timeout=60)
     for key, batch in zip(keys, batches, strict=True):
         descriptor = flight.FlightDescriptor.for_path(key.job_id, str(key.epoch), str(key.group_id))
@@ -246,7 +246,9 @@ def bare_put_batched(client: flight.FlightClient, batches: list[pa.RecordBatch])
     writer.close()
 
 
-def bare_get(client: flight.FlightClient, keys: list[GroupKey], columns: list[str] | None = None) -> pa.Table:
+def bare_get(
+    client: flight.FlightClient, keys: list[Partition], columns: list[str] | None = None
+) -> pa.Table:
     body = {"paths": [[k.job_id, str(k.epoch), str(k.group_id)] for k in keys], "columns": columns}
     ticket = flight.Ticket(json.dumps(body).encode())
     return client.do_get(ticket, options=flight.FlightCallOptions(timeout=60)).read_all()

@@ -17,13 +17,12 @@ from trajflight.codec._decode import Layout, decode, decode_numpy
 from trajflight.codec._encode import encode_group
 from trajflight.codec._encode_many import EncodedGroups, encode_groups
 from trajflight.codec._schema import STANDARD_SCHEMA, TrajectorySchema
-from trajflight.codec._validate import GroupKey, validate_group
+from trajflight.codec._validate import validate_group
 
 __all__ = [
     "STANDARD_SCHEMA",
     "DoublyRagged",
     "EncodedGroups",
-    "GroupKey",
     "Layout",
     "NumpyBatch",
     "Padded",

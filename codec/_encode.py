@@ -32,8 +32,9 @@ from trajflight.codec._device import stage_to_host
 from trajflight.codec._infer import infer_type
 from trajflight.codec._schema import STANDARD_SCHEMA, TrajectorySchema
 from trajflight.codec._telemetry import telemetry_array
-from trajflight.codec._validate import GroupKey, check_nulls, check_ragged_lengths, ragged_columns_agree
+from trajflight.codec._validate import check_nulls, check_ragged_lengths, ragged_columns_agree
 from trajflight.errors import SchemaError
+from trajflight.keys import Partition
 
 __all__ = ["default_sample_ids", "encode_group"]
 
@@ -44,7 +45,7 @@ _INT64_MAX = int(np.iinfo(np.int64).max)
 _REQUIRED_ARGUMENTS = ("prompt_ids", "response_ids", "response_logprobs", "reward", "policy_version")
 
 
-def _check_key(job_id: object, epoch: object, group_id: object) -> GroupKey:
+def _check_key(job_id: object, epoch: object, group_id: object) -> Partition:
     if not isinstance(job_id, str) or not job_id:
         raise SchemaError(f"job_id must be a non-empty string, got {job_id!r}", column="job_id")
     if not job_id.isascii():
@@ -67,7 +68,7 @@ def _check_key(job_id: object, epoch: object, group_id: object) -> GroupKey:
                 f"{name} must be a non-negative integer that fits int64 (0..{_INT64_MAX}), got {value!r}",
                 column=name,
             )
-    return GroupKey(job_id, int(epoch), int(group_id))  # type: ignore[call-overload]
+    return Partition(job_id, int(epoch), int(group_id))  # type: ignore[call-overload]
 
 
 def _check_arguments(inputs: Mapping[str, Any], extra: object, schema: object) -> None:
@@ -114,7 +115,7 @@ def _prompt_array(prompt: Any, rows: int) -> pa.ListArray:
     return repeated_row(prompt, pa.int32(), rows, column="prompt_ids")
 
 
-def _key_columns(key: GroupKey, rows: int) -> list[pa.Array]:
+def _key_columns(key: Partition, rows: int) -> list[pa.Array]:
     """The columns job_id, epoch, group_id and sample_index of a group of ``rows`` samples."""
     indices = np.arange(rows, dtype=np.int32)  # what pa.array(np.arange(...)) wraps, without its overhead
     return [
@@ -138,7 +139,7 @@ def _job_scalar(job_id: str) -> pa.Scalar:
     return last[1]
 
 
-def _sample_ids(key: GroupKey, rows: int) -> pa.Array:
+def _sample_ids(key: Partition, rows: int) -> pa.Array:
     """The default sample ids ``"{job_id}/{epoch}/{group_id}/{sample_index}"``."""
     fast = _fast_sample_ids(key, rows)
     if fast is not None:
@@ -188,7 +189,7 @@ _DIGITS: dict[int, tuple[list[bytes], np.ndarray]] = {}
 _DIGITS_MAX = 64
 
 
-def _fast_sample_ids(key: GroupKey, rows: int) -> pa.Array | None:
+def _fast_sample_ids(key: Partition, rows: int) -> pa.Array | None:
     """Cheap tier of :func:`_sample_ids`: one ``bytes.join`` and one offsets computation, no per-row str."""
     try:
         prefix = f"{key.job_id}/{key.epoch}/{key.group_id}/".encode()

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -34,10 +33,10 @@ import pyarrow.compute as pc
 from trajflight.codec._schema import KEY_COLUMNS, RAGGED_TOKEN_COLUMNS, STANDARD_SCHEMA, TrajectorySchema
 from trajflight.codec._validate_cheap import UNSURE, Same, ragged_agree, same_for, same_offsets
 from trajflight.errors import SchemaError
+from trajflight.keys import Partition
 
 __all__ = [
     "NO_NULL_ENTRY_COLUMNS",
-    "GroupKey",
     "check_null_entries",
     "check_nulls",
     "check_ragged_lengths",
@@ -50,20 +49,6 @@ __all__ = [
 # entry inside one of their rows (where the leaf type is numeric) is refused, by encode_group and here alike.
 # User columns keep theirs (DESIGN.md: every user column round-trips, nulls included).
 NO_NULL_ENTRY_COLUMNS: tuple[str, ...] = ("prompt_ids", *RAGGED_TOKEN_COLUMNS)
-
-
-class GroupKey(NamedTuple):
-    """The partition key of a group: ``(job_id, epoch, group_id)``.
-
-    A named tuple rather than a frozen dataclass: storage servers look keys up several times per group on
-    every read and put, and a tuple's hash and equality run in C (a dataclass's ran in Python: ~170 us of
-    the ~280 us a same-host read of 64 groups spent in the server). It equals the plain tuple, and the
-    controller's ``Partition``, of the same three values.
-    """
-
-    job_id: str
-    epoch: int
-    group_id: int
 
 
 def _first_false(mask: pa.Array | pa.ChunkedArray) -> int | None:
@@ -339,9 +324,9 @@ def validate_group(
     batch: pa.RecordBatch,
     schema: TrajectorySchema = STANDARD_SCHEMA,
     *,
-    expect: GroupKey | None = None,
+    expect: Partition | None = None,
     full: bool = True,
-) -> GroupKey | None:
+) -> Partition | None:
     """Check that ``batch`` is one well-formed trajectory group.
 
     Checks, in order: Arrow's own ``RecordBatch.validate(full=...)`` (offsets in range, UTF-8, ...);
@@ -401,7 +386,7 @@ def validate_group(
         values = _checks_by_plan(batch, schema, plan, expect)
     if values[0] is None:
         return None
-    return GroupKey(str(values[0]), int(values[1]), int(values[2]))  # type: ignore[call-overload]
+    return Partition(str(values[0]), int(values[1]), int(values[2]))  # type: ignore[call-overload]
 
 
 # --- The cheap tier -------------------------------------------------------------------------------------
@@ -474,7 +459,7 @@ def _make_plan(schema: TrajectorySchema, arrow: pa.Schema) -> _Plan | None:
 
 
 def _checks_by_plan(
-    batch: pa.RecordBatch, schema: TrajectorySchema, plan: _Plan, expect: GroupKey | None
+    batch: pa.RecordBatch, schema: TrajectorySchema, plan: _Plan, expect: Partition | None
 ) -> list[object]:
     """validate_group's checks after the schema's, for a batch of at least one row; the key values."""
     # Each column is wrapped once (~0.5 us a column) and shared by the steps.

@@ -15,10 +15,11 @@ import math
 import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
-from trajflight._units import parse_duration, parse_size
 from trajflight.errors import ConfigError
+from trajflight.keys import Partition
+from trajflight.units import parse_duration, parse_size
 
 __all__ = [
     "DeleteWork",
@@ -75,14 +76,6 @@ class OldReady(enum.StrEnum):
 
     REOFFER = "reoffer"
     DROP = "drop"
-
-
-class Partition(NamedTuple):
-    """The partition key of a group, ``(job_id, epoch, group_id)``; unique, never reused."""
-
-    job_id: str
-    epoch: int
-    group_id: int
 
 
 _INT64_MAX = (1 << 63) - 1

@@ -21,8 +21,8 @@ import sys
 import threading
 from types import FrameType
 
-from trajflight._units import format_size, parse_duration, parse_size
 from trajflight.errors import ConfigError, TrajflightError
+from trajflight.units import format_size, parse_duration, parse_size
 
 __all__ = ["add_arguments", "run"]
 

@@ -28,7 +28,6 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pyarrow.ipc as ipc
 
-from trajflight.codec import GroupKey
 from trajflight.errors import (
     DeadlineExceededError,
     InvalidRequestError,
@@ -67,6 +66,7 @@ from trajflight.flight_server._wire import (
     encode,
     encode_json,
 )
+from trajflight.keys import Partition
 
 __all__ = ["INLINE_PUT_BYTES", "GroupInfo", "ShmOpened", "StorageClient", "get_parallel"]
 
@@ -84,7 +84,7 @@ class GroupInfo:
         locations: Where to read it (empty: the same server).
     """
 
-    key: GroupKey
+    key: Partition
     schema: pa.Schema
     num_rows: int
     nbytes: int
@@ -117,12 +117,12 @@ def _read_stream(reader: flight.FlightStreamReader) -> pa.Table:
             batches.append(chunk.data)
 
 
-def _as_read(group: GroupKey | GroupRead) -> GroupRead:
+def _as_read(group: Partition | GroupRead) -> GroupRead:
     if isinstance(group, GroupRead):
         return group
-    if isinstance(group, GroupKey):
+    if isinstance(group, Partition):
         return GroupRead(group)
-    raise InvalidRequestError(f"expected a GroupKey or GroupRead, got {type(group).__name__}")
+    raise InvalidRequestError(f"expected a Partition or GroupRead, got {type(group).__name__}")
 
 
 class StorageClient:
@@ -237,7 +237,7 @@ class StorageClient:
 
     def put_group(
         self,
-        key: GroupKey,
+        key: Partition,
         data: pa.RecordBatch | pa.Table,
         *,
         writer: str = "",
@@ -264,7 +264,7 @@ class StorageClient:
 
     def put_groups(
         self,
-        groups: Sequence[tuple[GroupKey, pa.RecordBatch | pa.Table]],
+        groups: Sequence[tuple[Partition, pa.RecordBatch | pa.Table]],
         *,
         writer: str = "",
         sigs: Sequence[str | None] | None = None,
@@ -307,7 +307,7 @@ class StorageClient:
 
     def append_columns(
         self,
-        key: GroupKey,
+        key: Partition,
         data: pa.RecordBatch | pa.Table,
         token: LeaseToken,
         *,
@@ -329,7 +329,7 @@ class StorageClient:
 
     def shm_put_groups(
         self,
-        groups: Sequence[tuple[GroupKey, pa.RecordBatch | pa.Table]],
+        groups: Sequence[tuple[Partition, pa.RecordBatch | pa.Table]],
         *,
         writer: str = "",
         sigs: Sequence[str | None] | None = None,
@@ -404,7 +404,7 @@ class StorageClient:
 
     def shm_put_batch(
         self,
-        groups: Sequence[tuple[GroupKey, int]],
+        groups: Sequence[tuple[Partition, int]],
         batch: pa.RecordBatch,
         *,
         writer: str = "",
@@ -505,7 +505,7 @@ class StorageClient:
 
     def shm_open(
         self,
-        groups: Sequence[GroupKey | GroupRead],
+        groups: Sequence[Partition | GroupRead],
         *,
         columns: Sequence[str] | None = None,
         timeout: float | None = None,
@@ -526,7 +526,7 @@ class StorageClient:
 
     def shm_get(
         self,
-        groups: Sequence[GroupKey | GroupRead],
+        groups: Sequence[Partition | GroupRead],
         *,
         columns: Sequence[str] | None = None,
         timeout: float | None = None,
@@ -614,7 +614,7 @@ class StorageClient:
 
     def get(
         self,
-        groups: Sequence[GroupKey | GroupRead],
+        groups: Sequence[Partition | GroupRead],
         *,
         columns: Sequence[str] | None = None,
         timeout: float | None = None,
@@ -645,7 +645,7 @@ class StorageClient:
                 endpoint = info.endpoints[0]
                 out.append(
                     GroupInfo(
-                        GroupKey(job, int(ep), int(gid)),
+                        Partition(job, int(ep), int(gid)),
                         info.schema,
                         info.total_records,
                         info.total_bytes,
@@ -738,7 +738,7 @@ _STREAM_ROOM = 64 * 1024
 
 
 def get_parallel(
-    requests: Sequence[tuple[StorageClient, Sequence[GroupKey | GroupRead]]],
+    requests: Sequence[tuple[StorageClient, Sequence[Partition | GroupRead]]],
     *,
     columns: Sequence[str] | None = None,
     timeout: float = 30.0,
@@ -762,7 +762,7 @@ def get_parallel(
         return []
     deadline = time.monotonic() + timeout
 
-    def _one(request: tuple[StorageClient, Sequence[GroupKey | GroupRead]]) -> pa.Table:
+    def _one(request: tuple[StorageClient, Sequence[Partition | GroupRead]]) -> pa.Table:
         client, groups = request
         remaining = deadline - time.monotonic()
         if remaining <= 0:

@@ -16,12 +16,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from trajflight.codec import GroupKey
 from trajflight.errors import SchemaError, TrajflightError
 from trajflight.flight_server._fences import BoardQuery
 from trajflight.flight_server._segments import concat_groups
 from trajflight.flight_server._shm import map_segment
 from trajflight.flight_server._wire import GroupRead
+from trajflight.keys import Partition
 
 __all__ = ["ShmOpened"]
 
@@ -56,8 +56,8 @@ class ShmOpened:
     def __init__(
         self,
         segments: Sequence[tuple[str, int, tuple[str, ...] | None, int]],
-        groups: Mapping[GroupKey, tuple[int | None, tuple[tuple[int, int, int], ...]]],
-        fences: Mapping[GroupKey, tuple[int, int]] | None = None,
+        groups: Mapping[Partition, tuple[int | None, tuple[tuple[int, int, int], ...]]],
+        fences: Mapping[Partition, tuple[int, int]] | None = None,
         board_path: str | None = None,
         reads: Sequence[GroupRead] = (),
     ) -> None:
@@ -126,7 +126,7 @@ class ShmOpened:
     def same_parts(self, other: ShmOpened, reads: Sequence[GroupRead]) -> bool:
         """Whether ``other`` (a later open) holds every read group in the same segments and places."""
 
-        def parts(opened: ShmOpened, key: GroupKey) -> list[tuple[str, int, int, int]] | None:
+        def parts(opened: ShmOpened, key: Partition) -> list[tuple[str, int, int, int]] | None:
             found = opened._groups.get(key)
             if found is None:
                 return None

@@ -33,7 +33,7 @@ from typing import Any
 
 import pyarrow.flight as flight
 
-from trajflight.codec import STANDARD_SCHEMA, GroupKey, TrajectorySchema, validate_group
+from trajflight.codec import STANDARD_SCHEMA, TrajectorySchema, validate_group
 from trajflight.errors import InvalidRequestError, SchemaError
 from trajflight.flight_server._errors import server_errors
 from trajflight.flight_server._local import LocalChannelServer, run_handler
@@ -66,6 +66,7 @@ from trajflight.flight_server._wire import (
     group_descriptor,
 )
 from trajflight.flight_server._wire_bounds import echo
+from trajflight.keys import Partition
 
 __all__ = ["ACTIONS", "StorageServer"]
 
@@ -272,7 +273,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
     def _verify_put(self, put: PutDescriptor) -> None:
         self._verify_put_key(put.key, put.sig)
 
-    def _verify_put_key(self, key: GroupKey, sig: str | None) -> None:
+    def _verify_put_key(self, key: Partition, sig: str | None) -> None:
         if self._signer is not None and not self._signer.verify(self._signer.sign_put(key), sig):
             raise InvalidRequestError(
                 "put credential does not verify for this group; writers get credentials from the "
@@ -309,7 +310,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
             if isinstance(request, PutManyDescriptor):
                 self._put_many(context, request, reader)
                 return
-            if isinstance(request, GroupKey):
+            if isinstance(request, Partition):
                 raise InvalidRequestError(
                     "a path-descriptor put names its row count: FlightDescriptor.for_path(job_id, "
                     "str(epoch), str(group_id), str(num_rows)); a stream's end alone does not prove the "
@@ -404,7 +405,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
 
     def _group_of(self, descriptor: flight.FlightDescriptor) -> StoredGroup:
         key = decode_descriptor(descriptor)
-        if not isinstance(key, GroupKey):
+        if not isinstance(key, Partition):
             raise InvalidRequestError(
                 "flight info needs a group descriptor: path [job_id, epoch, group_id] or "
                 '{"v":1,"kind":"group",...}'

@@ -65,9 +65,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from trajflight._units import format_size
 from trajflight.errors import ConfigError, InvalidRequestError, NotFoundError
 from trajflight.flight_server._segments import write_stream
+from trajflight.units import format_size
 
 __all__ = [
     "PAGE",

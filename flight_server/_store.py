@@ -36,8 +36,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from trajflight._units import format_size
-from trajflight.codec import STANDARD_SCHEMA, GroupKey, TrajectorySchema
+from trajflight.codec import STANDARD_SCHEMA, TrajectorySchema
 from trajflight.errors import (
     AlreadyExistsError,
     CapacityExceededError,
@@ -55,6 +54,8 @@ from trajflight.flight_server._store_shm import ShmBatch, ShmPut, ShmStoreMixin,
 from trajflight.flight_server._tombstones import Tombstones
 from trajflight.flight_server._wire import GroupRead, LeaseToken, ListCriteria
 from trajflight.flight_server._wire_bounds import echo
+from trajflight.keys import Partition
+from trajflight.units import format_size
 
 __all__ = ["GroupStore", "Reservation", "ShmBatch", "ShmPut", "StoreLimits", "StoredGroup"]
 
@@ -100,10 +101,10 @@ class GroupStore(ShmStoreMixin):
         self._shm_batches: dict[str, ShmBatch] = {}  # same-node batches reserved as one, by id
         self._clock = clock
         self._lock = threading.Lock()
-        self._groups: dict[GroupKey, StoredGroup] = {}
-        self._pending: dict[GroupKey, Reservation] = {}  # in-flight puts, by key
+        self._groups: dict[Partition, StoredGroup] = {}
+        self._pending: dict[Partition, Reservation] = {}  # in-flight puts, by key
         self._appends: set[int] = set()  # ids of in-flight append reservations
-        self._generation: dict[GroupKey, int] = {}
+        self._generation: dict[Partition, int] = {}
         self._tombstones = Tombstones()  # keys deleted here: a later (or in-flight) put of one is refused
         # Generations published in shared memory for same-host readers (see _fences); written under _lock.
         self.board = FenceBoard(arena.directory) if arena is not None else None
@@ -168,7 +169,7 @@ class GroupStore(ShmStoreMixin):
             state = self._jobs[job_id] = _JobState()
         return state
 
-    def _check_epoch(self, key: GroupKey, what: str) -> None:
+    def _check_epoch(self, key: Partition, what: str) -> None:
         state = self._jobs.get(key.job_id)
         if state is not None and key.epoch < state.min_epoch:
             raise StaleFenceError(
@@ -180,7 +181,7 @@ class GroupStore(ShmStoreMixin):
                 min_epoch=state.min_epoch,
             )
 
-    def _check_not_deleted(self, key: GroupKey) -> None:
+    def _check_not_deleted(self, key: Partition) -> None:
         """Refuse a put of a key this store deleted (see :mod:`._tombstones`). Caller holds the lock."""
         if key in self._tombstones:
             raise LeaseExpiredError(
@@ -190,7 +191,7 @@ class GroupStore(ShmStoreMixin):
                 **_kd(key),
             )
 
-    def _check_token(self, key: GroupKey, token: LeaseToken | None, what: str, *, required: bool) -> None:
+    def _check_token(self, key: Partition, token: LeaseToken | None, what: str, *, required: bool) -> None:
         if token is None:
             if required:
                 raise StaleFenceError(
@@ -209,7 +210,7 @@ class GroupStore(ShmStoreMixin):
                 highest=highest,
             )
 
-    def _check_schema(self, key: GroupKey, schema: pa.Schema) -> None:
+    def _check_schema(self, key: Partition, schema: pa.Schema) -> None:
         state = self._jobs.get(key.job_id)
         if state is None:
             return
@@ -226,7 +227,7 @@ class GroupStore(ShmStoreMixin):
     # -------------------------------------------------------------------------------------------- put
 
     def begin_put(
-        self, key: GroupKey, schema: pa.Schema | None, announced_bytes: int | None = None
+        self, key: Partition, schema: pa.Schema | None, announced_bytes: int | None = None
     ) -> Reservation:
         """Admit a put of ``key`` before its payload arrives; returns its reservation.
 
@@ -278,7 +279,7 @@ class GroupStore(ShmStoreMixin):
         self._pending[key] = res
         self._pending_groups += 1
 
-    def begin_puts(self, keys: Sequence[GroupKey], announced: Sequence[int]) -> list[Reservation]:
+    def begin_puts(self, keys: Sequence[Partition], announced: Sequence[int]) -> list[Reservation]:
         """:meth:`begin_put` of each key (schema None) with its announced bytes, all or none.
 
         The checks, their order and their errors are :meth:`begin_put`'s, group by group in the order
@@ -323,7 +324,7 @@ class GroupStore(ShmStoreMixin):
                 raise
             return out  # pragma: no cover - the check for the batch refuses only what one of these does
 
-    def _admits_all_locked(self, keys: Sequence[GroupKey], announced: Sequence[int], stranded: int) -> bool:
+    def _admits_all_locked(self, keys: Sequence[Partition], announced: Sequence[int], stranded: int) -> bool:
         """True when :meth:`begin_puts` admits every group: no epoch fenced, no key stored, being put or
         named twice, enough group slots, and the bytes fit (each, and in total). Caller holds the lock."""
         limits, stored, pending, jobs = self.limits, self._groups, self._pending, self._jobs
@@ -469,7 +470,7 @@ class GroupStore(ShmStoreMixin):
     # ----------------------------------------------------------------------------------------- append
 
     def begin_append(
-        self, key: GroupKey, token: LeaseToken, schema: pa.Schema, announced: int | None
+        self, key: Partition, token: LeaseToken, schema: pa.Schema, announced: int | None
     ) -> Reservation:
         """Admit a column append to ``key`` under ``token`` before its payload arrives.
 
@@ -489,7 +490,7 @@ class GroupStore(ShmStoreMixin):
             raise
         return res
 
-    def _check_append_locked(self, key: GroupKey, token: LeaseToken, schema: pa.Schema) -> StoredGroup:
+    def _check_append_locked(self, key: Partition, token: LeaseToken, schema: pa.Schema) -> StoredGroup:
         self._check_token(key, token, "column append", required=True)
         group = self._groups.get(key)
         if group is None:
@@ -604,7 +605,7 @@ class GroupStore(ShmStoreMixin):
             self._fenced_reads_locked(reads)
         return table
 
-    def _raise_locked(self, key: GroupKey, generation: int) -> None:
+    def _raise_locked(self, key: Partition, generation: int) -> None:
         """Raise ``key``'s highest generation to ``generation`` (never lowers it), on the board too.
 
         The board is written first: a failure there leaves the store's memory of the group unchanged."""
@@ -643,7 +644,7 @@ class GroupStore(ShmStoreMixin):
         self._bytes_read += sum(g.nbytes for g in groups)
         return groups
 
-    def get(self, key: GroupKey) -> StoredGroup:
+    def get(self, key: Partition) -> StoredGroup:
         """The stored group ``key`` (no fencing: metadata only). Raises :class:`NotFoundError`."""
         with self._lock:
             group = self._groups.get(key)

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from trajflight.codec import GroupKey
 from trajflight.errors import InvalidRequestError
 from trajflight.flight_server._shm import Segment
+from trajflight.keys import Partition
 
 if TYPE_CHECKING:
     from trajflight.flight_server._store import GroupStore
@@ -43,7 +43,7 @@ class StoredGroup:
         rows: The group's samples where ``view`` is None (else unused).
     """
 
-    key: GroupKey
+    key: Partition
     parts: tuple[pa.Table, ...]
     part_bytes: tuple[int, ...]
     view: pa.Table | None
@@ -128,7 +128,7 @@ class Reservation:
     """
 
     store: GroupStore
-    key: GroupKey
+    key: Partition
     counts_group: bool
     reserved: int = 0
     received: int = 0

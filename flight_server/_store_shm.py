@@ -21,24 +21,25 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from trajflight.codec import GroupKey, validate_group
+from trajflight.codec import validate_group
 from trajflight.errors import CapacityExceededError, InvalidRequestError, NotFoundError, SchemaError
 from trajflight.flight_server._shm import SLAB_ALIGN, Segment, ShmArena, size_class
 from trajflight.flight_server._store_records import Reservation, StoredGroup
 from trajflight.flight_server._wire import GroupRead
 from trajflight.flight_server._wire_bounds import echo
+from trajflight.keys import Partition
 
 __all__ = ["ShmBatch", "ShmPut", "ShmStoreMixin", "fmt_key", "key_fields"]
 
 T = TypeVar("T")
 
 
-def fmt_key(key: GroupKey) -> str:
+def fmt_key(key: Partition) -> str:
     """A group key for messages: ``('job', epoch 1, group 5)`` (a long job id cut, see ``echo``)."""
     return f"({echo(key.job_id)}, epoch {key.epoch}, group {key.group_id})"
 
 
-def key_fields(key: GroupKey) -> dict[str, Any]:
+def key_fields(key: Partition) -> dict[str, Any]:
     """A group key as error fields."""
     return {"job_id": key.job_id, "epoch": key.epoch, "group_id": key.group_id}
 
@@ -49,7 +50,7 @@ _kd = key_fields
 _KEY_NAMES = ("job_id", "epoch", "group_id")
 
 
-def _holds_keys(column: pa.Array, name: str, keys: Sequence[GroupKey], rows: Sequence[int]) -> bool:
+def _holds_keys(column: pa.Array, name: str, keys: Sequence[Partition], rows: Sequence[int]) -> bool:
     """Whether key column ``name`` (no nulls) holds the keys of groups ``keys`` of ``rows`` rows each, one
     after another. Raises OverflowError for a key beyond int64 (the caller then checks group by group)."""
     if name == "job_id":
@@ -123,8 +124,8 @@ class ShmStoreMixin:
     _shm_puts: dict[str, ShmPut]
     _shm_batches: dict[str, ShmBatch]
     _lock: Any
-    _groups: dict[GroupKey, StoredGroup]
-    _generation: dict[GroupKey, int]
+    _groups: dict[Partition, StoredGroup]
+    _generation: dict[Partition, int]
     schema: Any
     limits: Any
     _clock: Any
@@ -164,7 +165,7 @@ class ShmStoreMixin:
         return self.arena
 
     def begin_shm_put(
-        self, key: GroupKey, nbytes: int, *, writer: str = "", num_rows: int | None = None, ttl: float = 30.0
+        self, key: Partition, nbytes: int, *, writer: str = "", num_rows: int | None = None, ttl: float = 30.0
     ) -> ShmPut:
         """Reserve an arena segment for a same-node writer to fill with the group's IPC stream.
 
@@ -192,7 +193,7 @@ class ShmStoreMixin:
         return put
 
     def begin_shm_batch(
-        self, puts: Sequence[tuple[GroupKey, int]], nbytes: int, *, writer: str = "", ttl: float = 30.0
+        self, puts: Sequence[tuple[Partition, int]], nbytes: int, *, writer: str = "", ttl: float = 30.0
     ) -> list[ShmPut]:
         """Reserve one segment for several groups written as one IPC stream, one group after another.
 
@@ -219,7 +220,7 @@ class ShmStoreMixin:
 
     def reserve_shm_batch(
         self,
-        keys: Sequence[GroupKey],
+        keys: Sequence[Partition],
         rows: Sequence[int],
         nbytes: int,
         *,
@@ -242,7 +243,7 @@ class ShmStoreMixin:
         return batch
 
     def _reserve_shared(
-        self, keys: Sequence[GroupKey], rows: Sequence[int], nbytes: int, ttl: float
+        self, keys: Sequence[Partition], rows: Sequence[int], nbytes: int, ttl: float
     ) -> tuple[list[Reservation], Segment, list[int], float]:
         """Admit ``keys`` (each its share of a segment of ``nbytes``, by rows) and take the segment:
         ``(reservations, segment, shares, deadline)``."""
@@ -263,7 +264,7 @@ class ShmStoreMixin:
         return reservations, seg, shares, self._clock() + ttl
 
     def shm_put_inline(
-        self, key: GroupKey, data: bytes | bytearray, *, writer: str = "", num_rows: int | None = None
+        self, key: Partition, data: bytes | bytearray, *, writer: str = "", num_rows: int | None = None
     ) -> StoredGroup:
         """Store one group whose IPC stream the server received whole (a small same-node put).
 
@@ -449,7 +450,7 @@ class ShmStoreMixin:
         self,
         seg: Segment,
         table: pa.Table,
-        keys: Sequence[GroupKey],
+        keys: Sequence[Partition],
         rows: Sequence[int],
         shares: Sequence[int],
         writer: str,
@@ -473,7 +474,7 @@ class ShmStoreMixin:
             offset += n
         return out
 
-    def _validate_batch(self, table: pa.Table, keys: Sequence[GroupKey], rows: Sequence[int]) -> None:
+    def _validate_batch(self, table: pa.Table, keys: Sequence[Partition], rows: Sequence[int]) -> None:
         """``validate_group(full=True)`` of every group of a shared stream, in one pass.
 
         ``validate_group`` checks rows one by one (Arrow validity, schema, nulls, per-token lengths) plus
@@ -527,7 +528,7 @@ class ShmStoreMixin:
         return self._open_stream(put.res.key, put.segment, size, 0, announced)
 
     def _open_stream(
-        self, key: GroupKey, seg: Segment, size: int, start: int, num_rows: int | None
+        self, key: Partition, seg: Segment, size: int, start: int, num_rows: int | None
     ) -> pa.Table:
         """The IPC stream of ``size`` bytes at ``start`` of ``seg`` as a table aliasing it (no copy), with
         at least one sample and, when given, ``num_rows`` of them."""

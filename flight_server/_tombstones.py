@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from trajflight.codec import GroupKey
+from trajflight.keys import Partition
 
 __all__ = ["Tombstones"]
 
@@ -64,11 +64,11 @@ class Tombstones:
     def __init__(self) -> None:
         self._by_epoch: dict[tuple[str, int], _Ranges] = {}
 
-    def __contains__(self, key: GroupKey) -> bool:
+    def __contains__(self, key: Partition) -> bool:
         ranges = self._by_epoch.get((key.job_id, key.epoch))
         return ranges is not None and key.group_id in ranges
 
-    def add(self, key: GroupKey) -> None:
+    def add(self, key: Partition) -> None:
         """Remember that ``key`` was deleted (idempotent)."""
         ranges = self._by_epoch.get((key.job_id, key.epoch))
         if ranges is None:

@@ -29,7 +29,6 @@ from typing import Any
 
 import pyarrow.flight as flight
 
-from trajflight.codec import GroupKey
 from trajflight.errors import InvalidRequestError
 from trajflight.flight_server._wire_bounds import (
     ECHO_CHARS,
@@ -63,6 +62,7 @@ from trajflight.flight_server._wire_records import (
     ShmReserveRequest,
     TokenSigner,
 )
+from trajflight.keys import Partition
 
 __all__ = [
     "WIRE_VERSION",
@@ -117,7 +117,7 @@ def encode_json(body: Mapping[str, Any]) -> bytes:
     return json.dumps({"v": WIRE_VERSION, **body}, separators=(",", ":")).encode()
 
 
-def _key_dict(key: GroupKey) -> dict[str, Any]:
+def _key_dict(key: Partition) -> dict[str, Any]:
     return {"job_id": key.job_id, "epoch": key.epoch, "group_id": key.group_id}
 
 
@@ -235,7 +235,7 @@ def encode(record: object) -> bytes:
     return _encode(record)
 
 
-def group_descriptor(key: GroupKey) -> flight.FlightDescriptor:
+def group_descriptor(key: Partition) -> flight.FlightDescriptor:
     """The path descriptor ``[job_id, epoch, group_id]`` under which ``list_flights`` shows a group."""
     return flight.FlightDescriptor.for_path(key.job_id, str(key.epoch), str(key.group_id))
 
@@ -248,8 +248,8 @@ def _load(data: bytes | bytearray, what: str) -> dict[str, Any]:
     return body
 
 
-def _key(body: Mapping[str, Any], what: str) -> GroupKey:
-    return GroupKey(
+def _key(body: Mapping[str, Any], what: str) -> Partition:
+    return Partition(
         req_name(body, "job_id", what), req_int(body, "epoch", what), req_int(body, "group_id", what)
     )
 
@@ -288,7 +288,7 @@ def _batch_reads(batch: object, what: str) -> tuple[GroupRead, ...]:
             f"{what}: 'batch' needs as many group_ids as generations (at least one)", field="batch"
         )
     return tuple(
-        GroupRead(GroupKey(job_id, epoch, g), LeaseToken(n))
+        GroupRead(Partition(job_id, epoch, g), LeaseToken(n))
         for g, n in zip(group_ids, generations, strict=True)
     )
 
@@ -320,7 +320,7 @@ def _reads(body: Mapping[str, Any], what: str) -> tuple[GroupRead, ...]:
             )
         ):
             token = None if generation is None else LeaseToken(generation, sig)
-            out.append(GroupRead(GroupKey(job_id, epoch, group_id), token))
+            out.append(GroupRead(Partition(job_id, epoch, group_id), token))
             continue
         out.append(GroupRead(_key(entry, f"{what} groups[{i}]"), _token(entry, f"{what} groups[{i}]")))
     return tuple(out)
@@ -339,7 +339,7 @@ def _path_int(part: bytes, name: str, what: str) -> int:
     return value
 
 
-def _path(path: Iterable[bytes], what: str) -> GroupKey | PutDescriptor:
+def _path(path: Iterable[bytes], what: str) -> Partition | PutDescriptor:
     """``[job_id, epoch, group_id]`` (a group), or ``[job_id, epoch, group_id, num_rows]`` (a bare put)."""
     parts = list(path)
     if len(parts) not in (3, 4):
@@ -359,7 +359,7 @@ def _path(path: Iterable[bytes], what: str) -> GroupKey | PutDescriptor:
             f"{what}: path job_id must have 1 to {MAX_NAME_CHARS} characters, got {len(job_id)}",
             field="job_id",
         )
-    key = GroupKey(job_id, _path_int(parts[1], "epoch", what), _path_int(parts[2], "group_id", what))
+    key = Partition(job_id, _path_int(parts[1], "epoch", what), _path_int(parts[2], "group_id", what))
     if len(parts) == 3:
         return key
     return PutDescriptor(key, writer="bare", num_rows=_path_int(parts[3], "num_rows", what))
@@ -383,13 +383,13 @@ def _decode_put(
 
 def decode_descriptor(
     descriptor: flight.FlightDescriptor,
-) -> PutDescriptor | PutManyDescriptor | AppendDescriptor | GroupKey:
+) -> PutDescriptor | PutManyDescriptor | AppendDescriptor | Partition:
     """Decode a Flight descriptor.
 
     Returns:
         A :class:`PutDescriptor`, :class:`PutManyDescriptor` or :class:`AppendDescriptor` for command
         descriptors of kind ``put`` / ``put_many`` / ``append``, and a :class:`PutDescriptor` (writer
-        ``"bare"``) for a path ``[job_id, epoch, group_id, num_rows]``; a :class:`GroupKey` for kind
+        ``"bare"``) for a path ``[job_id, epoch, group_id, num_rows]``; a :class:`Partition` for kind
         ``group`` or a path ``[job_id, epoch, group_id]`` (a ``get_flight_info``).
 
     Raises:

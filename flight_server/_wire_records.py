@@ -13,8 +13,8 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 
-from trajflight.codec import GroupKey
 from trajflight.errors import InvalidRequestError
+from trajflight.keys import Partition
 
 __all__ = [
     "AppendDescriptor",
@@ -67,7 +67,7 @@ class PutDescriptor:
         sig: Hex HMAC from :meth:`TokenSigner.sign_put`, required where the server has a secret.
     """
 
-    key: GroupKey
+    key: Partition
     writer: str = ""
     nbytes: int | None = None
     num_rows: int | None = None
@@ -100,7 +100,7 @@ class AppendDescriptor:
         nbytes: Announced size of the new columns, optional.
     """
 
-    key: GroupKey
+    key: Partition
     token: LeaseToken
     nbytes: int | None = None
 
@@ -109,7 +109,7 @@ class AppendDescriptor:
 class GroupRead:
     """One group named by a ticket, with the reader's lease token when the group is leased."""
 
-    key: GroupKey
+    key: Partition
     token: LeaseToken | None = None
 
 
@@ -214,10 +214,10 @@ class ShmBatchReserveRequest:
     writer: str = ""
     ttl: float | None = None
 
-    def keys(self) -> list[GroupKey]:
+    def keys(self) -> list[Partition]:
         """The groups' partition keys, in stream order."""
         job_id, epoch = self.job_id, self.epoch
-        return [GroupKey(job_id, epoch, g) for g in self.group_ids]
+        return [Partition(job_id, epoch, g) for g in self.group_ids]
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,11 +273,11 @@ class TokenSigner:
         message = "\x1f".join(str(p) for p in parts).encode()
         return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
 
-    def sign_put(self, key: GroupKey) -> str:
+    def sign_put(self, key: Partition) -> str:
         """Signature letting a writer put ``key`` (bound to job, epoch and group)."""
         return self._sign("put", key.job_id, key.epoch, key.group_id)
 
-    def sign_lease(self, key: GroupKey, generation: int) -> str:
+    def sign_lease(self, key: Partition, generation: int) -> str:
         """Signature of the lease token of ``key`` at ``generation``."""
         return self._sign("lease", key.job_id, key.epoch, key.group_id, generation)
 
@@ -285,7 +285,7 @@ class TokenSigner:
         """Signature of a fence of ``job_id`` below ``min_epoch``."""
         return self._sign("fence", job_id, min_epoch)
 
-    def lease_token(self, key: GroupKey, generation: int) -> LeaseToken:
+    def lease_token(self, key: Partition, generation: int) -> LeaseToken:
         """A signed :class:`LeaseToken` for ``key``."""
         return LeaseToken(generation, self.sign_lease(key, generation))
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from trajflight._units import format_size, parse_duration, parse_size
 from trajflight.errors import ConfigError
+from trajflight.units import format_size, parse_duration, parse_size
 
 
 @pytest.mark.parametrize(

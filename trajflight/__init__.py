@@ -32,6 +32,7 @@ _LAZY = {
     "fetch_table": "trajflight._lease",
     "BatchHandle": "trajflight._handles",
     "GroupInfo": "trajflight.controller",
+    "Partition": "trajflight.keys",
 }
 
 __all__ = ["__version__", *sorted(_LAZY)]

@@ -27,7 +27,7 @@ import pyarrow as pa
 from trajflight._lease import Renewals
 from trajflight._storage import ID_SLACK, StoragePool, Transport, with_key
 from trajflight._trainer import FENCE_TIMEOUT, Trainer
-from trajflight.codec import EncodedGroups, GroupKey, encode_group, encode_groups
+from trajflight.codec import EncodedGroups, encode_group, encode_groups
 from trajflight.controller import (
     ControllerClient,
     GroupInfo,
@@ -35,11 +35,11 @@ from trajflight.controller import (
     JobConfig,
     LostGroup,
     OldReady,
-    Partition,
     Publication,
     PutGrant,
 )
 from trajflight.errors import CapacityExceededError, DeadlineExceededError, InvalidRequestError
+from trajflight.keys import Partition
 
 __all__ = ["Client", "Trainer", "Writer", "connect"]
 
@@ -383,7 +383,7 @@ class Writer:
             raise InvalidRequestError("pass either a record batch or the group's columns, not both")
         nbytes = _stored_bytes(batch) + (ID_SLACK * batch.num_rows if default_ids else 0)
         grant = self._allocate(nbytes, deadline)
-        key = GroupKey(*grant.partition)
+        key = Partition(*grant.partition)
         batch = with_key(batch, key, default_ids=default_ids)
         self.client.storage.put_group(
             grant.location, key, batch, writer=self.writer_id, timeout=max(0.001, deadline - time.monotonic())
@@ -504,11 +504,11 @@ class Writer:
                 for n, b, d in zip(sizes, groups, default_ids, strict=True)
             ]
         grants = self._allocate_many(sizes, deadline)
-        by_location: dict[str, list[tuple[GroupKey, pa.RecordBatch]]] = {}
+        by_location: dict[str, list[tuple[Partition, pa.RecordBatch]]] = {}
         flags: dict[str, list[bool]] = {}
         for i, (grant, batch) in enumerate(zip(grants, groups, strict=True)):
             # Key columns are set by the storage pool (on the joined batch, where it joins them).
-            by_location.setdefault(grant.location, []).append((GroupKey(*grant.partition), batch))
+            by_location.setdefault(grant.location, []).append((Partition(*grant.partition), batch))
             flags.setdefault(grant.location, []).append(bool(default_ids) and default_ids[i])
         for location, placed in by_location.items():
             self.client.storage.put_groups(
@@ -520,7 +520,7 @@ class Writer:
                 default_ids=flags[location],
             )
         # Every group is stored: publish them all in one controller operation (all of them or none).
-        columns = tuple(with_key(groups[0].slice(0, 0), GroupKey(self.job_id, self.epoch, 0)).schema.names)
+        columns = tuple(with_key(groups[0].slice(0, 0), Partition(self.job_id, self.epoch, 0)).schema.names)
         figures = _group_figures(encoded, self.policy_version) if encoded is not None else None
         items = [
             Publication(

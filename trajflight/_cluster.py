@@ -34,10 +34,10 @@ from typing import IO, Any
 from trajflight._client import Client
 from trajflight._control import ControlServer, host_identity
 from trajflight._storage import StoragePool, Transport
-from trajflight._units import parse_size
 from trajflight.controller import ControllerClient, LocalController, LocalTransport
 from trajflight.errors import ConfigError, UnavailableError
 from trajflight.flight_server._shm import sweep_dead_arenas
+from trajflight.units import parse_size
 
 __all__ = ["LocalCluster"]
 

@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from trajflight._units import format_size
 from trajflight.codec import decode, decode_numpy
+from trajflight.units import format_size
 from trajflight.workload import make_workload
 
 

@@ -27,10 +27,10 @@ import pyarrow as pa
 
 from trajflight._handles import BatchHandle
 from trajflight._storage import StoragePool, read_handle
-from trajflight.codec import GroupKey, Layout, TorchBatch, decode
-from trajflight.controller import Partition
+from trajflight.codec import Layout, TorchBatch, decode
 from trajflight.errors import InvalidStateError, LeaseExpiredError, TrajflightError
 from trajflight.flight_server import LeaseToken, ShmOpened
+from trajflight.keys import Partition
 
 if TYPE_CHECKING:
     from trajflight._client import Client
@@ -237,7 +237,7 @@ class LeasedBatch:
         if meta is None:
             raise InvalidStateError(f"group {tuple(part)} is not part of lease {self.token}")
         self.client.storage.client(meta.location).append_columns(
-            GroupKey(*part), columns, LeaseToken(meta.generation)
+            Partition(*part), columns, LeaseToken(meta.generation)
         )
         self._opened.pop(meta.location, None)  # the group has a new part: read it through the server
 

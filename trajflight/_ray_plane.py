@@ -39,7 +39,6 @@ from typing import Any
 
 from trajflight._client import Client
 from trajflight._storage import StoragePool
-from trajflight._units import parse_size
 from trajflight.controller import ControllerClient, DeleteWork, FenceWork, RayTransport
 from trajflight.controller._client import import_ray
 from trajflight.controller._ray_host import DEFAULT_NAME, start_ray_actor
@@ -50,6 +49,7 @@ from trajflight.errors import (
     NotFoundError,
     UnavailableError,
 )
+from trajflight.units import parse_size
 
 __all__ = [
     "SCHEME",

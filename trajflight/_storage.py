@@ -28,13 +28,13 @@ import numpy as np
 import pyarrow as pa
 
 from trajflight._handles import BatchHandle
-from trajflight.codec import GroupKey
 from trajflight.codec._encode import default_sample_ids
 from trajflight.controller import DeleteWork, FenceWork
 from trajflight.errors import ConfigError, DeadlineExceededError, InvalidRequestError
 from trajflight.flight_server import GroupRead, LeaseToken, ShmOpened, StorageClient
 from trajflight.flight_server._segments import join_batches
 from trajflight.flight_server._shm import host_id
+from trajflight.keys import Partition
 
 T = TypeVar("T")
 
@@ -122,7 +122,7 @@ class StoragePool:
         return use
 
     def put_group(
-        self, location: str, key: GroupKey, batch: pa.RecordBatch, *, writer: str, timeout: float
+        self, location: str, key: Partition, batch: pa.RecordBatch, *, writer: str, timeout: float
     ) -> None:
         """Put one group on the server at ``location`` through shared memory or Flight (see the module
         docstring). Raises like :meth:`StorageClient.put_group`."""
@@ -135,7 +135,7 @@ class StoragePool:
     def put_groups(
         self,
         location: str,
-        groups: Sequence[tuple[GroupKey, pa.RecordBatch]],
+        groups: Sequence[tuple[Partition, pa.RecordBatch]],
         *,
         writer: str,
         timeout: float,
@@ -206,7 +206,7 @@ class StoragePool:
         A group the server no longer has counts as deleted. Raises on failure: the controller keeps the
         group on its GC list and retries.
         """
-        read = GroupRead(GroupKey(*work.partition), LeaseToken(work.token))
+        read = GroupRead(Partition(*work.partition), LeaseToken(work.token))
         self.client(work.location).delete([read])
 
     def fence_groups(self, work: Sequence[FenceWork]) -> None:
@@ -219,7 +219,7 @@ class StoragePool:
         """
         if not work:
             return
-        reads = [GroupRead(GroupKey(*w.partition), LeaseToken(w.generation)) for w in work]
+        reads = [GroupRead(Partition(*w.partition), LeaseToken(w.generation)) for w in work]
         self.client(work[0].location).advance_generation(reads)
 
     def fence(self, locations: Iterable[str], job_id: str, min_epoch: int) -> None:
@@ -308,7 +308,7 @@ def _set_keys(
     return batch
 
 
-def with_key(batch: pa.RecordBatch, key: GroupKey, *, default_ids: bool = False) -> pa.RecordBatch:
+def with_key(batch: pa.RecordBatch, key: Partition, *, default_ids: bool = False) -> pa.RecordBatch:
     """The group with its key columns set to ``key`` (a writer builds it before the controller names it).
 
     Other columns are not copied; the key columns are new arrays (the job's and epoch's are shared by the
@@ -337,7 +337,7 @@ def _constant_keys(job_id: str, epoch: int, rows: int) -> tuple[pa.Array, pa.Arr
 
 def joined_with_keys(
     batches: Sequence[pa.RecordBatch],
-    keys: Sequence[GroupKey],
+    keys: Sequence[Partition],
     *,
     joined: pa.RecordBatch | None = None,
     default_ids: Sequence[bool] = (),
@@ -397,7 +397,7 @@ def _by_location(handle: BatchHandle) -> dict[str, list[Any]]:
 
 def _lease_reads(groups: Sequence[Any]) -> list[GroupRead]:
     """Reads of leased groups, each under its lease generation."""
-    return [GroupRead(GroupKey(*g.partition), LeaseToken(g.generation)) for g in groups]
+    return [GroupRead(Partition(*g.partition), LeaseToken(g.generation)) for g in groups]
 
 
 def _reads_of(groups: Sequence[Any], opened: ShmOpened | None) -> Sequence[GroupRead]:

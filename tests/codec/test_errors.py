@@ -7,8 +7,9 @@ import pyarrow as pa
 import pytest
 import torch
 
-from trajflight.codec import STANDARD_SCHEMA, DoublyRagged, GroupKey, Padded, encode_group, validate_group
+from trajflight.codec import STANDARD_SCHEMA, DoublyRagged, Padded, encode_group, validate_group
 from trajflight.errors import SchemaError
+from trajflight.keys import Partition
 
 from .conftest import ragged
 
@@ -496,8 +497,8 @@ def _group(**overrides) -> pa.RecordBatch:
 
 
 def test_validate_accepts_a_good_group_and_returns_its_key():
-    assert validate_group(_group()) == GroupKey("j", 1, 3)
-    assert validate_group(_group(), expect=GroupKey("j", 1, 3)) == GroupKey("j", 1, 3)
+    assert validate_group(_group()) == Partition("j", 1, 3)
+    assert validate_group(_group(), expect=Partition("j", 1, 3)) == Partition("j", 1, 3)
 
 
 def test_validate_refuses_samples_of_different_groups():
@@ -525,7 +526,7 @@ def test_validate_refuses_samples_of_different_groups():
 
 def test_validate_refuses_a_group_meant_for_another_partition():
     with pytest.raises(SchemaError, match="'epoch' row 0 is 1, expected 2"):
-        validate_group(_group(), expect=GroupKey("j", 2, 3))
+        validate_group(_group(), expect=Partition("j", 2, 3))
 
 
 def test_validate_refuses_missing_and_mistyped_columns():

@@ -27,7 +27,6 @@ from hypothesis import strategies as st
 from trajflight import workload
 from trajflight.codec import (
     STANDARD_SCHEMA,
-    GroupKey,
     TrajectorySchema,
     _validate,
     decode,
@@ -36,6 +35,7 @@ from trajflight.codec import (
 )
 from trajflight.codec._validate import check_ragged_lengths
 from trajflight.errors import SchemaError
+from trajflight.keys import Partition
 
 
 def _custom_schema() -> TrajectorySchema:
@@ -103,7 +103,7 @@ _JUNK: dict[str, list[Any]] = {
 @st.composite
 def groups(
     draw: st.DrawFn, *, without_candidates: bool = False
-) -> tuple[pa.RecordBatch, TrajectorySchema, GroupKey | None]:
+) -> tuple[pa.RecordBatch, TrajectorySchema, Partition | None]:
     """A batch (mostly one group, sometimes several or a slice), its schema and the key to expect;
     ``without_candidates``: always top-p columns, always with null rows (:func:`_samples_without_candidates`).
     """
@@ -208,7 +208,7 @@ def groups(
     if expect == "none":
         return batch, schema, None
     first = batch.column("group_id")[0].as_py() if batch.num_rows else None
-    key = GroupKey(job, 1, 5 if first is None else first)
+    key = Partition(job, 1, 5 if first is None else first)
     if expect == "wrong":
         field = draw(st.sampled_from(["job_id", "epoch", "group_id"]))
         key = key._replace(**{field: "jx" if field == "job_id" else getattr(key, field) + 1})
@@ -316,8 +316,8 @@ def test_a_valid_group_from_ipc_passes_on_the_cheap_checks_alone(top_p):
     """What keeps a server's validation cheap: no pyarrow.compute pass for a group that is fine."""
     group = _ipc(workload.make_workload(2, 8, seed=0, top_p=top_p)[1].encode("job", 1))
     with _precise_checks_forbidden():
-        assert validate_group(group, expect=GroupKey("job", 1, 1)) == GroupKey("job", 1, 1)
-        assert validate_group(group) == GroupKey("job", 1, 1)
+        assert validate_group(group, expect=Partition("job", 1, 1)) == Partition("job", 1, 1)
+        assert validate_group(group) == Partition("job", 1, 1)
 
 
 def test_a_wrong_key_in_the_last_row_of_a_large_batch_is_named():
@@ -327,7 +327,7 @@ def test_a_wrong_key_in_the_last_row_of_a_large_batch_is_named():
     index = whole.schema.get_field_index("epoch")
     whole = _ipc(whole.set_column(index, whole.schema.field(index), epochs))
     with pytest.raises(SchemaError, match=r"'epoch' row 63 is 2, expected 1") as info:
-        validate_group(whole, expect=GroupKey("job", 1, 0))
+        validate_group(whole, expect=Partition("job", 1, 0))
     assert (info.value.column, info.value.row) == ("epoch", 63)
 
 
@@ -336,10 +336,10 @@ def test_a_dictionary_encoded_job_id_is_checked_like_a_string(many):
     group = workload.make_workload(1, 4, seed=0)[0].encode("job", 1)
     index = group.schema.get_field_index("job_id")
     encoded = group.set_column(index, "job_id", _dictionary(group.column("job_id"), many=many))
-    assert validate_group(encoded) == GroupKey("job", 1, 0)
-    assert validate_group(_ipc(encoded), expect=GroupKey("job", 1, 0)) == GroupKey("job", 1, 0)
+    assert validate_group(encoded) == Partition("job", 1, 0)
+    assert validate_group(_ipc(encoded), expect=Partition("job", 1, 0)) == Partition("job", 1, 0)
     with pytest.raises(SchemaError, match=r"'job_id' row 0 is 'job', expected 'other'"):
-        validate_group(encoded, expect=GroupKey("other", 1, 0))
+        validate_group(encoded, expect=Partition("other", 1, 0))
 
 
 def test_the_second_group_of_a_sliced_batch_validates_with_its_own_key():
@@ -347,9 +347,9 @@ def test_the_second_group_of_a_sliced_batch_validates_with_its_own_key():
     a, b = (g.encode("job", 3) for g in workload.make_workload(2, 4, seed=1))
     second = pa.concat_batches([a, b]).slice(a.num_rows)
     assert second.column("response_ids").offsets[0].as_py() > 0
-    assert validate_group(second, expect=GroupKey("job", 3, 1)) == GroupKey("job", 3, 1)
+    assert validate_group(second, expect=Partition("job", 3, 1)) == Partition("job", 3, 1)
     with pytest.raises(SchemaError, match=r"'group_id' row 0 is 1, expected 0"):
-        validate_group(second, expect=GroupKey("job", 3, 0))
+        validate_group(second, expect=Partition("job", 3, 0))
 
 
 @pytest.mark.parametrize("repeated", ["top_p_probs", "loss_mask", "reward", "epoch"])
@@ -363,7 +363,7 @@ def test_a_repeated_column_name_gives_what_the_precise_checks_give(repeated, bad
         group = group.set_column(index, "response_logprobs", short)
     group = group.append_column(repeated, group.column(repeated))
     for call in (
-        lambda: validate_group(group, expect=GroupKey("job", 1, 0)),
+        lambda: validate_group(group, expect=Partition("job", 1, 0)),
         lambda: check_ragged_lengths(group),
     ):
         cheap = _outcome(call)
@@ -377,11 +377,11 @@ def test_a_repeated_column_name_is_a_schema_error_naming_it():
     twice = group.append_column("reward", group.column("reward"))
     for checks in (contextlib.nullcontext(), _precise_only()):
         with checks, pytest.raises(SchemaError, match="'reward' appears more than once") as info:
-            validate_group(twice, expect=GroupKey("job", 1, 0))
+            validate_group(twice, expect=Partition("job", 1, 0))
         assert info.value.column == "reward"
 
 
-@pytest.mark.parametrize("expect", [None, GroupKey("job", 1, 0)], ids=["no-expect", "expect"])
+@pytest.mark.parametrize("expect", [None, Partition("job", 1, 0)], ids=["no-expect", "expect"])
 def test_a_null_key_in_a_schema_that_allows_it_is_a_schema_error_naming_the_row(expect):
     """Regression: with nullable key columns (a custom schema), a null first key raised a TypeError."""
     group = workload.make_workload(1, 4, seed=0)[0].encode("job", 1)
@@ -410,7 +410,7 @@ def test_nulls_in_several_columns_name_the_first_in_column_order():
         )
     for checks in (contextlib.nullcontext(), _precise_only()):
         with checks, pytest.raises(SchemaError, match="'sample_index' row 1 is null"):
-            validate_group(group, expect=GroupKey("job", 1, 0))
+            validate_group(group, expect=Partition("job", 1, 0))
 
 
 def _with_null(
@@ -458,7 +458,7 @@ def test_a_null_entry_inside_a_standard_ragged_row_is_refused_naming_row_and_ent
         for full in (True, False):  # not Arrow's structural validation: refused either way
             for checks in (contextlib.nullcontext(), _precise_only()):
                 with checks, pytest.raises(SchemaError, match=f"column {name!r} {message}") as info:
-                    validate_group(batch, expect=GroupKey("job", 1, 0), full=full)
+                    validate_group(batch, expect=Partition("job", 1, 0), full=full)
                 assert (info.value.column, info.value.row) == (name, 2)
 
 
@@ -474,8 +474,8 @@ def test_null_entries_in_user_ragged_columns_are_kept():
     )
     for checks in (contextlib.nullcontext(), _precise_only()):
         with checks:
-            assert validate_group(group, schema, expect=GroupKey("job", 1, 0)) == GroupKey("job", 1, 0)
-            assert validate_group(_ipc(group), schema) == GroupKey("job", 1, 0)
+            assert validate_group(group, schema, expect=Partition("job", 1, 0)) == Partition("job", 1, 0)
+            assert validate_group(_ipc(group), schema) == Partition("job", 1, 0)
 
 
 def test_nulls_outside_every_row_are_not_refused():
@@ -498,8 +498,8 @@ def test_nulls_outside_every_row_are_not_refused():
     b = b.set_column(index + 1, b.schema.field(index + 1), probs.cast(b.schema.field(index + 1).type))
     for checks in (contextlib.nullcontext(), _precise_only()):
         with checks:
-            assert validate_group(second, expect=GroupKey("job", 1, 1)) == GroupKey("job", 1, 1)
-            assert validate_group(b, expect=GroupKey("job", 1, 1)) == GroupKey("job", 1, 1)
+            assert validate_group(second, expect=Partition("job", 1, 1)) == Partition("job", 1, 1)
+            assert validate_group(b, expect=Partition("job", 1, 1)) == Partition("job", 1, 1)
     decode(second)
 
 
@@ -516,7 +516,7 @@ def test_a_null_top_p_row_that_encode_group_writes_is_valid():
     assert batch.column("top_p_ids").null_count == 1
     for checks in (contextlib.nullcontext(), _precise_only()):
         with checks:
-            assert validate_group(_ipc(batch), expect=GroupKey("job", 1, 0)) == GroupKey("job", 1, 0)
+            assert validate_group(_ipc(batch), expect=Partition("job", 1, 0)) == Partition("job", 1, 0)
     top = decode(batch).doubly_ragged["top_p_ids"]
     lengths = (top.outer_offsets[1:] - top.outer_offsets[:-1]).tolist()
     responses = [len(r) for r in batch.column("response_ids").to_pylist()]
@@ -550,7 +550,7 @@ def test_a_sample_without_candidates_in_one_top_p_column_only_is_refused(name, o
         for full in (True, False):  # not Arrow's structural validation: refused either way
             for checks in (contextlib.nullcontext(), _precise_only()):
                 with checks, pytest.raises(SchemaError, match=message) as info:
-                    validate_group(batch, expect=GroupKey("job", 1, 0), full=full)
+                    validate_group(batch, expect=Partition("job", 1, 0), full=full)
                 assert "both must be None for the same samples" in str(info.value)
                 assert (info.value.column, info.value.row) == (name, row)
 
@@ -563,7 +563,7 @@ def test_top_p_columns_null_for_the_same_samples_pass_and_a_slice_is_judged_on_i
     both = _without_candidates(_without_candidates(both, "top_p_ids", {0, 4}), "top_p_probs", {0, 4})
     apart = _without_candidates(both, "top_p_ids", {1})  # in a's rows only
     second = _without_candidates(apart, "top_p_probs", {5}).slice(3)  # and in b's row 2
-    keys = GroupKey("job", 1, 0), GroupKey("job", 1, 1)
+    keys = Partition("job", 1, 0), Partition("job", 1, 1)
     for checks in (contextlib.nullcontext(), _precise_only()):
         with checks:
             assert validate_group(_ipc(both.slice(0, 3)), expect=keys[0]) == keys[0]
@@ -591,7 +591,7 @@ def test_one_top_p_column_alone_may_have_samples_without_candidates():
     for checks in (contextlib.nullcontext(), _precise_only()):
         with checks:
             for batch in (alone, built):
-                assert validate_group(_ipc(batch), expect=GroupKey("job", 1, 0)) == GroupKey("job", 1, 0)
+                assert validate_group(_ipc(batch), expect=Partition("job", 1, 0)) == Partition("job", 1, 0)
 
 
 def _edited(group: pa.RecordBatch, **rows: list[Any]) -> pa.RecordBatch:
@@ -612,7 +612,7 @@ def test_samples_without_candidates_pass_on_the_cheap_checks_alone(rows):
     second = pa.concat_batches([group, holed]).slice(group.num_rows)  # bitmaps and offsets mid-buffer
     with _precise_checks_forbidden():
         for batch in (_ipc(holed), holed, second, _ipc(second)):
-            assert validate_group(batch, expect=GroupKey("job", 1, 0)) == GroupKey("job", 1, 0)
+            assert validate_group(batch, expect=Partition("job", 1, 0)) == Partition("job", 1, 0)
             check_ragged_lengths(batch)
 
 
@@ -689,12 +689,12 @@ def test_groups_with_samples_without_candidates_get_the_precise_verdict(edit, me
     assert group.column("top_p_ids").null_count
     assert group.column("top_p_probs").null_count
     for batch in (group, _ipc(group)):
-        call = partial(validate_group, batch, expect=GroupKey("job", 1, 0))
+        call = partial(validate_group, batch, expect=Partition("job", 1, 0))
         cheap = _outcome(call)
         with _precise_only():
             assert cheap == _outcome(call)
         if message is None:
-            assert cheap == ("returned", GroupKey("job", 1, 0))
+            assert cheap == ("returned", Partition("job", 1, 0))
         else:
             with pytest.raises(SchemaError, match=message):
-                validate_group(batch, expect=GroupKey("job", 1, 0))
+                validate_group(batch, expect=Partition("job", 1, 0))

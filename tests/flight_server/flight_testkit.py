@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from trajflight.codec import GroupKey
 from trajflight.flight_server import StorageClient, StorageServer, StoreLimits
+from trajflight.keys import Partition
 
 
 def _ragged(rng: np.random.Generator, lengths: np.ndarray, dtype: str) -> pa.ListArray:
@@ -34,7 +34,7 @@ def _ragged(rng: np.random.Generator, lengths: np.ndarray, dtype: str) -> pa.Lis
 
 
 def make_group(
-    key: GroupKey, k: int = 8, *, seed: int = 0, response_len: int = 64, fixed: bool = False
+    key: Partition, k: int = 8, *, seed: int = 0, response_len: int = 64, fixed: bool = False
 ) -> pa.RecordBatch:
     """One valid trajectory group of ``k`` samples for ``key`` (standard columns, seeded).
 
@@ -95,7 +95,7 @@ def server_process(*args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
         proc.stderr.close()  # type: ignore[union-attr]
 
 
-def slow_writer(location: str, key: GroupKey, rows_first: int, ready: object) -> None:
+def slow_writer(location: str, key: Partition, rows_first: int, ready: object) -> None:
     """Child process target: starts a put, sends part of the group, then hangs until killed.
 
     The client is created here, after the process started (gRPC is not fork-safe).
@@ -116,7 +116,7 @@ def slow_writer(location: str, key: GroupKey, rows_first: int, ready: object) ->
 
 
 def dying_writer(
-    location: str, key: GroupKey, descriptor: tuple[str, object], rows: int, ready: object
+    location: str, key: Partition, descriptor: tuple[str, object], rows: int, ready: object
 ) -> None:
     """Child process target: a raw Flight put that sends ``rows`` of an 8-row group one row per batch
     (until the server refuses it), without ``done_writing()``, then hangs until killed (a writer that

@@ -9,12 +9,12 @@ from collections.abc import Iterator
 
 from flight_testkit import make_group
 
-from trajflight.codec import GroupKey
 from trajflight.flight_server import ShmArena, StorageClient, StorageServer, StoreLimits
 from trajflight.flight_server._wire import PutDescriptor, ShmReserveRequest, encode
+from trajflight.keys import Partition
 
 
-def killed_writer(location: str, key: GroupKey, ready: object, ttl: float = 1.0) -> None:
+def killed_writer(location: str, key: Partition, ready: object, ttl: float = 1.0) -> None:
     """Reserve a segment for ``key`` asking for a ``ttl`` s deadline, write half a group's worth of
     bytes, hang.
 

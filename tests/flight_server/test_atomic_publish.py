@@ -12,12 +12,12 @@ import pyarrow.flight as flight
 import pytest
 from flight_testkit import make_group, serving, slow_writer
 
-from trajflight.codec import GroupKey
 from trajflight.errors import AlreadyExistsError, CapacityExceededError, NotFoundError, SchemaError
 from trajflight.flight_server import GroupRead, LeaseToken, PutDescriptor, StoreLimits
 from trajflight.flight_server._wire import PutManyDescriptor, encode
+from trajflight.keys import Partition
 
-KEY = GroupKey("job-a", 0, 1)
+KEY = Partition("job-a", 0, 1)
 
 
 def _wait_for(predicate, timeout: float = 10.0) -> None:
@@ -67,19 +67,19 @@ def test_a_stream_cut_short_of_its_announced_rows_is_refused():
 
 
 def test_capacity_refusal_carries_a_retry_hint_and_recovers_after_delete():
-    groups = {g: make_group(GroupKey("job-a", 0, g), response_len=256, fixed=True) for g in range(3)}
+    groups = {g: make_group(Partition("job-a", 0, g), response_len=256, fixed=True) for g in range(3)}
     limit = int(groups[0].nbytes * 2.5)
     with serving(StoreLimits(capacity_bytes=limit, retry_after=0.25)) as (_, client):
-        client.put_group(GroupKey("job-a", 0, 0), groups[0])
-        client.put_group(GroupKey("job-a", 0, 1), groups[1])
+        client.put_group(Partition("job-a", 0, 0), groups[0])
+        client.put_group(Partition("job-a", 0, 1), groups[1])
         with pytest.raises(CapacityExceededError, match="server full") as info:
-            client.put_group(GroupKey("job-a", 0, 2), groups[2])
+            client.put_group(Partition("job-a", 0, 2), groups[2])
         assert info.value.retry_after == 0.25
         stats = client.stats()
         assert (stats["groups"], stats["reserved_bytes"]) == (2, 0)
-        freed = client.delete([GroupRead(GroupKey("job-a", 0, 0), LeaseToken(1))])
+        freed = client.delete([GroupRead(Partition("job-a", 0, 0), LeaseToken(1))])
         assert freed["bytes_freed"] > 0
-        client.put_group(GroupKey("job-a", 0, 2), groups[2])
+        client.put_group(Partition("job-a", 0, 2), groups[2])
         assert client.stats()["groups"] == 2
 
 
@@ -103,13 +103,13 @@ def test_capacity_is_checked_as_an_unannounced_stream_arrives():
 def test_group_count_is_bounded_too():
     with serving(StoreLimits(capacity_groups=1)) as (_, client):
         client.put_group(KEY, make_group(KEY))
-        other = GroupKey("job-a", 0, 2)
+        other = Partition("job-a", 0, 2)
         with pytest.raises(CapacityExceededError, match="1 of 1 groups"):
             client.put_group(other, make_group(other))
 
 
 def test_put_groups_publishes_many_groups_in_one_stream():
-    keys = [GroupKey("job-a", 0, g) for g in range(5)]
+    keys = [Partition("job-a", 0, g) for g in range(5)]
     groups = [make_group(k) for k in keys]
     with serving() as (_, client):
         client.put_groups(list(zip(keys, groups, strict=True)), writer="rollout-1")
@@ -118,9 +118,9 @@ def test_put_groups_publishes_many_groups_in_one_stream():
 
 
 def test_put_groups_is_all_or_nothing():
-    keys = [GroupKey("job-a", 0, g) for g in range(3)]
+    keys = [Partition("job-a", 0, g) for g in range(3)]
     groups = [make_group(k) for k in keys]
-    groups[2] = make_group(GroupKey("job-a", 0, 9))  # rows name another partition: validation fails
+    groups[2] = make_group(Partition("job-a", 0, 9))  # rows name another partition: validation fails
     with serving() as (_, client):
         with pytest.raises(SchemaError, match="group_id"):
             client.put_groups(list(zip(keys, groups, strict=True)))
@@ -133,7 +133,7 @@ def test_put_groups_is_all_or_nothing():
 
 
 def test_put_groups_refuses_batches_that_straddle_groups():
-    keys = [GroupKey("job-a", 0, g) for g in range(2)]
+    keys = [Partition("job-a", 0, g) for g in range(2)]
     both = pa.concat_tables([pa.Table.from_batches([make_group(k)]) for k in keys]).combine_chunks()
     with serving() as (server, client):
         raw = flight.FlightClient(server.location)

@@ -12,9 +12,9 @@ import pyarrow.flight as flight
 import pytest
 from flight_testkit import make_group, server_process
 
-from trajflight.codec import GroupKey
 from trajflight.flight_server import StorageClient
 from trajflight.flight_server._wire import GetTicket, GroupRead, encode
+from trajflight.keys import Partition
 
 
 def _terminate(proc: subprocess.Popen[str]) -> float:
@@ -25,7 +25,7 @@ def _terminate(proc: subprocess.Popen[str]) -> float:
 
 
 def test_server_prints_its_location_serves_and_stops_cleanly_on_sigterm():
-    key = GroupKey("cli", 0, 1)
+    key = Partition("cli", 0, 1)
     with server_process("--capacity", "64MiB") as (proc, location):
         with StorageClient(location, timeout=20) as client:
             client.put_group(key, make_group(key))
@@ -38,7 +38,7 @@ def test_server_prints_its_location_serves_and_stops_cleanly_on_sigterm():
 
 @pytest.mark.slow
 def test_sigterm_stops_the_server_within_5s_despite_a_stalled_reader():
-    key = GroupKey("cli", 0, 1)
+    key = Partition("cli", 0, 1)
     big = make_group(key, k=256, response_len=16384, fixed=True)  # ~40 MB: far beyond gRPC's window
     with server_process("--capacity", "1GiB", "--shutdown-grace", "2s") as (proc, location):
         with StorageClient(location, timeout=60, write_size_limit_bytes=2**20) as client:

@@ -9,7 +9,6 @@ import pyarrow.flight as flight
 import pytest
 from flight_testkit import make_group, serving
 
-from trajflight.codec import GroupKey
 from trajflight.errors import (
     AlreadyExistsError,
     CapacityExceededError,
@@ -26,6 +25,7 @@ from trajflight.errors import (
 )
 from trajflight.flight_server import WIRE_ERRORS, StorageClient
 from trajflight.flight_server._errors import from_flight_error, server_errors, translate_errors
+from trajflight.keys import Partition
 
 # (error raised by a handler, Flight type on the wire). Adding a class to trajflight.errors without a
 # row here fails test_every_error_class_has_a_row.
@@ -174,7 +174,7 @@ def test_garbage_action_bodies_get_a_clear_invalid_request(action, body, match):
     ids=["garbage", "unknown-kind", "job-id-not-string", "short-path", "non-integer-path"],
 )
 def test_garbage_put_descriptors_are_refused_and_store_nothing(descriptor):
-    key = GroupKey("j", 0, 1)
+    key = Partition("j", 0, 1)
     group = make_group(key)
     with serving() as (server, client):
         raw = flight.FlightClient(server.location)
@@ -196,7 +196,7 @@ def test_list_flights_refuses_garbage_criteria():
 
 
 def test_server_survives_garbage_and_keeps_serving():
-    key = GroupKey("j", 0, 1)
+    key = Partition("j", 0, 1)
     with serving() as (server, client):
         raw = flight.FlightClient(server.location)
         for ticket in GARBAGE.values():

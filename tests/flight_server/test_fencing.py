@@ -6,11 +6,11 @@ import pyarrow as pa
 import pytest
 from flight_testkit import make_group, serving
 
-from trajflight.codec import GroupKey
 from trajflight.errors import AlreadyExistsError, InvalidRequestError, SchemaError, StaleFenceError
 from trajflight.flight_server import GroupRead, LeaseToken, TokenSigner
+from trajflight.keys import Partition
 
-KEY = GroupKey("job-a", 1, 5)
+KEY = Partition("job-a", 1, 5)
 SECRET = b"0123456789abcdef0123456789abcdef"
 
 
@@ -19,19 +19,19 @@ def _ref(values: float = 0.5, n: int = 8) -> pa.Table:
 
 
 def test_put_under_a_fenced_epoch_is_refused_by_the_server():
-    old = GroupKey("job-a", 0, 1)
+    old = Partition("job-a", 0, 1)
     with serving() as (_, client):
         assert client.fence("job-a", 1)["min_epoch"] == 1
         with pytest.raises(StaleFenceError, match="epoch 0 of job 'job-a' is fenced") as info:
             client.put_group(old, make_group(old))
         assert (info.value.min_epoch, info.value.epoch) == (1, 0)
         client.put_group(KEY, make_group(KEY))  # the new incarnation writes
-        other_job = GroupKey("job-b", 0, 1)
+        other_job = Partition("job-b", 0, 1)
         client.put_group(other_job, make_group(other_job))  # fences are per job
 
 
 def test_fences_only_move_forward_and_purge_gives_bytes_back():
-    old = GroupKey("job-a", 0, 1)
+    old = Partition("job-a", 0, 1)
     with serving() as (_, client):
         client.put_group(old, make_group(old))
         client.fence("job-a", 2)
@@ -105,7 +105,7 @@ def test_a_restored_job_reaches_old_epoch_groups_under_new_generations():
         client.get([GroupRead(KEY, LeaseToken(3))])  # the old incarnation's lease
         client.fence("job-a", KEY.epoch + 1)  # the job restarts under a larger epoch
         with pytest.raises(StaleFenceError, match="fenced"):
-            client.put_group(GroupKey("job-a", KEY.epoch, 99), make_group(GroupKey("job-a", KEY.epoch, 99)))
+            client.put_group(Partition("job-a", KEY.epoch, 99), make_group(Partition("job-a", KEY.epoch, 99)))
         client.advance_generation([GroupRead(KEY, LeaseToken(10))])  # re-offered under a new lease
         assert client.get([GroupRead(KEY, LeaseToken(10))]).num_rows == 8
         client.append_columns(KEY, _ref(), LeaseToken(10))

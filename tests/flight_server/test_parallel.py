@@ -9,15 +9,15 @@ import pyarrow as pa
 import pytest
 from flight_testkit import make_group, serving
 
-from trajflight.codec import GroupKey
 from trajflight.errors import DeadlineExceededError, NotFoundError
 from trajflight.flight_server import StorageClient, get_parallel
+from trajflight.keys import Partition
 
 
 def test_get_parallel_returns_one_table_per_server_in_request_order():
     with serving() as (_, left), serving() as (_, right):
-        keys_l = [GroupKey("j", 0, g) for g in range(0, 4)]
-        keys_r = [GroupKey("j", 0, g) for g in range(4, 8)]
+        keys_l = [Partition("j", 0, g) for g in range(0, 4)]
+        keys_r = [Partition("j", 0, g) for g in range(4, 8)]
         for key in keys_l:
             left.put_group(key, make_group(key))
         for key in keys_r:
@@ -30,7 +30,7 @@ def test_get_parallel_returns_one_table_per_server_in_request_order():
 
 def test_get_parallel_raises_the_first_error_in_request_order():
     with serving() as (_, left), serving() as (_, right):
-        key = GroupKey("j", 0, 1)
+        key = Partition("j", 0, 1)
         right.put_group(key, make_group(key))
         with pytest.raises(NotFoundError):
             get_parallel([(left, [key]), (right, [key])])
@@ -38,7 +38,7 @@ def test_get_parallel_raises_the_first_error_in_request_order():
 
 def test_get_parallel_has_one_deadline_for_all_streams():
     with contextlib.ExitStack() as stack, serving() as (_, live):
-        key = GroupKey("j", 0, 1)
+        key = Partition("j", 0, 1)
         live.put_group(key, make_group(key))
         silent = stack.enter_context(socket.socket())  # accepts TCP, never answers
         silent.bind(("127.0.0.1", 0))

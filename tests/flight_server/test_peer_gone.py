@@ -19,12 +19,12 @@ import pytest
 from flight_testkit import make_group, server_process
 
 from trajflight._control import FlightTransport
-from trajflight.codec import GroupKey
 from trajflight.errors import TrajflightError, UnavailableError
 from trajflight.flight_server import StorageClient
 from trajflight.flight_server._errors import from_flight_error, translate_errors
+from trajflight.keys import Partition
 
-KEY = GroupKey("job-a", 0, 1)
+KEY = Partition("job-a", 0, 1)
 
 
 class ShuttingDownServer(flight.FlightServerBase):

@@ -6,11 +6,11 @@ import pyarrow as pa
 import pytest
 from flight_testkit import make_group, serving
 
-from trajflight.codec import GroupKey
 from trajflight.errors import AlreadyExistsError, InvalidRequestError, NotFoundError, SchemaError
 from trajflight.flight_server import StoreLimits
+from trajflight.keys import Partition
 
-KEY = GroupKey("job-a", 0, 7)
+KEY = Partition("job-a", 0, 7)
 
 
 def test_put_then_get_round_trips_bit_exact():
@@ -49,7 +49,7 @@ def test_projection_of_an_unknown_column_names_it():
 
 
 def test_get_of_many_groups_keeps_ticket_order():
-    keys = [GroupKey("job-a", 0, g) for g in (3, 1, 2)]
+    keys = [Partition("job-a", 0, g) for g in (3, 1, 2)]
     with serving() as (_, client):
         for key in keys:
             client.put_group(key, make_group(key))
@@ -59,7 +59,7 @@ def test_get_of_many_groups_keeps_ticket_order():
 
 def test_unknown_group_is_not_found():
     with serving() as (_, client), pytest.raises(NotFoundError, match="not stored here"):
-        client.get([GroupKey("job-a", 0, 99)])
+        client.get([Partition("job-a", 0, 99)])
 
 
 def test_reads_are_aligned_for_dlpack_consumers():
@@ -70,7 +70,7 @@ def test_reads_are_aligned_for_dlpack_consumers():
 
 
 def test_rows_of_another_partition_are_refused_with_the_row():
-    other = make_group(GroupKey("job-a", 0, 8))
+    other = make_group(Partition("job-a", 0, 8))
     with serving() as (_, client):
         with pytest.raises(SchemaError, match="group_id") as info:
             client.put_group(KEY, other)
@@ -85,7 +85,7 @@ def test_a_group_missing_a_required_column_is_refused():
 
 
 def test_a_user_column_keeps_one_type_per_job():
-    a, b = GroupKey("job-a", 0, 1), GroupKey("job-a", 0, 2)
+    a, b = Partition("job-a", 0, 1), Partition("job-a", 0, 2)
     with serving() as (_, client):
         client.put_group(a, make_group(a).append_column("score", pa.array([1.0] * 8, pa.float64())))
         with pytest.raises(SchemaError, match="one type per column"):

@@ -14,17 +14,17 @@ import pytest
 from flight_testkit import make_group
 from test_shm_batch import joined, serving
 
-from trajflight.codec import GroupKey
 from trajflight.errors import InvalidRequestError, NotFoundError
 from trajflight.flight_server import GroupRead, LeaseToken
 from trajflight.flight_server._segment_writer import SegmentWriter
 from trajflight.flight_server._segments import stream_size
+from trajflight.keys import Partition
 
 SEGMENT = 256 * 1024
 
 
 def _batch(seed: int) -> pa.RecordBatch:
-    return make_group(GroupKey("job-a", 1, seed), 4, seed=seed)
+    return make_group(Partition("job-a", 1, seed), 4, seed=seed)
 
 
 def _segment(tmp_path: Path, name: str, size: int = SEGMENT) -> str:
@@ -122,7 +122,7 @@ def test_a_stream_larger_than_the_reservation_is_refused_on_either_path(tmp_path
 def test_a_writer_putting_batch_after_batch_writes_the_reused_segment_through_its_mapping() -> None:
     with serving() as (server, client):
         for rep in range(4):
-            keys = [GroupKey("job-a", 1, 10 * rep + g) for g in range(3)]
+            keys = [Partition("job-a", 1, 10 * rep + g) for g in range(3)]
             batch = joined(keys)
             client.shm_put_batch([(k, 8) for k in keys], batch, writer="w")
             assert client.shm_get(keys).equals(pa.Table.from_batches([batch]))

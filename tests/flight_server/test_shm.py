@@ -31,7 +31,7 @@ from flight_testkit import make_group
 from procmaps import inside, mapped_ranges
 from shm_testkit import killed_writer
 
-from trajflight.codec import GroupKey, decode
+from trajflight.codec import decode
 from trajflight.errors import (
     AlreadyExistsError,
     CapacityExceededError,
@@ -52,8 +52,9 @@ from trajflight.flight_server import (
 )
 from trajflight.flight_server._shm import ORPHAN_AGE, size_class, sweep_dead_arenas
 from trajflight.flight_server._wire import PutDescriptor, ShmPublishRequest, ShmReserveRequest, encode
+from trajflight.keys import Partition
 
-KEY = GroupKey("job-a", 1, 5)
+KEY = Partition("job-a", 1, 5)
 SECRET = b"0123456789abcdef0123456789abcdef"
 
 
@@ -80,7 +81,7 @@ class Transport:
     get: Callable[..., pa.Table]
 
 
-def _shm_put(client: StorageClient, key: GroupKey, data: pa.RecordBatch, **kw: object) -> None:
+def _shm_put(client: StorageClient, key: Partition, data: pa.RecordBatch, **kw: object) -> None:
     client.shm_put_groups([(key, data)], **kw)  # type: ignore[arg-type]
 
 
@@ -91,7 +92,7 @@ def _local(client: StorageClient) -> StorageClient:
     return client
 
 
-def _inline_put(client: StorageClient, key: GroupKey, data: pa.RecordBatch, **kw: object) -> None:
+def _inline_put(client: StorageClient, key: Partition, data: pa.RecordBatch, **kw: object) -> None:
     client = _local(client)
     assert client.inline_put_bytes >= data.nbytes  # small test groups travel whole in one shm_put call
     client.shm_put_groups([(key, data)], **kw)  # type: ignore[arg-type]
@@ -140,7 +141,7 @@ def test_same_host_put_and_get_are_bit_exact_and_tensors_alias_the_mapping():
 
 
 def test_many_groups_in_one_reservation_projection_and_flight_puts_land_in_the_arena_too():
-    keys = [GroupKey("job-a", 1, g) for g in range(4)]
+    keys = [Partition("job-a", 1, g) for g in range(4)]
     groups = [make_group(k) for k in keys]
     with shm_serving() as (_, client):
         client.shm_put_groups(list(zip(keys[:3], groups[:3], strict=True)))
@@ -162,7 +163,7 @@ def test_a_segment_readers_map_keeps_its_bytes_after_delete_and_is_reused_once_t
         path = client._action("shm_open", encode_ticket(KEY), None)["segments"][0]["path"]
         client.delete([GroupRead(KEY, LeaseToken(1))])
         for g in range(20):  # while the reader maps it, new puts of its size never land in it
-            other = GroupKey("job-a", 1, 100 + g)
+            other = Partition("job-a", 1, 100 + g)
             client.shm_put_groups([(other, make_group(other, response_len=256, fixed=True))])
             client.delete([GroupRead(other, LeaseToken(1))])
         assert table.equals(pa.Table.from_batches([group]))
@@ -183,7 +184,7 @@ def test_put_read_delete_cycles_reuse_a_couple_of_segments_and_keep_the_pool_sma
     with shm_serving() as (server, client):
         assert server.arena is not None
         for g in range(12):
-            key = GroupKey("job-a", 1, g)
+            key = Partition("job-a", 1, g)
             client.shm_put_groups([(key, make_group(key, response_len=256, fixed=True))])
             table = client.shm_get([GroupRead(key, LeaseToken(1))])
             client.delete([GroupRead(key, LeaseToken(1))])
@@ -235,7 +236,7 @@ def test_a_segment_reused_before_a_reader_mapped_it_is_never_read_as_its_old_gro
         read = [GroupRead(KEY, LeaseToken(1))]
         opened = client.shm_open(read)  # handed over, not mapped yet
         client.delete(read)
-        other = GroupKey("job-a", 1, 7)
+        other = Partition("job-a", 1, 7)
         client.shm_put_groups([(other, make_group(other, response_len=256, fixed=True))])
         assert client.stats()["shm"]["reclaimed"] == 1  # the old group's segment holds the new one now
         with pytest.raises(NotFoundError):
@@ -243,7 +244,7 @@ def test_a_segment_reused_before_a_reader_mapped_it_is_never_read_as_its_old_gro
         assert opened.mapped == 1  # it mapped the reused segment, and the check after it refused
 
 
-def encode_ticket(key: GroupKey) -> bytes:
+def encode_ticket(key: Partition) -> bytes:
     from trajflight.flight_server import GetTicket
 
     return encode(GetTicket((GroupRead(key),)))
@@ -252,7 +253,7 @@ def encode_ticket(key: GroupKey) -> bytes:
 def test_segments_nobody_mapped_are_reused_pre_faulted():
     with shm_serving() as (_, client):
         for g in range(10):  # put and delete, never read through shared memory: one segment recycled
-            key = GroupKey("job-a", 1, g)
+            key = Partition("job-a", 1, g)
             client.shm_put_groups([(key, make_group(key, response_len=64, fixed=True))])
             client.delete([GroupRead(key, LeaseToken(1))])
         shm = client.stats()["shm"]
@@ -289,7 +290,7 @@ def test_a_segment_that_does_not_hold_a_valid_group_is_refused_and_released():
         assert (stats["groups"], stats["reserved_bytes"], stats["pending_puts"]) == (0, 0, 0)
         assert stats["shm"]["live_segments"] == 0  # released (its writer is done: reusable)
         # A valid stream for another partition is refused by validate_group, as on do_put.
-        wrong = GroupKey("job-a", 1, 6)
+        wrong = Partition("job-a", 1, 6)
         with pytest.raises(SchemaError):
             _shm_put_as(client, KEY, make_group(wrong))
         client.shm_put_groups([(KEY, group)])  # the partition is free again
@@ -298,7 +299,7 @@ def test_a_segment_that_does_not_hold_a_valid_group_is_refused_and_released():
             client._action("shm_publish", encode(ShmPublishRequest(((seg["reservation"], 190),))), None)
 
 
-def _shm_put_as(client: StorageClient, key: GroupKey, data: pa.RecordBatch) -> None:
+def _shm_put_as(client: StorageClient, key: Partition, data: pa.RecordBatch) -> None:
     """Reserve for ``key`` but write ``data`` (which names another partition)."""
     import pyarrow.ipc as ipc
 
@@ -364,7 +365,7 @@ def test_a_restarted_server_sweeps_the_segments_of_its_dead_incarnation(tmp_path
     proc, location = _start_server(directory)
     try:
         with StorageClient(location, timeout=20) as client:
-            keys = [GroupKey("job-a", 1, g) for g in range(3)]
+            keys = [Partition("job-a", 1, g) for g in range(3)]
             client.shm_put_groups([(k, make_group(k)) for k in keys])
             table = client.shm_get(keys)  # a reader that outlives the server
             held = [GroupRead(k, LeaseToken(1)) for k in keys]
@@ -493,13 +494,13 @@ def test_a_server_without_an_arena_refuses_shm_calls_with_a_hint():
 
 
 def test_put_under_a_fenced_epoch_is_refused(transport):
-    old = GroupKey("job-a", 0, 1)
+    old = Partition("job-a", 0, 1)
     with shm_serving() as (_, client):
         client.fence("job-a", 1)
         with pytest.raises(StaleFenceError, match="epoch 0 of job 'job-a' is fenced"):
             transport.put(client, old, make_group(old))
         transport.put(client, KEY, make_group(KEY))
-        other = GroupKey("job-b", 0, 1)
+        other = Partition("job-b", 0, 1)
         transport.put(client, other, make_group(other))
         assert client.stats()["reserved_bytes"] == 0
 
@@ -582,7 +583,7 @@ def test_an_open_is_read_again_without_a_call_while_the_fence_board_shows_nothin
 
 
 def test_reading_back_the_opened_reads_themselves_gives_what_fresh_reads_give():
-    keys = [GroupKey("job-a", 1, g) for g in range(3)]
+    keys = [Partition("job-a", 1, g) for g in range(3)]
     groups = [make_group(k) for k in keys]
     with shm_serving() as (_, client):
         client.shm_put_groups(list(zip(keys, groups, strict=True)), contiguous=True)
@@ -599,7 +600,7 @@ def test_reading_back_the_opened_reads_themselves_gives_what_fresh_reads_give():
 
 
 def test_a_joined_batch_is_put_as_one_segment_and_its_rows_must_add_up():
-    keys = [GroupKey("job-a", 1, g) for g in range(3)]
+    keys = [Partition("job-a", 1, g) for g in range(3)]
     groups = [make_group(k) for k in keys]
     joined = pa.concat_batches(groups)
     with shm_serving() as (_, client):
@@ -623,7 +624,7 @@ def _segment_files(directory: str) -> list[str]:
 
 
 def test_small_groups_are_packed_into_slabs_and_read_back_bit_exact_from_a_few_mappings():
-    keys = [GroupKey("job-a", 1, g) for g in range(24)]
+    keys = [Partition("job-a", 1, g) for g in range(24)]
     groups = [make_group(k, seed=g) for g, k in enumerate(keys)]
     with shm_serving(slab_bytes=64 * 1024) as (server, client):
         _local(client)
@@ -661,7 +662,7 @@ def test_small_groups_are_packed_into_slabs_and_read_back_bit_exact_from_a_few_m
 def test_a_slab_kept_alive_by_one_group_still_counts_against_capacity():
     """Deleted groups of a full slab that another group keeps alive still occupy tmpfs: capacity counts
     them (stranded bytes) until the slab's last group goes, so it keeps bounding the arena's memory."""
-    keys = [GroupKey("job-a", 1, g) for g in range(40)]
+    keys = [Partition("job-a", 1, g) for g in range(40)]
     groups = [make_group(k, response_len=64, fixed=True) for k in keys]
     with shm_serving(slab_bytes=64 * 1024) as (_, client):
         _local(client)
@@ -685,7 +686,7 @@ def test_a_slab_kept_alive_by_one_group_still_counts_against_capacity():
 
 
 def test_stranded_slab_bytes_can_refuse_a_put_until_the_slab_goes():
-    keys = [GroupKey("job-a", 1, g) for g in range(8)]
+    keys = [Partition("job-a", 1, g) for g in range(8)]
     groups = [make_group(k, response_len=64, fixed=True) for k in keys]
     with shm_serving(slab_bytes=32 * 1024) as (_, probe):
         _local(probe)
@@ -714,7 +715,7 @@ def test_stranded_slab_bytes_can_refuse_a_put_until_the_slab_goes():
 
 
 def test_concurrent_small_puts_never_share_bytes():
-    keys = [GroupKey("job-a", 1, g) for g in range(32)]
+    keys = [Partition("job-a", 1, g) for g in range(32)]
     groups = [make_group(k, seed=g, response_len=200) for g, k in enumerate(keys)]
     with shm_serving(slab_bytes=128 * 1024) as (_, client):
         _local(client)
@@ -733,7 +734,7 @@ def test_concurrent_puts_reads_and_deletes_never_return_another_groups_bytes(inl
     """Small puts (packed into slabs, or each in a segment of its own), reads through kept opens (the fence
     board) and deletes, all at once for about two seconds, with segments reused as soon as no reader maps
     them: every read is bit-exact or refused (gone, or superseded), never wrong."""
-    expected: dict[GroupKey, pa.Table] = {}
+    expected: dict[Partition, pa.Table] = {}
     lock = threading.Lock()
     deadline = time.monotonic() + 2.0
     outcomes = {"read": 0, "refused": 0, "wrong": 0}
@@ -763,7 +764,7 @@ def test_concurrent_puts_reads_and_deletes_never_return_another_groups_bytes(inl
                 for n in itertools.count():
                     if time.monotonic() > deadline:
                         return
-                    key = GroupKey("job-a", 1, wid * 1_000_000 + n)
+                    key = Partition("job-a", 1, wid * 1_000_000 + n)
                     group = make_group(key, seed=n % 50, response_len=(16, 64, 300)[n % 3])
                     client.shm_put_groups([(key, group)])
                     with lock:
@@ -818,7 +819,7 @@ def test_concurrent_puts_reads_and_deletes_never_return_another_groups_bytes(inl
 
 def test_a_column_appended_to_a_group_of_a_shared_stream_reads_back_with_that_groups_rows():
     """Regression: the appended group forgot its first row in the batch's stream (read the first group's)."""
-    keys = [GroupKey("job-a", 1, g) for g in range(3)]
+    keys = [Partition("job-a", 1, g) for g in range(3)]
     groups = [make_group(k) for k in keys]
     extra = pa.table({"ref_logprob": pa.array([float(i) for i in range(8)], pa.float32())})
     with shm_serving() as (_, client):
@@ -892,7 +893,7 @@ def test_advanced_generations_and_deletes_fence_readers(transport):
 
 
 def test_capacity_refusal_carries_a_retry_hint_and_recovers_after_delete(transport):
-    keys = [GroupKey("job-a", 0, g) for g in range(3)]
+    keys = [Partition("job-a", 0, g) for g in range(3)]
     groups = [make_group(k, response_len=256, fixed=True) for k in keys]
     with shm_serving() as (_, probe):
         transport.put(probe, keys[0], groups[0])  # what one group counts on this path (a packed small
@@ -929,7 +930,7 @@ def test_a_restored_job_reaches_old_epoch_groups_under_new_generations(transport
         transport.put(client, KEY, make_group(KEY))
         transport.get(client, [GroupRead(KEY, LeaseToken(3))])
         client.fence("job-a", KEY.epoch + 1)
-        late = GroupKey("job-a", KEY.epoch, 99)
+        late = Partition("job-a", KEY.epoch, 99)
         with pytest.raises(StaleFenceError, match="fenced"):
             transport.put(client, late, make_group(late))
         client.advance_generation([GroupRead(KEY, LeaseToken(10))])
@@ -955,7 +956,7 @@ def test_with_a_deployment_secret_only_signed_credentials_pass(transport):
 
 
 def test_a_batch_written_as_one_stream_is_read_back_as_one_chunk_and_freed_with_its_last_group():
-    keys = [GroupKey("job-a", 1, g) for g in range(5)]
+    keys = [Partition("job-a", 1, g) for g in range(5)]
     groups = [make_group(k, response_len=128) for k in keys]
     with shm_serving() as (server, client):
         client.shm_put_groups(list(zip(keys, groups, strict=True)), contiguous=True)
@@ -981,7 +982,7 @@ def test_a_batch_written_as_one_stream_is_read_back_as_one_chunk_and_freed_with_
 
 
 def test_a_batch_with_one_bad_group_is_refused_whole_naming_the_group():
-    keys = [GroupKey("job-a", 1, g) for g in range(4)]
+    keys = [Partition("job-a", 1, g) for g in range(4)]
     groups = [make_group(k) for k in keys]
     with shm_serving() as (_, client):
         swapped = [groups[0], groups[1], groups[3], groups[2]]  # rows of groups 2 and 3 swapped

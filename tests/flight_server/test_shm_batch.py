@@ -15,7 +15,6 @@ import pyarrow as pa
 import pytest
 from flight_testkit import make_group
 
-from trajflight.codec import GroupKey
 from trajflight.errors import (
     AlreadyExistsError,
     CapacityExceededError,
@@ -43,9 +42,10 @@ from trajflight.flight_server._wire import (
     ShmReserveRequest,
     encode,
 )
+from trajflight.keys import Partition
 
 SECRET = b"0123456789abcdef0123456789abcdef"
-KEYS = [GroupKey("job-a", 1, g) for g in (7, 3, 11)]
+KEYS = [Partition("job-a", 1, g) for g in (7, 3, 11)]
 
 
 @contextlib.contextmanager
@@ -61,11 +61,11 @@ def serving(
         yield server, client
 
 
-def joined(keys: list[GroupKey], k: int = 8) -> pa.RecordBatch:
+def joined(keys: list[Partition], k: int = 8) -> pa.RecordBatch:
     return pa.concat_batches([make_group(key, k, seed=i) for i, key in enumerate(keys)])
 
 
-def reserve(client: StorageClient, keys: list[GroupKey], batch: pa.RecordBatch, **kw: Any) -> dict[str, Any]:
+def reserve(client: StorageClient, keys: list[Partition], batch: pa.RecordBatch, **kw: Any) -> dict[str, Any]:
     rows = tuple(batch.num_rows // len(keys) for _ in keys)
     request = ShmBatchReserveRequest(
         keys[0].job_id, keys[0].epoch, tuple(k.group_id for k in keys), rows, _size(batch), **kw
@@ -149,7 +149,7 @@ def test_the_client_puts_a_joined_batch_in_the_compact_form():
         assert set(sent[1][1]["batch"]) == {"reservation", "size"}
         assert client.shm_get(KEYS).equals(pa.Table.from_batches([batch]))
         # Groups of several epochs cannot travel compactly: the client names them one by one.
-        other = [GroupKey("job-a", 2, 1), GroupKey("job-a", 3, 1)]
+        other = [Partition("job-a", 2, 1), Partition("job-a", 3, 1)]
         sent.clear()
         client.shm_put_batch([(k, 8) for k in other], joined(other), writer="w")
         assert "groups" in sent[0][1]
@@ -196,7 +196,7 @@ def test_a_refused_batch_reservation_names_its_group_and_keeps_nothing():
         assert exists.value.fields["group_id"] == 3
         client.delete([GroupRead(KEYS[1], LeaseToken(1))])
         assert nothing_held(client)
-        five = [GroupKey("job-a", 1, g) for g in range(20, 25)]  # not group 3: a deleted key stays refused
+        five = [Partition("job-a", 1, g) for g in range(20, 25)]  # not group 3: a deleted key stays refused
         with pytest.raises(CapacityExceededError, match="4 of 4 groups"):
             reserve(client, five, joined(five))
         assert nothing_held(client)
@@ -266,7 +266,7 @@ def test_a_signed_server_checks_every_group_s_put_credential_in_the_batch():
         with pytest.raises(InvalidRequestError, match="credential"):
             reserve(client, KEYS, batch)
         with pytest.raises(InvalidRequestError, match="credential"):
-            reserve(client, KEYS, batch, sigs=(*sigs[:2], signer.sign_put(GroupKey("job-a", 1, 99))))
+            reserve(client, KEYS, batch, sigs=(*sigs[:2], signer.sign_put(Partition("job-a", 1, 99))))
         assert nothing_held(client)
         client.shm_put_batch([(k, 8) for k in KEYS], batch, sigs=list(sigs))
         assert client.shm_get(KEYS).num_rows == 24

@@ -17,11 +17,11 @@ import pytest
 from flight_testkit import make_group
 from shm_testkit import killed_writer, shm_serving
 
-from trajflight.codec import GroupKey
 from trajflight.errors import InvalidRequestError
 from trajflight.flight_server import StorageServer
+from trajflight.keys import Partition
 
-KEY = GroupKey("job-a", 1, 5)
+KEY = Partition("job-a", 1, 5)
 SHM_TTL = 0.5
 ASKED = 600.0  # a writer with a long put deadline asks for as long
 

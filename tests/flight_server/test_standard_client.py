@@ -9,9 +9,14 @@ import pyarrow.flight as flight
 import pytest
 from flight_testkit import make_group, serving
 
-from trajflight.codec import GroupKey
+from trajflight.keys import Partition
 
-KEYS = [GroupKey("job-a", 0, 1), GroupKey("job-a", 0, 2), GroupKey("job-a", 1, 1), GroupKey("job-b", 0, 1)]
+KEYS = [
+    Partition("job-a", 0, 1),
+    Partition("job-a", 0, 2),
+    Partition("job-a", 1, 1),
+    Partition("job-b", 0, 1),
+]
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +69,7 @@ def test_bare_client_asks_for_one_group_by_path(stocked):
 
 
 def test_bare_client_writes_through_a_path_descriptor_where_no_secret_is_set():
-    key = GroupKey("bare", 0, 3)
+    key = Partition("bare", 0, 3)
     with serving() as (server, client):
         bare = _bare(server)
         group = make_group(key)

@@ -20,11 +20,11 @@ import pyarrow.flight as flight
 import pytest
 from flight_testkit import dying_writer, make_group, serving
 
-from trajflight.codec import GroupKey
 from trajflight.flight_server import PutDescriptor
 from trajflight.flight_server._wire import PutManyDescriptor, encode
+from trajflight.keys import Partition
 
-KEY = GroupKey("job-a", 0, 1)
+KEY = Partition("job-a", 0, 1)
 
 
 def _wait_for(predicate, timeout: float = 30.0) -> None:

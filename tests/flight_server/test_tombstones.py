@@ -20,13 +20,13 @@ from hypothesis import strategies as st
 from shm_testkit import shm_serving
 
 import trajflight
-from trajflight.codec import GroupKey
 from trajflight.errors import LeaseExpiredError, StaleFenceError
 from trajflight.flight_server import GroupRead, LeaseToken, PutDescriptor, StorageClient
 from trajflight.flight_server._tombstones import Tombstones, _Ranges
 from trajflight.flight_server._wire import encode
+from trajflight.keys import Partition
 
-KEY = GroupKey("job-a", 0, 1)
+KEY = Partition("job-a", 0, 1)
 
 
 def _nothing_held(client: StorageClient) -> bool:
@@ -34,7 +34,7 @@ def _nothing_held(client: StorageClient) -> bool:
     return (stats["groups"], stats["bytes"], stats["reserved_bytes"], stats["pending_puts"]) == (0, 0, 0, 0)
 
 
-OTHER = GroupKey("job-a", 0, 2)
+OTHER = Partition("job-a", 0, 2)
 
 
 def _inline(client: StorageClient) -> None:
@@ -108,7 +108,7 @@ def test_a_deleted_group_cannot_be_put_again():
         assert client.delete([GroupRead(KEY, LeaseToken(0))])["deleted"] == 1
         with pytest.raises(LeaseExpiredError):
             client.put_group(KEY, make_group(KEY))
-        other = GroupKey("job-a", 0, 2)
+        other = Partition("job-a", 0, 2)
         client.put_group(other, make_group(other))  # other partitions are untouched
         assert client.get([other]).num_rows == 8
 
@@ -126,10 +126,10 @@ def test_tombstones_stay_compact_and_go_with_the_fence():
     with serving() as (_, client):
         for start in range(0, 10_000, 1000):  # the GC deletes in order: one range
             client.delete(
-                [GroupRead(GroupKey("job-a", 0, g), LeaseToken(0)) for g in range(start, start + 1000)]
+                [GroupRead(Partition("job-a", 0, g), LeaseToken(0)) for g in range(start, start + 1000)]
             )
         assert client.stats()["tombstones"] == {"epochs": 1, "ranges": 1}
-        client.delete([GroupRead(GroupKey("job-a", 1, g), LeaseToken(0)) for g in (1, 3, 5)])
+        client.delete([GroupRead(Partition("job-a", 1, g), LeaseToken(0)) for g in (1, 3, 5)])
         assert client.stats()["tombstones"] == {"epochs": 2, "ranges": 4}
         client.fence("job-a", 1)  # epoch 0's puts are refused by the fence now: its tombstones go
         assert client.stats()["tombstones"] == {"epochs": 1, "ranges": 3}
@@ -147,7 +147,7 @@ def test_ranges_hold_exactly_the_ids_added(added, probes):
     assert all((g in ranges) == (g in model) for g in [*added, *probes])
     tombstones = Tombstones()
     for g in added:
-        tombstones.add(GroupKey("j", 3, g))
+        tombstones.add(Partition("j", 3, g))
     assert tombstones.stats()["ranges"] == len(ranges.starts)
 
 
@@ -160,7 +160,7 @@ def test_a_put_after_its_grant_expired_is_refused_end_to_end():
         writer = client.writer(job, 1)
         grant = client.controller.allocate(job, 1, writer.writer_id, nbytes=1 << 16, timeout=10)
         assert cluster.wait_idle(job, timeout=20) == (0, 0)  # expired, dropped, its delete confirmed
-        key = GroupKey(*grant.partition)
+        key = Partition(*grant.partition)
         with StorageClient(grant.location, timeout=20) as storage:
             with pytest.raises(LeaseExpiredError):
                 storage.put_group(key, pa.Table.from_batches([make_group(key)]))

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trajflight.codec import GroupKey
 from trajflight.errors import InvalidRequestError
 from trajflight.flight_server import GetTicket, GroupRead, LeaseToken, PutDescriptor, TokenSigner
 from trajflight.flight_server._wire import (
@@ -27,8 +26,9 @@ from trajflight.flight_server._wire import (
     decode_ticket,
     encode,
 )
+from trajflight.keys import Partition
 
-keys = st.builds(GroupKey, st.text(min_size=1, max_size=20), st.integers(0, 2**62), st.integers(0, 2**62))
+keys = st.builds(Partition, st.text(min_size=1, max_size=20), st.integers(0, 2**62), st.integers(0, 2**62))
 tokens = st.none() | st.builds(LeaseToken, st.integers(0, 2**62), st.none() | st.text(max_size=64))
 reads = st.builds(GroupRead, keys, tokens)
 
@@ -65,7 +65,7 @@ def test_append_descriptors_and_deletes_round_trip(key, token):
 )
 def test_many_reads_of_one_job_and_epoch_travel_compactly_and_round_trip(group_ids, generations):
     pairs = zip(group_ids, generations[: len(group_ids)], strict=True)
-    reads = tuple(GroupRead(GroupKey("j", 2, g), LeaseToken(n)) for g, n in pairs)
+    reads = tuple(GroupRead(Partition("j", 2, g), LeaseToken(n)) for g, n in pairs)
     ticket = GetTicket(reads, ("reward",))
     assert set(json.loads(encode(ticket))) == {"v", "batch", "columns"}
     assert decode_ticket(encode(ticket)) == ticket
@@ -199,17 +199,17 @@ def test_arbitrary_bytes_decode_or_raise_invalid_request(data):
 
 def test_unknown_fields_are_ignored_within_a_version():
     body = {"v": 1, "groups": [{"job_id": "j", "epoch": 0, "group_id": 1, "hint": "x"}], "future": 1}
-    assert decode_ticket(json.dumps(body).encode()).groups[0].key == GroupKey("j", 0, 1)
+    assert decode_ticket(json.dumps(body).encode()).groups[0].key == Partition("j", 0, 1)
 
 
 def test_signatures_bind_every_field():
     signer = TokenSigner(b"s" * 32)
-    key = GroupKey("j", 1, 2)
+    key = Partition("j", 1, 2)
     sigs = {
         signer.sign_put(key),
         signer.sign_lease(key, 5),
         signer.sign_lease(key, 6),
-        signer.sign_lease(GroupKey("j", 1, 3), 5),
+        signer.sign_lease(Partition("j", 1, 3), 5),
         signer.sign_fence("j", 1),
     }
     assert len(sigs) == 5

@@ -17,7 +17,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from shm_testkit import shm_serving
 
-from trajflight.codec import GroupKey
 from trajflight.errors import InvalidRequestError, SchemaError, StaleFenceError
 from trajflight.flight_server import GroupRead, LeaseToken
 from trajflight.flight_server._errors import translate_errors
@@ -25,8 +24,9 @@ from trajflight.flight_server._local import LocalChannel
 from trajflight.flight_server._store import GroupStore
 from trajflight.flight_server._wire import decode_action_body, decode_descriptor, decode_ticket
 from trajflight.flight_server._wire_bounds import ECHO_CHARS, INT64_MAX, MAX_DEPTH, _depth
+from trajflight.keys import Partition
 
-KEY = GroupKey("job-a", 0, 1)
+KEY = Partition("job-a", 0, 1)
 SERVERS = {"flight": serving, "shm": shm_serving}  # the fence board (shm) was where 2**70 overflowed
 
 
@@ -242,7 +242,7 @@ def test_path_descriptors_take_canonical_int64_numbers_only():
         with pytest.raises(InvalidRequestError, match="path element"):
             decode_descriptor(flight.FlightDescriptor.for_path("j", bad, "1"))
     key = decode_descriptor(flight.FlightDescriptor.for_path("j", str(INT64_MAX), "0"))
-    assert key == GroupKey("j", INT64_MAX, 0)
+    assert key == Partition("j", INT64_MAX, 0)
 
 
 def test_a_read_refused_for_its_projection_raises_no_generation():
@@ -257,7 +257,7 @@ def test_a_read_refused_for_its_projection_raises_no_generation():
 
 def test_advance_generation_checks_every_group_before_raising_any():
     store = GroupStore()
-    other = GroupKey("job-a", 0, 2)
+    other = Partition("job-a", 0, 2)
     with pytest.raises(InvalidRequestError, match="needs a generation"):
         store.advance_generation([GroupRead(KEY, LeaseToken(7)), GroupRead(other)])
     store.advance_generation([GroupRead(KEY, LeaseToken(1))])

@@ -18,11 +18,11 @@ import pyarrow as pa
 import pyarrow.flight as flight
 from flight_testkit import make_group
 
-from trajflight.codec import GroupKey
 from trajflight.errors import DeadlineExceededError, TrajflightError
 from trajflight.flight_server import GroupRead, LeaseToken, ShmArena, StorageClient, StorageServer
 from trajflight.flight_server._errors import from_flight_error
 from trajflight.flight_server._local import LocalChannel
+from trajflight.keys import Partition
 
 JOB, EPOCH = "fuzz", 1
 """The baseline's job and epoch; bad inputs name its groups so that any accepted one would show."""
@@ -73,7 +73,7 @@ class Fuzz:
 def _stock(client: StorageClient, local_client: StorageClient) -> None:
     """The baseline: groups put every way the server takes them, raised generations, an appended
     column, a fenced epoch, a tombstone, a second job."""
-    keys = [GroupKey(JOB, EPOCH, g) for g in range(8)]
+    keys = [Partition(JOB, EPOCH, g) for g in range(8)]
     groups = [make_group(k) for k in keys]
     client.put_group(keys[0], groups[0])
     client.put_group(keys[1], groups[1])
@@ -86,8 +86,8 @@ def _stock(client: StorageClient, local_client: StorageClient) -> None:
     score = pa.record_batch({"score": pa.array([float(i) for i in range(8)], pa.float32())})
     client.append_columns(keys[1], score, LeaseToken(2))
     client.fence(JOB, EPOCH)  # epoch 0 of the job is fenced
-    client.delete([GroupRead(GroupKey(JOB, EPOCH, 99), LeaseToken(0))])  # a tombstone
-    other = GroupKey("other-job", 0, 0)
+    client.delete([GroupRead(Partition(JOB, EPOCH, 99), LeaseToken(0))])  # a tombstone
+    other = Partition("other-job", 0, 0)
     client.put_group(other, make_group(other))
 
 
@@ -171,7 +171,7 @@ def assert_generations_read_back(fuzz: Fuzz) -> None:
 def assert_serves(client: StorageClient) -> None:
     """A legitimate put, read and delete of a fresh group still work, over Flight and same-host."""
     for i, put in enumerate((client.put_group, lambda k, g: client.shm_put_groups([(k, g)]))):
-        key = GroupKey("after-fuzz", 0, i)
+        key = Partition("after-fuzz", 0, i)
         group = make_group(key)
         put(key, group)
         assert client.get([GroupRead(key, LeaseToken(1))], timeout=DEADLINE).equals(

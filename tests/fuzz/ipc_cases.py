@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 from flight_testkit import make_group
 
-from trajflight.codec import GroupKey
+from trajflight.keys import Partition
 
 
 def setcol(batch: pa.RecordBatch, name: str, array: pa.Array) -> pa.RecordBatch:
@@ -168,7 +168,7 @@ def stream_of(batch: pa.RecordBatch, schema: pa.Schema | None = None) -> Stream:
     return Stream(data, schema_end, batch_end)
 
 
-def joined(keys: list[GroupKey]) -> pa.RecordBatch:
+def joined(keys: list[Partition]) -> pa.RecordBatch:
     return pa.concat_batches([make_group(k) for k in keys])
 
 

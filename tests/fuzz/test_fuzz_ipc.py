@@ -46,7 +46,6 @@ from ipc_cases import (
     with_list_offset,
 )
 
-from trajflight.codec import GroupKey
 from trajflight.errors import (
     AlreadyExistsError,
     InvalidRequestError,
@@ -55,6 +54,7 @@ from trajflight.errors import (
 )
 from trajflight.flight_server import LeaseToken, PutDescriptor
 from trajflight.flight_server._wire import AppendDescriptor, encode
+from trajflight.keys import Partition
 
 FUZZ = settings(
     derandomize=True,
@@ -72,12 +72,12 @@ def fuzz():
         yield f
 
 
-def _fresh() -> GroupKey:
+def _fresh() -> Partition:
     """A key nothing was ever put under: a tampered put of it must be refused, never stored."""
-    return GroupKey(JOB, EPOCH, next(_IDS))
+    return Partition(JOB, EPOCH, next(_IDS))
 
 
-def _flight_put(fuzz, key: GroupKey, batch: pa.RecordBatch) -> None:
+def _flight_put(fuzz, key: Partition, batch: pa.RecordBatch) -> None:
     descriptor = flight.FlightDescriptor.for_command(
         encode(PutDescriptor(key, "fuzz", num_rows=batch.num_rows))
     )
@@ -114,7 +114,7 @@ def test_list_offsets_out_of_range_over_flight_are_refused(fuzz, column, slot, p
     _check(refused(lambda: _flight_put(fuzz, key, with_list_offset(group, column, slot, value))))
 
 
-def _append(fuzz, key: GroupKey, batch: pa.RecordBatch, generation: int = 2) -> None:
+def _append(fuzz, key: Partition, batch: pa.RecordBatch, generation: int = 2) -> None:
     descriptor = flight.FlightDescriptor.for_command(encode(AppendDescriptor(key, LeaseToken(generation))))
     send_put(fuzz, descriptor, [batch])
 
@@ -123,7 +123,7 @@ def _column(name: str, values: pa.Array) -> pa.RecordBatch:
     return pa.record_batch({name: values})
 
 
-APPENDED = GroupKey(JOB, EPOCH, 1)  # the baseline's group with an appended column, at generation 2
+APPENDED = Partition(JOB, EPOCH, 1)  # the baseline's group with an appended column, at generation 2
 APPEND_TAMPERS = {
     "too-few-rows": (lambda: _column("extra", pa.array([1.0] * 7, pa.float32())), 2, SchemaError),
     "too-many-rows": (lambda: _column("extra", pa.array([1.0] * 9, pa.float32())), 2, SchemaError),
@@ -185,7 +185,7 @@ def test_a_tampered_column_append_is_refused(fuzz, name):
 # ----------------------------------------------------------------------------------- same host
 
 
-def _reserve_segment(fuzz, key: GroupKey, nbytes: int) -> dict:
+def _reserve_segment(fuzz, key: Partition, nbytes: int) -> dict:
     body = {
         "v": 1,
         "groups": [
@@ -201,7 +201,7 @@ def _reserve_segment(fuzz, key: GroupKey, nbytes: int) -> dict:
     return fuzz.client._action("shm_reserve", json.dumps(body).encode(), DEADLINE)["segments"][0]
 
 
-def _segment_put(fuzz, key: GroupKey, data: bytes, size: int) -> None:
+def _segment_put(fuzz, key: Partition, data: bytes, size: int) -> None:
     segment = _reserve_segment(fuzz, key, max(len(data), 1))
     with open(segment["path"], "r+b") as f:
         f.write(data)
@@ -209,7 +209,7 @@ def _segment_put(fuzz, key: GroupKey, data: bytes, size: int) -> None:
     fuzz.client._action("shm_publish", json.dumps(body).encode(), DEADLINE)
 
 
-def _batch_put(fuzz, keys: list[GroupKey], data: bytes, size: int) -> None:
+def _batch_put(fuzz, keys: list[Partition], data: bytes, size: int) -> None:
     batch = {"job_id": JOB, "epoch": EPOCH, "group_ids": [k.group_id for k in keys], "rows": [8] * len(keys)}
     body = {"v": 1, "batch_bytes": max(len(data), 1), "batch": batch}
     reply = fuzz.client._action("shm_reserve", json.dumps(body).encode(), DEADLINE)["batch"]
@@ -219,7 +219,7 @@ def _batch_put(fuzz, keys: list[GroupKey], data: bytes, size: int) -> None:
     fuzz.client._action("shm_publish", json.dumps(body).encode(), DEADLINE)
 
 
-def _inline_put(fuzz, key: GroupKey, data: bytes, size: int) -> None:
+def _inline_put(fuzz, key: Partition, data: bytes, size: int) -> None:
     payload = data[:size]
     body = {
         "v": 1,
@@ -250,7 +250,7 @@ def _send(fuzz, path: str, build, log: tuple) -> None:
         _check(refused(lambda: PATHS[path](fuzz, keys[0], data, size)))
 
 
-def _group(keys: list[GroupKey]) -> pa.RecordBatch:
+def _group(keys: list[Partition]) -> pa.RecordBatch:
     return joined(keys) if len(keys) > 1 else make_group(keys[0])
 
 
@@ -351,7 +351,7 @@ def test_a_corrupted_message_length_is_refused(fuzz, path, message, value):
 @pytest.mark.parametrize("path", sorted(PATHS))
 def test_a_stream_of_a_stored_group_under_a_fresh_key_is_refused(fuzz, path):
     def build(keys):
-        data = stream_of(_group([GroupKey(JOB, EPOCH, 0)] * len(keys))).data  # the rows name group 0
+        data = stream_of(_group([Partition(JOB, EPOCH, 0)] * len(keys))).data  # the rows name group 0
         return data, len(data)
 
     _send(fuzz, path, build, ("stored-key",))

@@ -33,11 +33,11 @@ from fuzz_kit import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trajflight.codec import GroupKey
 from trajflight.errors import InvalidRequestError, SchemaError
 from trajflight.flight_server import ACTIONS
 from trajflight.flight_server._errors import from_flight_error
 from trajflight.flight_server._local import MAX_FRAME, MAX_NAME_FRAME
+from trajflight.keys import Partition
 
 FUZZ = settings(derandomize=True, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 MINIMUM_CASES = 80
@@ -150,7 +150,7 @@ def _shm_put_body(nbytes: int, groups: int = 1, **more: object) -> bytes:
 
 
 def _stream() -> bytes:
-    group = make_group(GroupKey(JOB, EPOCH, FRESH + 500))
+    group = make_group(Partition(JOB, EPOCH, FRESH + 500))
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, group.schema) as writer:
         writer.write_batch(group)

@@ -45,7 +45,6 @@ from wire_cases import (
     bad_paths,
 )
 
-from trajflight.codec import GroupKey
 from trajflight.errors import InvalidRequestError
 from trajflight.flight_server import ACTIONS as SERVER_ACTIONS
 from trajflight.flight_server._wire import (
@@ -54,6 +53,7 @@ from trajflight.flight_server._wire import (
     decode_descriptor,
     decode_ticket,
 )
+from trajflight.keys import Partition
 
 FUZZ = settings(
     derandomize=True,
@@ -117,7 +117,7 @@ def test_bad_command_descriptors_are_refused_by_put_info_and_schema(fuzz, case):
     fuzz.log.add("descriptor", data)
     _check(refused(lambda: fuzz.raw.get_flight_info(descriptor, options=OPTIONS)), None)
     _check(refused(lambda: fuzz.raw.get_schema(descriptor, options=OPTIONS)), None)
-    key = GroupKey(JOB, EPOCH, FRESH + 1)
+    key = Partition(JOB, EPOCH, FRESH + 1)
     if t is not GROUP:
         _check(refused(lambda: send_put(fuzz, descriptor, [make_group(key)])), fields)
 
@@ -135,7 +135,7 @@ def test_bad_path_descriptors_name_no_group(fuzz, parts):
 def test_bad_path_puts_are_refused(fuzz, parts):
     descriptor = flight.FlightDescriptor.for_path(*parts)
     fuzz.log.add("path-put", tuple(parts))
-    _check(refused(lambda: send_put(fuzz, descriptor, [make_group(GroupKey(JOB, EPOCH, FRESH + 8))])), None)
+    _check(refused(lambda: send_put(fuzz, descriptor, [make_group(Partition(JOB, EPOCH, FRESH + 8))])), None)
 
 
 @settings(FUZZ, max_examples=140)
@@ -255,7 +255,7 @@ def test_bad_put_descriptors_from_the_black_box_run_are_refused(fuzz, name):
     data = _body(**body)
     fuzz.log.add("table:put", data)
     descriptor = flight.FlightDescriptor.for_command(data)
-    _check(refused(lambda: send_put(fuzz, descriptor, [make_group(GroupKey(JOB, EPOCH, FRESH))])), {field})
+    _check(refused(lambda: send_put(fuzz, descriptor, [make_group(Partition(JOB, EPOCH, FRESH))])), {field})
 
 
 def test_unknown_and_oversized_action_names_are_refused(fuzz):

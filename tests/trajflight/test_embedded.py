@@ -18,7 +18,6 @@ import torch
 
 import trajflight
 from trajflight._storage import with_key
-from trajflight.codec import GroupKey
 from trajflight.errors import (
     CapacityExceededError,
     DeadlineExceededError,
@@ -28,6 +27,7 @@ from trajflight.errors import (
     StaleFenceError,
 )
 from trajflight.flight_server import GroupRead, LeaseToken
+from trajflight.keys import Partition
 
 from .conftest import WRITER, put_groups, run_child, start_child
 
@@ -110,7 +110,7 @@ def test_a_killed_trainer_loses_its_lease_and_its_token_is_refused_everywhere(cl
     # ... and by the storage server, for reads and deletes.
     group = batch.handle.groups[0]
     storage = client.storage.client(group.location)
-    stale = GroupRead(GroupKey(*group.partition), LeaseToken(dead["gens"][0]))
+    stale = GroupRead(Partition(*group.partition), LeaseToken(dead["gens"][0]))
     with pytest.raises(StaleFenceError):
         storage.get([stale])
     with pytest.raises(StaleFenceError):
@@ -154,7 +154,7 @@ def test_restart_from_checkpoint_refuses_stale_writers_and_offers_each_uncommitt
     with pytest.raises(StaleFenceError):
         put_groups(client.writer(job, 1), 1, first=50)
     for location in cluster.server_locations:
-        key = GroupKey(job, 1, 999)
+        key = Partition(job, 1, 999)
         with pytest.raises(StaleFenceError, match="fenced"):
             client.storage.client(location).put_group(key, _one_group(job, 1, 999))
     offered: list[int] = []
@@ -181,7 +181,7 @@ def test_restore_issues_tokens_above_every_generation_the_servers_saw(cluster, j
     client.checkpoint(job, ckpt)
     high = LeaseToken(40 << 32)  # a token of a later incarnation of the rolled-back controller
     for g in cluster.controller.call("groups_in", {"job_id": job, "state": "READY"}):
-        client.storage.client(g.location).advance_generation([GroupRead(GroupKey(*g.partition), high)])
+        client.storage.client(g.location).advance_generation([GroupRead(Partition(*g.partition), high)])
     cluster.restart_controller()
     client = cluster.client()
     client.restore(ckpt, job_id=job, epoch=2, config=None)
@@ -251,7 +251,7 @@ def test_restore_purges_and_counts_puts_made_after_the_checkpoint(cluster, job, 
     put_groups(writer, 2, seed=3, first=3)  # acknowledged READY after the checkpoint
     batch = _one_group(job, 1, 0)
     grant = client.controller.allocate(job, 1, writer.writer_id, nbytes=batch.get_total_buffer_size())
-    key = GroupKey(*grant.partition)
+    key = Partition(*grant.partition)
     client.storage.put_group(grant.location, key, with_key(batch, key), writer=writer.writer_id, timeout=10)
     assert sum(len(client.storage.client(loc).list_groups(job)) for loc in cluster.server_locations) == 6
 

@@ -21,7 +21,6 @@ import pytest
 
 import trajflight
 from trajflight._ray_plane import RayCluster, parse_ray_address
-from trajflight.codec import GroupKey
 from trajflight.controller import GroupState
 from trajflight.errors import (
     AlreadyExistsError,
@@ -31,6 +30,7 @@ from trajflight.errors import (
     StaleFenceError,
 )
 from trajflight.flight_server import GroupRead, LeaseToken
+from trajflight.keys import Partition
 
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1"}
 
@@ -240,7 +240,7 @@ def test_an_expired_lease_is_fenced_on_its_storage_server_by_the_controller_acto
     lease = client.controller.acquire(job, "raw", max_groups=1)  # no client-side fencing at all
     (group,) = lease.groups
     storage = client.storage.client(group.location)
-    read = GroupRead(GroupKey(*group.partition), LeaseToken(lease.token))
+    read = GroupRead(Partition(*group.partition), LeaseToken(lease.token))
     assert storage.get([read]).num_rows == group.rows
     deadline = time.monotonic() + 30.0
     while (

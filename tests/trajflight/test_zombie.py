@@ -23,10 +23,10 @@ import pyarrow as pa
 import pytest
 
 import trajflight
-from trajflight.codec import GroupKey
 from trajflight.controller import GroupState
 from trajflight.errors import StaleFenceError
 from trajflight.flight_server import GroupRead, LeaseToken
+from trajflight.keys import Partition
 
 from .conftest import put_groups
 
@@ -123,7 +123,7 @@ def test_a_stopped_trainer_past_its_ttl_is_refused_reads_and_appends(plane):
     assert _stored(plane, client, job) == before  # nothing appended
 
     # The operator reads the UNKNOWN groups (tokenless, as any analyst) and resolves them.
-    assert set(_stored(plane, client, job)) == {GroupKey(*p) for p in leased}
+    assert set(_stored(plane, client, job)) == {Partition(*p) for p in leased}
     controller.resolve(job, leased, "requeue")
     with client.trainer(job).lease(2, wait=10) as batch:
         table = batch.fetch_table()
@@ -145,7 +145,7 @@ def test_an_expired_lease_is_fenced_on_the_server_even_before_anyone_leases_agai
     assert lease is not None
     (group,) = lease.groups
     storage = client.storage.client(group.location)
-    read = GroupRead(GroupKey(*group.partition), LeaseToken(lease.token))
+    read = GroupRead(Partition(*group.partition), LeaseToken(lease.token))
     assert storage.get([read]).num_rows == group.rows  # the holder reads while the lease lives
     _wait_until(lambda: client.controller.group(group.partition).state is GroupState.READY, "it expired")
     _wait_until(lambda: client.controller.fence_list() == (), "the server was fenced")
