@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from trajflight.codec._containers import DoublyRagged, NumpyBatch, Padded, Ragged, TorchBatch
 from trajflight.codec._decode import Layout, decode, decode_numpy
-from trajflight.codec._encode import encode_group
+from trajflight.codec._encode import default_sample_ids, encode_group
 from trajflight.codec._encode_many import EncodedGroups, encode_groups
 from trajflight.codec._schema import STANDARD_SCHEMA, TrajectorySchema
 from trajflight.codec._validate import validate_group
@@ -31,6 +31,7 @@ __all__ = [
     "TrajectorySchema",
     "decode",
     "decode_numpy",
+    "default_sample_ids",
     "encode_group",
     "encode_groups",
     "validate_group",

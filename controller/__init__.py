@@ -15,9 +15,18 @@ from __future__ import annotations
 from ._checkpoint import checkpoint_seq
 from ._checkpoint import read_file as read_checkpoint
 from ._checkpoint import write_atomic as write_checkpoint
-from ._client import ControllerClient, LocalTransport, RayTransport, connect_ray, start_ray_controller
-from ._host import LocalController
+from ._client import (
+    ControllerClient,
+    LocalTransport,
+    RayTransport,
+    connect_ray,
+    import_ray,
+    start_ray_controller,
+)
+from ._entries import check_seconds
+from ._host import LocalController, check_timeout
 from ._ledger import Ledger
+from ._ray_host import DEFAULT_NAME, start_ray_actor
 from ._records import (
     DeleteWork,
     FenceWork,
@@ -37,6 +46,7 @@ from ._records import (
 )
 
 __all__ = [
+    "DEFAULT_NAME",
     "ControllerClient",
     "DeleteWork",
     "FenceWork",
@@ -57,9 +67,13 @@ __all__ = [
     "RayTransport",
     "ResolveAction",
     "ServerInfo",
+    "check_seconds",
+    "check_timeout",
     "checkpoint_seq",
     "connect_ray",
+    "import_ray",
     "read_checkpoint",
+    "start_ray_actor",
     "start_ray_controller",
     "write_checkpoint",
 ]

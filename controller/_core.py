@@ -35,6 +35,7 @@ from trajflight.errors import (
     LeaseExpiredError,
     NotFoundError,
     StaleFenceError,
+    brief,
 )
 
 from ._entries import (
@@ -52,7 +53,6 @@ from ._entries import (
     _Lease,
     _Server,
     _Writer,
-    brief,
     check_int,
     check_name,
     check_old_ready,

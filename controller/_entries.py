@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import functools
 import math
-import reprlib
 from collections.abc import Iterable
 from typing import Any
 
-from trajflight.errors import InvalidRequestError
+from trajflight.errors import InvalidRequestError, brief
 
 from ._gc import GcList
 from ._index import ReadyIndex
@@ -23,7 +22,6 @@ __all__ = [
     "ALLOCATED",
     "COMMITTED",
     "DROPPED",
-    "ECHO_CHARS",
     "INT64_MAX",
     "LEASED",
     "MAX_NAME_CHARS",
@@ -49,12 +47,8 @@ INT64_MAX = (1 << 63) - 1
 MAX_NAME_CHARS = 1024
 """Longest name (job, writer, owner, server, node, location, batch, column) the ledger accepts."""
 
-ECHO_CHARS = 100
 """Most characters of a caller's value an error message repeats (see :func:`brief`)."""
 
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, ECHO_CHARS, ECHO_CHARS
-_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = _REPR.maxfrozenset = 4
 
 READY = GroupState.READY
 LEASED = GroupState.LEASED
@@ -212,21 +206,6 @@ class _Job:
     def pending_writers(self) -> list[str]:
         """Registered writers that have not acknowledged the announced policy version, sorted."""
         return sorted(w for w, writer in self.writers.items() if writer.acked < self.policy_version)
-
-
-def brief(value: object) -> str:
-    """``repr(value)`` cut to about :data:`ECHO_CHARS` characters, for error messages.
-
-    Never echoes unbounded caller input (a 10 MB name, a 100k-deep list): long strings and containers
-    are cut, and the length of a cut string is given instead.
-    """
-    if isinstance(value, str | bytes) and len(value) > ECHO_CHARS:
-        return f"{value[:ECHO_CHARS]!r}... ({len(value)} {'chars' if isinstance(value, str) else 'bytes'})"
-    try:
-        text = _REPR.repr(value)
-    except Exception:  # a hostile __repr__: name the type only
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= ECHO_CHARS + 20 else text[: ECHO_CHARS + 20] + "..."
 
 
 def check_name(value: object, what: str) -> str:

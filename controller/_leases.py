@@ -23,6 +23,7 @@ from trajflight.errors import (
     InvalidStateError,
     NotFoundError,
     StaleFenceError,
+    brief,
 )
 
 from ._entries import (
@@ -36,7 +37,6 @@ from ._entries import (
     UNKNOWN,
     _Group,
     _Lease,
-    brief,
     check_columns,
     check_int,
     check_name,

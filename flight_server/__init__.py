@@ -15,9 +15,10 @@
 from __future__ import annotations
 
 from trajflight.flight_server._client import GroupInfo, ShmOpened, StorageClient, get_parallel
-from trajflight.flight_server._errors import WIRE_ERRORS
+from trajflight.flight_server._errors import WIRE_ERRORS, server_errors, translate_errors
+from trajflight.flight_server._segments import join_batches
 from trajflight.flight_server._server import ACTIONS, StorageServer
-from trajflight.flight_server._shm import ShmArena, host_id
+from trajflight.flight_server._shm import ShmArena, host_id, sweep_dead_arenas
 from trajflight.flight_server._store import StoreLimits
 from trajflight.flight_server._wire import (
     WIRE_VERSION,
@@ -47,4 +48,8 @@ __all__ = [
     "TokenSigner",
     "get_parallel",
     "host_id",
+    "join_batches",
+    "server_errors",
+    "sweep_dead_arenas",
+    "translate_errors",
 ]

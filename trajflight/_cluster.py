@@ -36,7 +36,7 @@ from trajflight._control import ControlServer, host_identity
 from trajflight._storage import StoragePool, Transport
 from trajflight.controller import ControllerClient, LocalController, LocalTransport
 from trajflight.errors import ConfigError, UnavailableError
-from trajflight.flight_server._shm import sweep_dead_arenas
+from trajflight.flight_server import sweep_dead_arenas
 from trajflight.units import parse_size
 
 __all__ = ["LocalCluster"]
@@ -158,8 +158,7 @@ class LocalCluster:
 
     def _start_servers(self) -> None:
         if not self.processes:
-            from trajflight.flight_server import StorageServer, StoreLimits
-            from trajflight.flight_server._shm import ShmArena
+            from trajflight.flight_server import ShmArena, StorageServer, StoreLimits
 
             limits = StoreLimits(capacity_bytes=self.capacity, capacity_groups=self.max_groups)
             for i in range(self.num_servers):

@@ -62,11 +62,11 @@ from trajflight.controller import (
     PutGrant,
     ResolveAction,
     ServerInfo,
+    check_seconds,
+    check_timeout,
 )
-from trajflight.controller._entries import brief, check_seconds
-from trajflight.controller._host import check_timeout
-from trajflight.errors import InvalidRequestError, TrajflightError, UnavailableError
-from trajflight.flight_server._errors import server_errors, translate_errors
+from trajflight.errors import InvalidRequestError, TrajflightError, UnavailableError, brief
+from trajflight.flight_server import server_errors, translate_errors
 
 __all__ = [
     "CALLS",

@@ -39,9 +39,15 @@ from typing import Any
 
 from trajflight._client import Client
 from trajflight._storage import StoragePool
-from trajflight.controller import ControllerClient, DeleteWork, FenceWork, RayTransport
-from trajflight.controller._client import import_ray
-from trajflight.controller._ray_host import DEFAULT_NAME, start_ray_actor
+from trajflight.controller import (
+    DEFAULT_NAME,
+    ControllerClient,
+    DeleteWork,
+    FenceWork,
+    RayTransport,
+    import_ray,
+    start_ray_actor,
+)
 from trajflight.errors import (
     AlreadyExistsError,
     ConfigError,

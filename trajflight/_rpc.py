@@ -26,8 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from trajflight.controller._entries import brief
-from trajflight.errors import InvalidRequestError
+from trajflight.errors import InvalidRequestError, brief
 
 __all__ = ["MAX_DEPTH", "check_depth", "dumps", "loads", "register"]
 

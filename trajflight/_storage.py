@@ -28,12 +28,10 @@ import numpy as np
 import pyarrow as pa
 
 from trajflight._handles import BatchHandle
-from trajflight.codec._encode import default_sample_ids
+from trajflight.codec import default_sample_ids
 from trajflight.controller import DeleteWork, FenceWork
 from trajflight.errors import ConfigError, DeadlineExceededError, InvalidRequestError
-from trajflight.flight_server import GroupRead, LeaseToken, ShmOpened, StorageClient
-from trajflight.flight_server._segments import join_batches
-from trajflight.flight_server._shm import host_id
+from trajflight.flight_server import GroupRead, LeaseToken, ShmOpened, StorageClient, host_id, join_batches
 from trajflight.keys import Partition
 
 T = TypeVar("T")

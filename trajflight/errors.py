@@ -13,9 +13,11 @@ class, the message and the structured fields (``column``, ``row``, ``retry_after
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any, ClassVar
 
 __all__ = [
+    "ECHO_CHARS",
     "AlreadyExistsError",
     "CapacityExceededError",
     "CheckpointError",
@@ -30,8 +32,31 @@ __all__ = [
     "StaleFenceError",
     "TrajflightError",
     "UnavailableError",
+    "brief",
     "error_class_for_code",
 ]
+
+ECHO_CHARS = 100
+"""Most characters of a caller's input an error message repeats."""
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, ECHO_CHARS, ECHO_CHARS
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = _REPR.maxfrozenset = 4
+
+
+def brief(value: object) -> str:
+    """``repr(value)`` cut to about :data:`ECHO_CHARS` characters, for error messages.
+
+    Never echoes unbounded caller input (a 10 MB name, a 100k-deep list): long strings and containers
+    are cut, and the length of a cut string is given instead.
+    """
+    if isinstance(value, str | bytes) and len(value) > ECHO_CHARS:
+        return f"{value[:ECHO_CHARS]!r}... ({len(value)} {'chars' if isinstance(value, str) else 'bytes'})"
+    try:
+        text = _REPR.repr(value)
+    except Exception:  # a hostile __repr__: name the type only
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= ECHO_CHARS + 20 else text[: ECHO_CHARS + 20] + "..."
 
 
 class TrajflightError(Exception):

@@ -14,8 +14,8 @@ import re
 import pytest
 
 from trajflight.controller import JobConfig, Partition, Publication
-from trajflight.controller._entries import brief, check_int, check_seconds
-from trajflight.errors import ConfigError, InvalidRequestError
+from trajflight.controller._entries import check_int, check_seconds
+from trajflight.errors import ConfigError, InvalidRequestError, brief
 
 BIG = 2**63
 HUGE = "x" * 10_000_000
