@@ -291,20 +291,20 @@ class PartitionLedger(LedgerCore):
             groups.append(g)
             sizes = (item.rows, item.nbytes, item.tokens, item.policy_version)
             _check_sizes(key, sizes)
-            prior = planned.get(key)
-            if prior is None and g.state is not ALLOCATED:
-                prior = self._published_sizes(key, g)
-            if prior is not None:
-                check_columns(item.columns, "columns")  # a repeat's too: bad input is never accepted
-                _check_repeat(key, prior, sizes)
-                continue
-            self._check_publication(job, key, g, sizes)
+            # Columns next, a repeat's too (bad input is never accepted), in publish's order of checks.
             cols = columns.get(item.columns) if type(item.columns) is tuple else None
             if cols is None:
                 colset = check_columns(item.columns, "columns")
                 cols = (colset, self._columns(colset))
                 if type(item.columns) is tuple:
                     columns[item.columns] = cols
+            prior = planned.get(key)
+            if prior is None and g.state is not ALLOCATED:
+                prior = self._published_sizes(key, g)
+            if prior is not None:
+                _check_repeat(key, prior, sizes)
+                continue
+            self._check_publication(job, key, g, sizes)
             planned[key] = sizes
             apply.append((job, g, sizes, *cols))
         for job, g, sizes, colset, names in apply:
