@@ -1,5 +1,6 @@
 """Scenarios: the controller killed (SIGKILL) and started again on its journal at the steps of lease,
-training, put, commit and delete, and stopped (SIGSTOP/SIGCONT) as if cut off by a partition."""
+training, put, commit and delete, and stopped (SIGSTOP/SIGCONT) as if cut off by a partition (slow: it
+waits out the partition and the leases it expired)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ def test_controller_killed_between_store_and_publish(plane, job):
     sc.verify()
 
 
+@pytest.mark.slow
 def test_controller_stopped_as_if_partitioned(plane, job):
     """The controller stopped for 4 s (twice the lease TTL) under writers and a trainer: their calls time
     out with typed errors; when it answers again expired leases are reclaimed (TRAINING ones UNKNOWN,

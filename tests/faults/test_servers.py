@@ -1,5 +1,6 @@
 """Scenarios: storage servers killed (their groups lost), killed between commit and delete, hung (stopped)
-under puts and reads, restarted on their arenas; and a killed driver of the embedded plane."""
+under puts and reads (slow: it waits out the hang and the deadlines it causes), restarted on their
+arenas; and a killed driver of the embedded plane."""
 
 from __future__ import annotations
 
@@ -93,6 +94,7 @@ def test_storage_server_killed_between_commit_and_delete(plane, job):
     sc.verify()
 
 
+@pytest.mark.slow
 def test_hung_storage_server_is_waited_out(plane, job):
     """A storage server stopped for 4 s (hung: it accepts connections and never answers) under puts and
     reads: calls to it time out with typed errors, writers regenerate, trainers give the lease back; once
