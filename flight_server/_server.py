@@ -86,7 +86,8 @@ ACTIONS: dict[str, str] = {
     ),
     "advance_generation": (
         'Raise the highest lease generation of groups (the controller re-granted them). Body {"v":1,'
-        '"groups":[{"job_id","epoch","group_id","generation","sig"?}]}. Result {"raised"}.'
+        '"groups":[{"job_id","epoch","group_id","generation","sig"?}]}. Result {"raised","missing"}: missing '
+        "lists the groups the server neither stores nor is receiving."
     ),
     "stats": 'Groups, bytes, reservations, capacity, per job and epoch. Empty body or {"v":1}. Result: JSON.',
     "health": (
@@ -453,7 +454,8 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
             return self.store.delete(body.groups)
         if isinstance(body, GenerationRequest):
             self._verify_tokens(body.groups)
-            return {"raised": self.store.advance_generation(body.groups)}
+            raised, absent = self.store.advance_generation(body.groups)
+            return {"raised": raised, "missing": absent}
         if isinstance(body, FenceRequest):
             if self._signer is not None and not self._signer.verify(
                 self._signer.sign_fence(body.job_id, body.min_epoch), body.sig

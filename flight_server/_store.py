@@ -717,19 +717,25 @@ class GroupStore(ShmStoreMixin):
         self._release_segments(dropped)
         return result
 
-    def advance_generation(self, reads: Iterable[GroupRead]) -> int:
-        """Raise the highest generation of groups (the controller re-granted them); returns how many rose."""
+    def advance_generation(self, reads: Iterable[GroupRead]) -> tuple[int, list[dict[str, Any]]]:
+        """Raise the highest generation of groups (the controller re-granted them).
+
+        Returns:
+            How many rose, and the groups this server neither stores nor is receiving (a trainer's
+            lease of them can never be read here: a server restarted empty lost them).
+        """
         reads = list(reads)
-        missing = next((r for r in reads if r.token is None), None)
-        if missing is not None:  # checked for every group before any rises
-            raise InvalidRequestError(f"advance_generation of group {_fmt(missing.key)} needs a generation")
+        untokened = next((r for r in reads if r.token is None), None)
+        if untokened is not None:  # checked for every group before any rises
+            raise InvalidRequestError(f"advance_generation of group {_fmt(untokened.key)} needs a generation")
         raised = 0
         with self._lock:
+            absent = [_kd(r.key) for r in reads if r.key not in self._groups and r.key not in self._pending]
             for r in reads:
                 if r.token is not None and r.token.generation > self._generation.get(r.key, -1):
                     self._raise_locked(r.key, r.token.generation)
                     raised += 1
-        return raised
+        return raised, absent
 
     # ------------------------------------------------------------------------------------ inspection
 

@@ -30,7 +30,7 @@ import pyarrow as pa
 from trajflight._handles import BatchHandle
 from trajflight.codec import default_sample_ids
 from trajflight.controller import DeleteWork, FenceWork
-from trajflight.errors import ConfigError, DeadlineExceededError, InvalidRequestError
+from trajflight.errors import ConfigError, DeadlineExceededError, InvalidRequestError, NotFoundError
 from trajflight.flight_server import GroupRead, LeaseToken, ShmOpened, StorageClient, host_id, join_batches
 from trajflight.keys import Partition
 
@@ -273,7 +273,14 @@ class StoragePool:
         client, reads = self.client(location), _lease_reads(groups)
         if self.uses_shm(location, timeout=timeout):
             return _open_and_lock(client, reads, timeout)
-        client.advance_generation(reads, timeout=timeout)
+        missing = client.advance_generation(reads, timeout=timeout).get("missing") or []
+        if missing:  # as shm_open refuses it: a lease of groups this server lost can never be read here
+            first = missing[0]
+            example = (first.get("job_id"), first.get("epoch"), first.get("group_id"))
+            raise NotFoundError(
+                f"storage server {location} does not hold {len(missing)} group(s) of the lease, "
+                f"e.g. {example!r:.160}"
+            )
         return None
 
 

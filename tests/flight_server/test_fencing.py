@@ -126,3 +126,16 @@ def test_with_a_deployment_secret_only_signed_credentials_pass():
             client.fence("job-a", 5)
         client.fence("job-a", 1, sig=signer.sign_fence("job-a", 1))
         assert client.delete([GroupRead(KEY, signer.lease_token(KEY, 7))])["deleted"] == 1
+
+
+def test_advance_generation_names_the_groups_the_server_does_not_hold():
+    """Regression (fault suite): a storage server restarted empty fenced a lease of groups it had lost
+    without a word, so over Flight the trainer's lease never learned they were gone (they cycled READY
+    -> LEASED for ever); ``shm_open`` refused them. The answer now lists them."""
+    lost = Partition("job-a", 1, 6)
+    with serving() as (_, client):
+        client.put_group(KEY, make_group(KEY))
+        result = client.advance_generation([GroupRead(KEY, LeaseToken(3)), GroupRead(lost, LeaseToken(3))])
+        assert result["raised"] == 2
+        assert result["missing"] == [{"job_id": "job-a", "epoch": 1, "group_id": 6}]
+        assert client.advance_generation([GroupRead(KEY, LeaseToken(4))])["missing"] == []
