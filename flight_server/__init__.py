@@ -18,7 +18,6 @@ from trajflight.flight_server._client import GroupInfo, ShmOpened, StorageClient
 from trajflight.flight_server._errors import WIRE_ERRORS, server_errors, translate_errors
 from trajflight.flight_server._segments import join_batches
 from trajflight.flight_server._server import ACTIONS, StorageServer
-from trajflight.flight_server._shm import ShmArena, host_id, sweep_dead_arenas
 from trajflight.flight_server._store import StoreLimits
 from trajflight.flight_server._wire import (
     WIRE_VERSION,
@@ -29,6 +28,7 @@ from trajflight.flight_server._wire import (
     PutDescriptor,
     TokenSigner,
 )
+from trajflight.flight_server.shm._arena import ShmArena, host_id, sweep_dead_arenas
 
 __all__ = [
     "ACTIONS",

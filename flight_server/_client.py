@@ -36,10 +36,6 @@ from trajflight.errors import (
     UnavailableError,
 )
 from trajflight.flight_server._errors import translate_errors
-from trajflight.flight_server._fences import MappedBoard
-from trajflight.flight_server._local import MAX_FRAME, LocalChannel
-from trajflight.flight_server._opened import ShmOpened
-from trajflight.flight_server._segment_writer import SegmentWriter
 from trajflight.flight_server._segments import (
     heap_placement,
     join_batches,
@@ -66,6 +62,10 @@ from trajflight.flight_server._wire import (
     encode,
     encode_json,
 )
+from trajflight.flight_server.shm._fences import MappedBoard
+from trajflight.flight_server.shm._local import MAX_FRAME, LocalChannel
+from trajflight.flight_server.shm._reader import ShmOpened
+from trajflight.flight_server.shm._writer import SegmentWriter
 from trajflight.keys import Partition
 
 __all__ = ["INLINE_PUT_BYTES", "GroupInfo", "ShmOpened", "StorageClient", "get_parallel"]

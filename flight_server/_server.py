@@ -36,12 +36,9 @@ import pyarrow.flight as flight
 from trajflight.codec import STANDARD_SCHEMA, TrajectorySchema, validate_group
 from trajflight.errors import InvalidRequestError, SchemaError
 from trajflight.flight_server._errors import server_errors
-from trajflight.flight_server._local import LocalChannelServer, run_handler
 from trajflight.flight_server._put_stream import check_stream_schema, receive, receive_groups
 from trajflight.flight_server._segments import Placement
-from trajflight.flight_server._shm import ShmArena, host_id
 from trajflight.flight_server._store import GroupStore, StoredGroup, StoreLimits
-from trajflight.flight_server._store_shm import fmt_key
 from trajflight.flight_server._wire import (
     WIRE_VERSION,
     AppendDescriptor,
@@ -66,6 +63,9 @@ from trajflight.flight_server._wire import (
     group_descriptor,
 )
 from trajflight.flight_server._wire_bounds import echo
+from trajflight.flight_server.shm._arena import ShmArena, host_id
+from trajflight.flight_server.shm._local import LocalChannelServer, run_handler
+from trajflight.flight_server.shm._store import fmt_key
 from trajflight.keys import Partition
 
 __all__ = ["ACTIONS", "StorageServer"]

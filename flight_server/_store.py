@@ -46,14 +46,14 @@ from trajflight.errors import (
     SchemaError,
     StaleFenceError,
 )
-from trajflight.flight_server._fences import FenceBoard
 from trajflight.flight_server._segments import Placement, concat_groups, open_segment, serialize_segment
-from trajflight.flight_server._shm import Segment, ShmArena
 from trajflight.flight_server._store_records import Reservation, StoredGroup, StoreLimits
-from trajflight.flight_server._store_shm import ShmBatch, ShmPut, ShmStoreMixin, fmt_key, key_fields
 from trajflight.flight_server._tombstones import Tombstones
 from trajflight.flight_server._wire import GroupRead, LeaseToken, ListCriteria
 from trajflight.flight_server._wire_bounds import echo
+from trajflight.flight_server.shm._arena import Segment, ShmArena
+from trajflight.flight_server.shm._fences import FenceBoard
+from trajflight.flight_server.shm._store import ShmBatch, ShmPut, ShmStoreMixin, fmt_key, key_fields
 from trajflight.keys import Partition
 from trajflight.units import format_size
 

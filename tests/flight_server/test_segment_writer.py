@@ -16,8 +16,8 @@ from test_shm_batch import joined, serving
 
 from trajflight.errors import InvalidRequestError, NotFoundError
 from trajflight.flight_server import GroupRead, LeaseToken
-from trajflight.flight_server._segment_writer import SegmentWriter
 from trajflight.flight_server._segments import stream_size
+from trajflight.flight_server.shm._writer import SegmentWriter
 from trajflight.keys import Partition
 
 SEGMENT = 256 * 1024

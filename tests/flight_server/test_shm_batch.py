@@ -32,7 +32,6 @@ from trajflight.flight_server import (
     StoreLimits,
     TokenSigner,
 )
-from trajflight.flight_server._shm import size_class, write_segment
 from trajflight.flight_server._wire import (
     PutDescriptor,
     ShmAbortRequest,
@@ -42,6 +41,7 @@ from trajflight.flight_server._wire import (
     ShmReserveRequest,
     encode,
 )
+from trajflight.flight_server.shm._arena import size_class, write_segment
 from trajflight.keys import Partition
 
 SECRET = b"0123456789abcdef0123456789abcdef"

@@ -20,10 +20,10 @@ from shm_testkit import shm_serving
 from trajflight.errors import InvalidRequestError, SchemaError, StaleFenceError
 from trajflight.flight_server import GroupRead, LeaseToken
 from trajflight.flight_server._errors import translate_errors
-from trajflight.flight_server._local import LocalChannel
 from trajflight.flight_server._store import GroupStore
 from trajflight.flight_server._wire import decode_action_body, decode_descriptor, decode_ticket
 from trajflight.flight_server._wire_bounds import ECHO_CHARS, INT64_MAX, MAX_DEPTH, _depth
+from trajflight.flight_server.shm._local import LocalChannel
 from trajflight.keys import Partition
 
 KEY = Partition("job-a", 0, 1)

@@ -21,7 +21,7 @@ from flight_testkit import make_group
 from trajflight.errors import DeadlineExceededError, TrajflightError
 from trajflight.flight_server import GroupRead, LeaseToken, ShmArena, StorageClient, StorageServer
 from trajflight.flight_server._errors import from_flight_error
-from trajflight.flight_server._local import LocalChannel
+from trajflight.flight_server.shm._local import LocalChannel
 from trajflight.keys import Partition
 
 JOB, EPOCH = "fuzz", 1

@@ -17,10 +17,10 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from trajflight.errors import SchemaError, TrajflightError
-from trajflight.flight_server._fences import BoardQuery
 from trajflight.flight_server._segments import concat_groups
-from trajflight.flight_server._shm import map_segment
 from trajflight.flight_server._wire import GroupRead
+from trajflight.flight_server.shm._arena import map_segment
+from trajflight.flight_server.shm._fences import BoardQuery
 from trajflight.keys import Partition
 
 __all__ = ["ShmOpened"]

@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from trajflight.errors import InvalidRequestError
 from trajflight.flight_server._segments import write_stream
-from trajflight.flight_server._shm import write_segment
+from trajflight.flight_server.shm._arena import write_segment
 
 __all__ = ["MAX_KEPT_BYTES", "MAX_KEPT_SEGMENTS", "SegmentWriter"]
 
