@@ -28,7 +28,8 @@ from trajflight.flight_server._wire import (
     PutDescriptor,
     TokenSigner,
 )
-from trajflight.flight_server.shm._arena import ShmArena, host_id, sweep_dead_arenas
+from trajflight.flight_server.shm._arena import ShmArena, host_id
+from trajflight.flight_server.shm._sweep import sweep_dead_arenas
 
 __all__ = [
     "ACTIONS",

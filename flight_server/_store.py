@@ -51,8 +51,9 @@ from trajflight.flight_server._store_records import Reservation, StoredGroup, St
 from trajflight.flight_server._tombstones import Tombstones
 from trajflight.flight_server._wire import GroupRead, LeaseToken, ListCriteria
 from trajflight.flight_server._wire_bounds import echo
-from trajflight.flight_server.shm._arena import Segment, ShmArena
+from trajflight.flight_server.shm._arena import ShmArena
 from trajflight.flight_server.shm._fences import FenceBoard
+from trajflight.flight_server.shm._segment import Segment
 from trajflight.flight_server.shm._store import ShmBatch, ShmPut, ShmStoreMixin, fmt_key, key_fields
 from trajflight.keys import Partition
 from trajflight.units import format_size

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from trajflight.errors import InvalidRequestError
-from trajflight.flight_server.shm._arena import Segment
+from trajflight.flight_server.shm._segment import Segment
 from trajflight.keys import Partition
 
 if TYPE_CHECKING:

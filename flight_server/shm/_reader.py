@@ -19,8 +19,8 @@ import pyarrow.ipc as ipc
 from trajflight.errors import SchemaError, TrajflightError
 from trajflight.flight_server._segments import concat_groups
 from trajflight.flight_server._wire import GroupRead
-from trajflight.flight_server.shm._arena import map_segment
 from trajflight.flight_server.shm._fences import BoardQuery
+from trajflight.flight_server.shm._segment import map_segment
 from trajflight.keys import Partition
 
 __all__ = ["ShmOpened"]

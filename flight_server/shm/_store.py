@@ -26,7 +26,8 @@ from trajflight.errors import CapacityExceededError, InvalidRequestError, NotFou
 from trajflight.flight_server._store_records import Reservation, StoredGroup
 from trajflight.flight_server._wire import GroupRead
 from trajflight.flight_server._wire_bounds import echo
-from trajflight.flight_server.shm._arena import SLAB_ALIGN, Segment, ShmArena, size_class
+from trajflight.flight_server.shm._arena import SLAB_ALIGN, ShmArena
+from trajflight.flight_server.shm._segment import Segment, size_class
 from trajflight.keys import Partition
 
 __all__ = ["ShmBatch", "ShmPut", "ShmStoreMixin", "fmt_key", "key_fields"]

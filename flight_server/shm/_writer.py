@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from trajflight.errors import InvalidRequestError
 from trajflight.flight_server._segments import write_stream
-from trajflight.flight_server.shm._arena import write_segment
+from trajflight.flight_server.shm._segment import POPULATE, write_segment
 
 __all__ = ["MAX_KEPT_BYTES", "MAX_KEPT_SEGMENTS", "SegmentWriter"]
 
@@ -42,7 +42,6 @@ MAX_KEPT_SEGMENTS = 8
 MAX_KEPT_BYTES = 256 * 2**20
 """Bytes of mappings a :class:`SegmentWriter` keeps by default (a larger segment is never kept)."""
 _SEEN = 64  # segments remembered as seen once (to map them the second time)
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: fill the page tables in one call
 
 
 @dataclass(slots=True)
@@ -130,7 +129,7 @@ class SegmentWriter:
         try:
             # Filled in one call: the writer touches every page it writes, and faulting them one by one
             # cost more here.
-            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE)
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | POPULATE)
         except OSError:
             os.close(fd)
             return None  # out of address space or memory: write(2) still works

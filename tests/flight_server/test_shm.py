@@ -51,7 +51,8 @@ from trajflight.flight_server import (
     TokenSigner,
 )
 from trajflight.flight_server._wire import PutDescriptor, ShmPublishRequest, ShmReserveRequest, encode
-from trajflight.flight_server.shm._arena import ORPHAN_AGE, size_class, sweep_dead_arenas
+from trajflight.flight_server.shm._segment import size_class
+from trajflight.flight_server.shm._sweep import ORPHAN_AGE, sweep_dead_arenas
 from trajflight.keys import Partition
 
 KEY = Partition("job-a", 1, 5)
@@ -206,7 +207,7 @@ def test_a_reader_killed_while_it_maps_a_segment_lets_the_server_reuse_it():
         segment = client._action("shm_open", encode_ticket(KEY), None)["segments"][0]
         code = (
             "import sys, time\n"
-            "from trajflight.flight_server.shm._arena import map_segment\n"
+            "from trajflight.flight_server.shm._segment import map_segment\n"
             "mm = map_segment(sys.argv[1], int(sys.argv[2]))\n"
             "print('mapped', flush=True)\n"
             "time.sleep(60)\n"

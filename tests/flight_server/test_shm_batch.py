@@ -41,7 +41,7 @@ from trajflight.flight_server._wire import (
     ShmReserveRequest,
     encode,
 )
-from trajflight.flight_server.shm._arena import size_class, write_segment
+from trajflight.flight_server.shm._segment import size_class, write_segment
 from trajflight.keys import Partition
 
 SECRET = b"0123456789abcdef0123456789abcdef"
