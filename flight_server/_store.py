@@ -2,28 +2,25 @@
 
 Layout: each stored group is a tuple of *parts*, each a table over Arrow buffers. The first part holds the
 columns the writer put; each column append adds one part with only the new columns, so existing columns
-are never rewritten. By default a part keeps the very buffers Flight received (no copy: the fastest put and
-the least memory). With a ``place(size) -> pyarrow.Buffer`` hook, each part is instead written once as one
-complete Arrow IPC stream (schema, batches, end-of-stream) into a buffer the hook hands out, and served
-from there. With a shared-memory ``arena`` (:mod:`._shm`) every part lives in an arena segment: Flight
-puts are copied once into one, same-node writers fill one themselves (:meth:`GroupStore.begin_shm_put`,
-:meth:`GroupStore.publish_shm`), same-node readers map them (:meth:`GroupStore.shm_open`), and deletes
-give segments back to the arena (reused only when no reader ever mapped them). The table served to
-readers is a zero-copy view over the parts, built once at publish.
+are never rewritten. Without an arena a part keeps the very buffers Flight received (no copy: the fastest
+put and the least memory). With a shared-memory arena, every part lives in an arena segment, placed by the
+store's collaborator :class:`~.shm._store.ShmStore` (:attr:`GroupStore.shm`): Flight puts and appends are
+copied once into one, same-host writers fill one themselves (``GroupStore.shm.reserve`` and ``publish``),
+same-host readers map them (:meth:`GroupStore.shm_open`), and deletes give segments back to the arena
+(reused only once no reader maps them). The table served to readers is a zero-copy view over the parts.
 
-Capacity counts buffer sizes (``get_total_buffer_size`` of received batches, or segment sizes when
-placed; Arrow's memory pool does not see buffers received by Flight) and in-flight reservations, in bytes
-and in groups. Fencing: per job the lowest epoch still accepted for puts, per group the highest lease
-generation seen (kept after a delete, so a zombie's late delete or append is still refused; forgotten when
-the group's epoch is fenced); every deleted key is tombstoned, so a late put of it is refused. Reads,
-appends and deletes are fenced by generation only, not by epoch: a
-job restored from a checkpoint under a new epoch re-offers READY groups of the old epoch under new, higher
-generations, and their new holders must reach them.
+Capacity counts buffer sizes (``get_total_buffer_size`` of received batches, or segment sizes in an arena;
+Arrow's memory pool does not see buffers received by Flight) and in-flight reservations, in bytes and in
+groups. Fencing: per job the lowest epoch still accepted for puts, per group the highest lease generation
+seen (kept after a delete, so a zombie's late delete or append is still refused; forgotten when the
+group's epoch is fenced); every deleted key is tombstoned, so a late put of it is refused. Reads, appends
+and deletes are fenced by generation only, not by epoch: a job restored from a checkpoint under a new
+epoch re-offers READY groups of the old epoch under new, higher generations, and their new holders must
+reach them.
 
 The records (:class:`StoredGroup`, :class:`StoreLimits`, :class:`Reservation`) live in
 :mod:`._store_records` and are re-exported here. This module does not verify signatures (the server does)
-and does no I/O. It is thread-safe: one lock
-guards the maps; serialisation and validation run outside it.
+and does no I/O. It is thread-safe: one lock guards the maps; serialisation and validation run outside it.
 """
 
 from __future__ import annotations
@@ -46,19 +43,27 @@ from trajflight.errors import (
     SchemaError,
     StaleFenceError,
 )
-from trajflight.flight_server._segments import Placement, concat_groups, open_segment, serialize_segment
-from trajflight.flight_server._store_records import Reservation, StoredGroup, StoreLimits
+from trajflight.flight_server._segments import concat_groups
+from trajflight.flight_server._store_records import (
+    Reservation,
+    StoredGroup,
+    StoreLimits,
+    fmt_key,
+    key_fields,
+)
 from trajflight.flight_server._tombstones import Tombstones
 from trajflight.flight_server._wire import GroupRead, LeaseToken, ListCriteria
 from trajflight.flight_server._wire_bounds import echo
 from trajflight.flight_server.shm._arena import ShmArena
-from trajflight.flight_server.shm._fences import FenceBoard
 from trajflight.flight_server.shm._segment import Segment
-from trajflight.flight_server.shm._store import ShmBatch, ShmPut, ShmStoreMixin, fmt_key, key_fields
+from trajflight.flight_server.shm._store import ShmStore
 from trajflight.keys import Partition
 from trajflight.units import format_size
 
-__all__ = ["GroupStore", "Reservation", "ShmBatch", "ShmPut", "StoreLimits", "StoredGroup"]
+__all__ = ["GroupStore", "Reservation", "StoreLimits", "Stored", "StoredGroup"]
+
+Stored = StoredGroup[Segment]
+"""A group as this store keeps it: its parts placed in arena segments (none without an arena)."""
 
 
 @dataclass(slots=True)
@@ -67,19 +72,16 @@ class _JobState:
     column_types: dict[str, pa.DataType] = field(default_factory=dict)
 
 
-class GroupStore(ShmStoreMixin):
+class GroupStore:
     """Groups by partition key, with fencing and bounded capacity.
 
     Args:
         limits: Capacity and size bounds.
         schema: The trajectory schema groups are checked against (types of user columns are fixed per job
             by the first group that carries them).
-        place: None keeps received buffers as they are; a :data:`Placement` copies each part once into
-            one IPC-stream segment it hands out (see :mod:`._segments`).
-        arena: A shared-memory arena (:class:`~._shm.ShmArena`): every part is placed in one of its
-            segments (Flight puts and appends copy once into it; same-node writers write into it directly,
-            :meth:`begin_shm_put`), deletes give the segments back, capacity counts segment sizes.
-            Exclusive with ``place``.
+        arena: A shared-memory arena (:class:`~.shm._arena.ShmArena`): every part is placed in one of
+            its segments by :attr:`shm` (Flight puts and appends copy once into it; same-host writers write
+            into it directly), deletes give the segments back, capacity counts segment sizes.
         clock: Monotonic clock, injectable for tests.
     """
 
@@ -88,27 +90,27 @@ class GroupStore(ShmStoreMixin):
         limits: StoreLimits | None = None,
         *,
         schema: TrajectorySchema = STANDARD_SCHEMA,
-        place: Placement | None = None,
         arena: ShmArena | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if place is not None and arena is not None:
-            raise InvalidRequestError("give the store a placement or an arena, not both")
         self.limits = limits or StoreLimits()
         self.schema = schema
-        self._place = place
-        self.arena = arena
-        self._shm_puts: dict[str, ShmPut] = {}  # same-node puts reserved, not yet published, by id
-        self._shm_batches: dict[str, ShmBatch] = {}  # same-node batches reserved as one, by id
         self._clock = clock
         self._lock = threading.Lock()
-        self._groups: dict[Partition, StoredGroup] = {}
+        self._groups: dict[Partition, Stored] = {}
         self._pending: dict[Partition, Reservation] = {}  # in-flight puts, by key
         self._appends: set[int] = set()  # ids of in-flight append reservations
         self._generation: dict[Partition, int] = {}
         self._tombstones = Tombstones()  # keys deleted here: a later (or in-flight) put of one is refused
-        # Generations published in shared memory for same-host readers (see _fences); written under _lock.
-        self.board = FenceBoard(arena.directory) if arena is not None else None
+        self.shm = (
+            ShmStore(arena, self, schema=schema, limits=self.limits, clock=clock)
+            if arena is not None
+            else None
+        )
+        """The arena's side of the store (None without an arena): placement and same-host puts."""
+        # Generations published in shared memory for same-host readers (see shm/_fences); written under
+        # the lock.
+        self.board = self.shm.board if self.shm is not None else None
         self._jobs: dict[str, _JobState] = {}
         self._held_bytes = 0
         self._groups_read = 0  # groups handed to readers (do_get or shared-memory handles), for stats
@@ -118,12 +120,19 @@ class GroupStore(ShmStoreMixin):
 
     # ------------------------------------------------------------------------------------- accounting
 
-    def _reserve(self, res: Reservation, nbytes: int) -> None:
+    def reserve_bytes(self, res: Reservation, nbytes: int) -> None:
+        """Count ``nbytes`` more for ``res`` against capacity (a :class:`Reservation` calls it).
+
+        Raises:
+            InvalidRequestError: over ``max_group_bytes``. CapacityExceededError: the store is full.
+        """
         with self._lock:
-            # Slab bytes no group counts any more (a slab kept alive by a few of its groups) still
-            # occupy the arena: capacity bounds them too.
-            stranded = self.arena.stranded_bytes if self.arena is not None else 0
-            self._reserve_locked(res, nbytes, stranded)
+            self._reserve_locked(res, nbytes, self._stranded())
+
+    def _stranded(self) -> int:
+        """Slab bytes no group counts any more (a slab kept alive by a few of its groups): they still
+        occupy the arena, so capacity bounds them too."""
+        return self.shm.stranded_bytes if self.shm is not None else 0
 
     def _reserve_locked(self, res: Reservation, nbytes: int, stranded: int) -> None:
         """Reserve ``nbytes`` more for ``res`` (caller holds the lock); ``stranded``: the arena's
@@ -150,7 +159,8 @@ class GroupStore(ShmStoreMixin):
         self._reserved_bytes += nbytes
         res.reserved += nbytes
 
-    def _release(self, res: Reservation) -> None:
+    def release_reservation(self, res: Reservation) -> None:
+        """Give back what ``res`` holds: its bytes and its group slot (a :class:`Reservation` calls it)."""
         with self._lock:
             self._release_locked(res)
 
@@ -298,7 +308,7 @@ class GroupStore(ShmStoreMixin):
         if not keys:
             return []
         with self._lock:
-            stranded = self.arena.stranded_bytes if self.arena is not None else 0
+            stranded = self._stranded()
             if self._admits_all_locked(keys, announced, stranded):
                 out = [
                     Reservation(self, key, True, nbytes) for key, nbytes in zip(keys, announced, strict=True)
@@ -346,7 +356,7 @@ class GroupStore(ShmStoreMixin):
 
     def publish(
         self, res: Reservation, batches: Sequence[pa.RecordBatch], schema: pa.Schema, writer: str
-    ) -> StoredGroup:
+    ) -> Stored:
         """Make a fully received, validated group visible, atomically; consumes the reservation.
 
         The batches' buffers are kept (or copied once into a placed segment, see :meth:`_part`).
@@ -362,28 +372,28 @@ class GroupStore(ShmStoreMixin):
         items: Sequence[tuple[Reservation, Sequence[pa.RecordBatch]]],
         schema: pa.Schema,
         writer: str,
-    ) -> list[StoredGroup]:
+    ) -> list[Stored]:
         """Publish several received, validated groups all at once or not at all; consumes reservations.
 
         Raises:
             Like :meth:`publish`; on any error no group of ``items`` becomes visible.
         """
-        groups: list[StoredGroup] = []
+        groups: list[Stored] = []
         try:
             for res, batches in items:
                 table, nbytes, seg = self._part(batches, schema)
                 segs = () if seg is None else (seg,)
                 groups.append(StoredGroup(res.key, (table,), (nbytes,), table, writer, self._clock(), segs))
                 if nbytes > res.reserved:
-                    self._reserve(res, nbytes - res.reserved)
+                    self.reserve_bytes(res, nbytes - res.reserved)
         except BaseException:
-            self._release_segments(groups)
+            self._release_parts(groups)
             raise
-        return self._commit_puts([res for res, _ in items], groups, schema)
+        return self.commit_puts([res for res, _ in items], groups, schema)
 
-    def _commit_puts(
-        self, reservations: Sequence[Reservation], groups: list[StoredGroup], schema: pa.Schema
-    ) -> list[StoredGroup]:
+    def commit_puts(
+        self, reservations: Sequence[Reservation], groups: list[Stored], schema: pa.Schema
+    ) -> list[Stored]:
         """Re-check fences and schema under the lock, then make ``groups`` visible all at once.
 
         On a refusal no group becomes visible, reservations are given back and segments released.
@@ -420,53 +430,24 @@ class GroupStore(ShmStoreMixin):
                     self._release_locked(res)
                     res.done = True
         except BaseException:
-            self._release_segments(groups)
+            self._release_parts(groups)
             raise
         return groups
 
     def _part(
         self, batches: Sequence[pa.RecordBatch], schema: pa.Schema
     ) -> tuple[pa.Table, int, Segment | None]:
-        if self.arena is not None:
-            arena = self.arena
-            placed: list[Segment] = []
+        """A received part as stored: its table, the bytes it counts and its segment (with an arena, one
+        copy into a segment of its own; without, the received buffers as they are)."""
+        if self.shm is not None:
+            return self.shm.place(batches, schema)
+        table = pa.Table.from_batches(batches, schema)
+        return table, sum(b.get_total_buffer_size() for b in batches), None
 
-            def _allocate(size: int) -> pa.Buffer:
-                seg, buf = arena.place(size)
-                placed.append(seg)
-                return buf
-
-            try:
-                buffer = serialize_segment(batches, schema, _allocate)
-            except OSError as exc:  # tmpfs full (ENOSPC): a capacity refusal, nothing kept
-                for seg in placed:
-                    arena.release(seg)
-                raise CapacityExceededError(
-                    f"shared memory of this node is full ({exc.strerror}); retry after "
-                    f"{self.limits.retry_after:g}s or give /dev/shm more room",
-                    retry_after=self.limits.retry_after,
-                ) from exc
-            except BaseException:
-                for seg in placed:
-                    arena.release(seg)
-                raise
-            return open_segment(buffer), placed[0].capacity, placed[0]
-        if self._place is None:
-            table = pa.Table.from_batches(batches, schema)
-            return table, sum(b.get_total_buffer_size() for b in batches), None
-        segment = serialize_segment(batches, schema, self._place)
-        return open_segment(segment), segment.size, None
-
-    def _release_segments(self, groups: Iterable[StoredGroup]) -> None:
+    def _release_parts(self, groups: Iterable[Stored]) -> None:
         """Give dropped groups' segments back to the arena (outside the lock)."""
-        if self.arena is None:
-            return
-        for group in groups:
-            for i, seg in enumerate(group.segments):
-                if seg.slab:
-                    self.arena.release_stream(seg, group.part_bytes[i])
-                else:
-                    self.arena.release(seg)
+        if self.shm is not None:
+            self.shm.release(groups)
 
     # ----------------------------------------------------------------------------------------- append
 
@@ -491,7 +472,7 @@ class GroupStore(ShmStoreMixin):
             raise
         return res
 
-    def _check_append_locked(self, key: Partition, token: LeaseToken, schema: pa.Schema) -> StoredGroup:
+    def _check_append_locked(self, key: Partition, token: LeaseToken, schema: pa.Schema) -> Stored:
         self._check_token(key, token, "column append", required=True)
         group = self._groups.get(key)
         if group is None:
@@ -514,7 +495,7 @@ class GroupStore(ShmStoreMixin):
 
     def publish_append(
         self, res: Reservation, token: LeaseToken, batches: Sequence[pa.RecordBatch], schema: pa.Schema
-    ) -> StoredGroup:
+    ) -> Stored:
         """Add the new columns to the stored group atomically, re-checking the fence at commit.
 
         Existing parts are kept as they are; readers see either the old or the new group.
@@ -527,7 +508,7 @@ class GroupStore(ShmStoreMixin):
         segs = () if seg is None else (seg,)
         try:
             if nbytes > res.reserved:
-                self._reserve(res, nbytes - res.reserved)
+                self.reserve_bytes(res, nbytes - res.reserved)
             with self._lock:
                 try:
                     group = self._check_append_locked(res.key, token, schema)
@@ -542,8 +523,8 @@ class GroupStore(ShmStoreMixin):
                     raise
                 new = self._append_locked(res, token, group, added, nbytes, segs, schema)
         except BaseException:
-            if seg is not None and self.arena is not None:
-                self.arena.release(seg)
+            if seg is not None and self.shm is not None:
+                self.shm.arena.release(seg)
             raise
         return new
 
@@ -551,12 +532,12 @@ class GroupStore(ShmStoreMixin):
         self,
         res: Reservation,
         token: LeaseToken,
-        group: StoredGroup,
+        group: Stored,
         added: pa.Table,
         nbytes: int,
         segs: tuple[Segment, ...],
         schema: pa.Schema,
-    ) -> StoredGroup:
+    ) -> Stored:
         """Install the appended part (caller holds the lock and checked the append)."""
         table = group.table
         for name, column in zip(added.column_names, added.columns, strict=True):
@@ -615,7 +596,7 @@ class GroupStore(ShmStoreMixin):
                 self.board.raise_to(key, generation)
             self._generation[key] = generation
 
-    def _checked_reads_locked(self, reads: Sequence[GroupRead]) -> list[StoredGroup]:
+    def _checked_reads_locked(self, reads: Sequence[GroupRead]) -> list[Stored]:
         """The groups of ``reads`` (in order) after the read checks (stored; tokens not stale); changes
         nothing. Call with the lock held."""
         groups = []
@@ -631,7 +612,7 @@ class GroupStore(ShmStoreMixin):
             groups.append(group)
         return groups
 
-    def _fenced_reads_locked(self, reads: Sequence[GroupRead]) -> list[StoredGroup]:
+    def _fenced_reads_locked(self, reads: Sequence[GroupRead]) -> list[Stored]:
         """The groups of ``reads`` (in order) after the read checks; raises each read's generation.
 
         Tokened reads are fenced by generation; every check passes before any generation is raised.
@@ -645,7 +626,51 @@ class GroupStore(ShmStoreMixin):
         self._bytes_read += sum(g.nbytes for g in groups)
         return groups
 
-    def get(self, key: Partition) -> StoredGroup:
+    def shm_open(
+        self, reads: Sequence[GroupRead], columns: Sequence[str] | None = None
+    ) -> list[tuple[Stored, tuple[int, int] | None]]:
+        """Hand the segments of groups to a same-host reader, under the same checks as :meth:`read`.
+
+        A read carrying a token is fenced and raises the group's highest generation. The segments are
+        marked as handed to readers: once the group is deleted they are reused only when no reader maps
+        them any more (each mapping holds a shared lock on its file, see
+        :func:`~.shm._segment.map_segment`), so a reader's mappings keep their bytes for as long as it
+        keeps them.
+
+        Returns:
+            ``(group, fence)`` per read, in order; each of the group's segments holds one of its parts (an
+            IPC stream); ``fence`` is the group's ``(slot, tag)`` on the fence board (taken under the same
+            lock, so it matches these parts), or None.
+
+        Raises:
+            NotFoundError, StaleFenceError, SchemaError (a projected column is not stored),
+            InvalidRequestError (no arena here).
+        """
+        if self.board is None:
+            raise InvalidRequestError(
+                "this server has no shared-memory arena (start it with --shm-dir); put and read over "
+                "Flight (transport='flight')"
+            )
+        board = self.board
+        with self._lock:
+            # Every check passes before any generation is raised: the projection first, then the fence.
+            for r in reads if columns is not None else ():
+                group = self._groups.get(r.key)
+                stored = [] if group is None else group.schema.names
+                missing = [c for c in columns or () if c not in stored]
+                if group is not None and missing:
+                    raise SchemaError(
+                        f"group {_fmt(r.key)} has no column {echo(missing[0])}; stored columns: "
+                        f"{echo(', '.join(stored))}",
+                        column=missing[0],
+                    )
+            found = self._fenced_reads_locked(reads)
+            for group in found:
+                for seg in group.segments:
+                    seg.readers = True
+            return [(g, board.entry(g.key)) for g in found]
+
+    def get(self, key: Partition) -> Stored:
         """The stored group ``key`` (no fencing: metadata only). Raises :class:`NotFoundError`."""
         with self._lock:
             group = self._groups.get(key)
@@ -682,7 +707,7 @@ class GroupStore(ShmStoreMixin):
                 deleted += 1
                 freed += group.nbytes
             self._held_bytes -= freed
-        self._release_segments(dropped)
+        self._release_parts(dropped)
         return {"deleted": deleted, "bytes_freed": freed, "missing": missing}
 
     def fence(self, job_id: str, min_epoch: int, *, purge: bool = False) -> dict[str, Any]:
@@ -715,7 +740,7 @@ class GroupStore(ShmStoreMixin):
                 "purged_groups": purged,
                 "bytes_freed": freed,
             }
-        self._release_segments(dropped)
+        self._release_parts(dropped)
         return result
 
     def advance_generation(self, reads: Iterable[GroupRead]) -> int:
@@ -734,7 +759,7 @@ class GroupStore(ShmStoreMixin):
 
     # ------------------------------------------------------------------------------------ inspection
 
-    def list_groups(self, criteria: ListCriteria | None = None) -> list[StoredGroup]:
+    def list_groups(self, criteria: ListCriteria | None = None) -> list[Stored]:
         """Stored groups matching ``criteria`` (None: all), sorted by key."""
         criteria = criteria or ListCriteria()
         with self._lock:
@@ -772,17 +797,16 @@ class GroupStore(ShmStoreMixin):
                 "capacity_bytes": self.limits.capacity_bytes,
                 "capacity_groups": self.limits.capacity_groups,
                 "free_bytes": self.limits.capacity_bytes - self._held_bytes - self._reserved_bytes,
-                "pending_shm_puts": len(self._shm_puts)
-                + sum(len(b.rows) for b in self._shm_batches.values()),
+                "pending_shm_puts": 0 if self.shm is None else self.shm.pending_groups(),
                 "tombstones": self._tombstones.stats(),
                 "groups_read": self._groups_read,
                 "bytes_read": self._bytes_read,
                 "jobs": jobs,
-                **({"shm": self.arena.stats()} if self.arena is not None else {}),
+                **({"shm": self.shm.stats()} if self.shm is not None else {}),
             }
 
 
-def _project(group: StoredGroup, columns: Sequence[str] | None) -> pa.Table:
+def _project(group: Stored, columns: Sequence[str] | None) -> pa.Table:
     if columns is None:
         return group.table
     names = group.table.schema.names

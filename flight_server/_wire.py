@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import pyarrow.flight as flight
 
@@ -85,6 +85,7 @@ __all__ = [
     "decode_action_body",
     "decode_criteria",
     "decode_descriptor",
+    "decode_shm_put",
     "decode_ticket",
     "encode",
     "encode_json",
@@ -293,7 +294,7 @@ def _batch_reads(batch: object, what: str) -> tuple[GroupRead, ...]:
     )
 
 
-def _fits(value: object) -> bool:
+def _fits(value: object) -> TypeGuard[int]:
     """An int (not a bool) in ``[0, INT64_MAX]``: the fast path's test of a key or generation."""
     return type(value) is int and 0 <= value <= INT64_MAX
 
@@ -492,12 +493,16 @@ def _decode_shm(
         batch_bytes = int_field(body, "batch_bytes", what, minimum=1, required=False)
         if "batch" in body:
             return _batch_reserve(body, what, writer, ttl, batch_bytes)
+        if batch_bytes is None:
+            raise InvalidRequestError(
+                f"{what}: 'batch_bytes' (> 0) is required: the size of the one stream the groups are "
+                "written as, into one segment",
+                field="batch_bytes",
+            )
         puts = []
         for i, entry in enumerate(_objects(body, "groups", what)):
             put = _decode_put(entry, f"{what} groups[{i}]")
-            if batch_bytes is None and not put.nbytes:
-                raise InvalidRequestError(f"{what} groups[{i}]: 'nbytes' (> 0) is required", field="nbytes")
-            if batch_bytes is not None and not put.num_rows:
+            if not put.num_rows:
                 raise InvalidRequestError(
                     f"{what} groups[{i}]: 'num_rows' (> 0) is required with 'batch_bytes'", field="num_rows"
                 )
@@ -561,6 +566,33 @@ def _batch_reserve(
         None if sigs is None else tuple(sigs),
         writer,
         ttl,
+    )
+
+
+def decode_shm_put(data: bytes | bytearray) -> ShmReserveRequest:
+    """Decode the body of ``shm_put`` (the same-host channel's one-call put of one small group): a
+    ``shm_reserve`` body naming exactly one group, whose ``nbytes`` (> 0) is its payload's size, without
+    ``batch_bytes``.
+
+    Raises:
+        InvalidRequestError: the body is malformed or names another number of groups.
+    """
+    what = "action 'shm_put'"
+    body = _load(data, what)
+    writer = name_field(body, "writer", what, required=False, empty=True) or ""
+    ttl = ttl_field(body, what)
+    entries = _objects(body, "groups", what)
+    puts = [_decode_put(entry, f"{what} groups[{i}]") for i, entry in enumerate(entries)]
+    for i, put in enumerate(puts):
+        if not put.nbytes:
+            raise InvalidRequestError(f"{what} groups[{i}]: 'nbytes' (> 0) is required", field="nbytes")
+    if len({p.key for p in puts}) != len(puts):
+        raise InvalidRequestError(f"{what}: a group is named twice", field="groups")
+    if len(puts) != 1 or "batch_bytes" in body or "batch" in body:
+        raise InvalidRequestError("shm_put carries exactly one group; reserve segments for more")
+    (put,) = puts
+    return ShmReserveRequest(
+        (PutDescriptor(put.key, writer, put.nbytes, put.num_rows, put.sig),), writer, ttl
     )
 
 
