@@ -413,18 +413,6 @@ class ShmArena:
                 self._free.setdefault(capacity, []).append(seg)
                 self._free_bytes += capacity
 
-    def prefault(self, nbytes: int, count: int) -> None:
-        """Create ``count`` free segments for streams of ``nbytes`` now (warm-up), within ``pool_bytes``."""
-        capacity = size_class(nbytes)
-        for _ in range(count):
-            with self._lock:
-                if self._free_bytes + capacity > self.pool_bytes:
-                    return
-            seg = self._create(capacity)
-            with self._lock:
-                self._free.setdefault(capacity, []).append(seg)
-                self._free_bytes += capacity
-
     def files(self) -> list[str]:
         """Names of the segment files now in the directory (for tests and operators)."""
         return sorted(e.name for e in os.scandir(self.directory) if e.name.startswith(_PREFIX))
