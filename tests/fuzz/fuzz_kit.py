@@ -118,7 +118,7 @@ def snapshot(server: StorageServer, client: StorageClient) -> dict[str, Any]:
     board = server.store.board
     return {
         "groups": groups,
-        "generations": dict(server.store._generation),
+        "generations": dict(server.store._fences._generation),
         "board": {k: board.entry(k) for k in groups} if board is not None else {},
         "stats": {k: stats[k] for k in _STAT_KEYS},
         "live_segments": stats.get("shm", {}).get("live_segments"),
