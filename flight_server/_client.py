@@ -178,7 +178,7 @@ class StorageClient:
             batches = data.to_batches()
         else:
             raise InvalidRequestError(f"expected a pyarrow RecordBatch or Table, got {type(data).__name__}")
-        # get_total_buffer_size is O(buffers); RecordBatch.nbytes walks list offsets and costs ~20 us.
+        # get_total_buffer_size is O(buffers); RecordBatch.nbytes walks every list's offsets.
         nbytes = sum(b.get_total_buffer_size() for b in batches)
         rows = sum(b.num_rows for b in batches)
         limit = self.write_size_limit_bytes

@@ -2,9 +2,9 @@
 
 One arena per server, in a private directory (``/dev/shm/trajflight-<uuid>/`` by default, mode 0700; files
 0600, so only the deployment's user can map them), holding the segment files of :mod:`._segment`. Fresh
-tmpfs pages are zeroed by the kernel on first touch (about 2.5 GB/s here, against about 12 GB/s into a
-reused, pre-faulted file), so segments are created pre-faulted (``posix_fallocate`` + ``MAP_POPULATE``)
-and reused.
+tmpfs pages are zeroed by the kernel on first touch, several times slower to write than a reused,
+pre-faulted file (PITFALLS.md), so segments are created pre-faulted (``posix_fallocate`` +
+``MAP_POPULATE``) and reused.
 
 Small groups (a same-node writer's one-call put, ``shm_put``) are *packed* into slab segments of 4 MiB,
 one IPC stream after another at 64-byte aligned offsets (:meth:`ShmArena.pack`): a reader of many small

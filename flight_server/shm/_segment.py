@@ -154,9 +154,8 @@ def map_segment(path: str, size: int, *, writable: bool = False) -> mmap.mmap:
     try:
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
         # Writers pre-fill their page tables (they write every page); readers map lazily: decoding is
-        # zero-copy and touches little, and for a reader that then reads every byte, faulting pages in
-        # (with the kernel's fault-around) cost less here than MAP_POPULATE: 12 MB read in 1.9 ms lazily
-        # against 0.9 ms to populate plus 1.2 ms to read.
+        # zero-copy and touches little, and even a reader of every byte paid less for faulting pages in
+        # (the kernel's fault-around) than for MAP_POPULATE (BENCHMARKS.md, *Transport*).
         flags = mmap.MAP_SHARED | (POPULATE if writable else 0)
         if not writable:
             fcntl.flock(fd, fcntl.LOCK_SH)  # waits out the arena's (instant) check, if it runs now
@@ -175,9 +174,9 @@ def write_segment(path: str, capacity: int, schema: pa.Schema, batches: Sequence
     """Write ``batches`` as one Arrow IPC stream at offset 0 of the segment file ``path``; returns its size.
 
     The bytes go straight into the file's shared pages with ``write(2)`` (one copy, from the batches'
-    buffers; no socket, no mapping in this process). On this project's machines that ran at about 6 GB/s,
-    against about 0.8 GB/s through a fresh ``mmap`` of the same (pre-allocated) file, whose page-table setup
-    dominates. The file is not truncated, so its pre-faulted pages are kept.
+    buffers; no socket, no mapping in this process): several times faster than through a fresh ``mmap`` of
+    the same (pre-allocated) file, whose page-table setup dominates (BENCHMARKS.md, *Transport*). The file
+    is not truncated, so its pre-faulted pages are kept.
 
     Raises:
         NotFoundError: the file is gone (the reservation was swept). InvalidRequestError: the stream is

@@ -1,12 +1,11 @@
 """A same-host writer's side of shared-memory puts: IPC streams written into the server's segment files.
 
-The arena reuses its segments (:mod:`._shm`), so a writer that puts batches of a similar size again and
-again is handed the same few files. Writing into a file through ``write(2)`` ran here at about 12 GB/s
-for a 9.5 MB batch (0.8 ms); copying into a mapping this process already holds, at memory speed (0.22 ms).
-Mapping a file costs more than either (2.4 ms to fill the page tables of 16 MB), so
-:class:`SegmentWriter` writes a segment it sees for the first time with ``write(2)``, and maps one it is
-handed again, keeping that mapping for the next time: a one-off segment costs no mapping, a reused one is
-mapped once.
+The arena reuses its segments (:mod:`._arena`), so a writer that puts batches of a similar size again and
+again is handed the same few files. Copying into a mapping this process already holds runs at memory
+speed, faster than ``write(2)`` into the file; mapping a file costs more than either (filling its page
+tables; BENCHMARKS.md, *Transport*). So :class:`SegmentWriter` writes a segment it sees for the first time
+with ``write(2)``, and maps one it is handed again, keeping that mapping for the next time: a one-off
+segment costs no mapping, a reused one is mapped once.
 
 A kept mapping references the file's pages. When the server unlinks a segment (it trims its pool, or
 drops a segment whose writer never published), those pages stay allocated in tmpfs until the mapping
