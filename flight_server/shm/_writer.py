@@ -81,7 +81,7 @@ class SegmentWriter:
         """Write ``batches`` as one IPC stream at offset 0 of the segment file ``path``; returns its size.
 
         Through a kept mapping of the file when this writer has one or has seen the file before (it maps
-        it now and keeps it), else with ``write(2)`` (:func:`~._shm.write_segment`). The file is never
+        it now and keeps it), else with ``write(2)`` (:func:`~._segment.write_segment`). The file is never
         truncated or extended.
 
         Raises:
