@@ -121,12 +121,13 @@ class ShmClient:
             return
         if sigs is not None and len(sigs) != len(groups):
             raise InvalidRequestError(f"shm_put_groups: {len(sigs)} signatures for {len(groups)} groups")
-        schema = groups[0][1].schema
-        for key, data in groups:
+        for _, data in groups:
             if not isinstance(data, pa.RecordBatch | pa.Table):
                 raise InvalidRequestError(
                     f"expected a pyarrow RecordBatch or Table, got {type(data).__name__}"
                 )
+        schema = groups[0][1].schema
+        for key, data in groups[1:]:
             if not data.schema.equals(schema):
                 raise InvalidRequestError(
                     f"shm_put_groups: group {key.group_id} has another schema than the first group"
