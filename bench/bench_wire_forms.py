@@ -19,7 +19,8 @@ Cases, alternated round by round (the machine is shared and noisy), the first ro
   call of a lease over Flight, and the controller's fence work; sent here on the socket, whose server
   decodes bodies as ``do_action`` does);
 * Flight ``do_get`` of the 64 groups: the compact ``batch`` ticket against the ``groups`` ticket;
-* Flight put of one group: descriptor kind ``put`` against ``put_many`` naming one group.
+* Flight put of one group: descriptor kind ``put`` against ``put_many`` naming one group;
+* the server's decoding alone (in this process) of the 64-group read body in either form.
 
 Writes into segments go through ``write(2)`` for every form alike. Figures: median [min..max] over the
 rounds. Timing decides nothing.
@@ -276,6 +277,36 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
+def decode_cases(ids: list[int], rounds: int) -> dict[str, dict[str, float] | str]:
+    """The server's decoding alone (in this process) of one 64-group read body in either form."""
+    from trajflight.flight_server._wire import decode_action_body
+
+    def groups(generation: int) -> bytes:
+        return body(groups=[{**key("reads", 1, g), "generation": generation} for g in ids])
+
+    def compact(generation: int) -> bytes:
+        return body(
+            batch={"job_id": "reads", "epoch": 1, "group_ids": ids, "generations": [generation] * len(ids)}
+        )
+
+    bodies = {
+        "compact": [compact(r) for r in range(rounds + 1)],
+        "groups": [groups(r) for r in range(rounds + 1)],
+    }
+
+    def case(action: str, form: str) -> Callable[[int], float]:
+        return lambda r: timed(lambda: decode_action_body(action, bodies[form][r]))
+
+    return alternate(
+        {
+            f"decode {action} 64 groups, {form} body": case(action, form)
+            for action in ("shm_open", "advance_generation")
+            for form in ("compact", "groups")
+        },
+        rounds,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groups", type=int, default=64)
@@ -400,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.terminate()
         server.wait(30)
+    report |= decode_cases(ids, args.read_rounds)
 
     for name, value in report.items():
         if isinstance(value, dict | str):
