@@ -46,3 +46,31 @@ def test_get_parallel_has_one_deadline_for_all_streams():
         dead = stack.enter_context(StorageClient(f"grpc://127.0.0.1:{silent.getsockname()[1]}"))
         with pytest.raises(DeadlineExceededError):
             get_parallel([(live, [key]), (dead, [key])], timeout=0.5)
+
+
+def test_run_parallel_is_the_one_fan_out_results_in_order_first_error_after_all_ended():
+    """One parallel-call helper for the transport and the face (issue 15 merged ``_in_parallel`` into
+    it): results in call order, and the first error in call order once every call has ended."""
+    import threading
+
+    from trajflight.flight_server import run_parallel
+
+    assert run_parallel([]) == []
+    assert run_parallel([lambda: 7]) == [7]
+    ended = threading.Event()
+
+    def slow() -> int:
+        ended.wait(10)
+        return 2
+
+    def fail() -> int:
+        raise NotFoundError("first")
+
+    def late() -> int:
+        ended.set()
+        raise DeadlineExceededError("second")
+
+    with pytest.raises(NotFoundError, match="first"):
+        run_parallel([slow, fail, late])
+    assert ended.is_set()  # the last call ran although an earlier one failed
+    assert run_parallel([lambda i=i: i * i for i in range(5)]) == [0, 1, 4, 9, 16]

@@ -290,3 +290,44 @@ def test_columns_appended_to_a_member_of_a_batch_join_its_rows_only():
             assert middle.drop_columns(["ref_logprob"]).equals(whole.slice(8, 8))
             assert middle.column("ref_logprob").to_pylist() == [float(i) for i in range(8)]
             assert read([KEYS[2]]).equals(whole.slice(16, 8))
+
+
+def test_giving_up_one_group_of_a_shared_segment_gives_up_the_segment_whole():
+    """Issue 15 made every same-host reservation one segment: a reservation id of one group of the
+    ``groups`` form names the whole segment, so aborting it gives every group of it up (the result counts
+    them) and leaves nothing held, nor a key taken."""
+    batch = joined(KEYS)
+    with serving() as (_, client):
+        puts = tuple(PutDescriptor(k, "w", None, 8) for k in KEYS)
+        reserve = ShmReserveRequest(puts, "w", None, _size(batch))
+        segments = client._action("shm_reserve", encode(reserve), None)["segments"]
+        aborted = client._action("shm_abort", encode(ShmAbortRequest((segments[1]["reservation"],))), None)
+        assert aborted == {"aborted": 3}
+        assert nothing_held(client)
+        with pytest.raises(NotFoundError):  # its other groups went with it
+            client._action(
+                "shm_publish", encode(ShmPublishRequest(((segments[0]["reservation"], 64),))), None
+            )
+        client.shm_put_groups(rows_of(KEYS, batch), joined=batch)  # the keys are free
+        assert client.shm_get(KEYS).num_rows == 24
+
+
+def test_a_publish_naming_a_shared_segment_in_part_changes_nothing():
+    """A publish that names some groups of a shared segment (or one twice) is refused before anything is
+    taken: the reservation stays whole, and a publish naming every group then goes through."""
+    batch = joined(KEYS)
+    with serving() as (_, client):
+        puts = tuple(PutDescriptor(k, "w", None, 8) for k in KEYS)
+        reserve = ShmReserveRequest(puts, "w", None, _size(batch))
+        segments = client._action("shm_reserve", encode(reserve), None)["segments"]
+        written = write_segment(segments[0]["path"], segments[0]["capacity"], batch.schema, [batch])
+        ids = [s["reservation"] for s in segments]
+        for named in (ids[:2], [ids[0], ids[0], ids[1], ids[2]]):
+            with pytest.raises(InvalidRequestError, match="publish every group of a batch together"):
+                client._action(
+                    "shm_publish", encode(ShmPublishRequest(tuple((i, written) for i in named))), None
+                )
+            assert client.stats()["pending_shm_puts"] == 3
+        every = ShmPublishRequest(tuple((i, written) for i in ids))
+        assert client._action("shm_publish", encode(every), None)["published"] == 3
+        assert client.shm_get(KEYS).equals(pa.Table.from_batches([batch]))
