@@ -510,9 +510,11 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         """One segment for the groups a ``shm_reserve`` names (either form), after every put credential
         verified."""
         shm = self._shm()
+        rows: list[int | None]
+        sigs: list[str | None]
         if isinstance(body, ShmBatchReserveRequest):
-            keys, rows = body.keys(), list[int | None](body.rows)
-            sigs: list[str | None] = list(body.sigs) if body.sigs is not None else [None] * len(keys)
+            keys, rows = body.keys(), list(body.rows)
+            sigs = list(body.sigs) if body.sigs is not None else [None] * len(keys)
         else:
             keys, rows = [p.key for p in body.puts], [p.num_rows for p in body.puts]
             sigs = [p.sig for p in body.puts]
