@@ -2,8 +2,8 @@
 
 Same run, same machine, the standard workload (G=64, K=8 by default), one storage server process:
 
-* bare: ``StorageClient.put_group`` per group straight to the server, then one ``get`` of every group and
-  ``decode`` to jagged tensors;
+* bare: ``StorageClient.put_groups`` of each group (a list of one) straight to the server, then one
+  ``get`` of every group and ``decode`` to jagged tensors;
 * trajflight: ``Writer.put`` per group (allocate + put + publish through the controller), then
   ``Trainer.lease`` of every group + ``LeasedBatch.fetch`` (jagged) + commit, over Flight (forced) and
   with the default transport (shared memory on this host);
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             batches = [g.encode(job, 0) for g in groups]
             start = time.perf_counter()
             for g, b in zip(groups, batches, strict=True):
-                storage.put_group(Partition(job, 0, g.group_id), b)
+                storage.put_groups([(Partition(job, 0, g.group_id), b)])
             put_s = time.perf_counter() - start
             start = time.perf_counter()
             decode(storage.get([Partition(job, 0, g.group_id) for g in groups]))

@@ -196,7 +196,7 @@ def keys_of(batches: list[pa.RecordBatch]) -> list[Partition]:
 
 def tf_put_all(client: StorageClient, batches: list[pa.RecordBatch], keys: list[Partition]) -> None:
     for key, batch in zip(keys, batches, strict=True):
-        client.put_group(key, batch)
+        client.put_groups([(key, batch)])
 
 
 def tf_clear(client: StorageClient, keys: list[Partition]) -> None:

@@ -3,22 +3,34 @@
 * :class:`StorageServer` keeps trajectory groups as Arrow buffers in memory, publishes each put
   atomically, streams projected groups from C++, enforces epoch fences and lease generations itself, and
   bounds capacity in bytes and groups.
-* :class:`StorageClient` puts, appends, reads, deletes and fences, every call with a deadline;
-  :func:`get_parallel` reads from several servers at once.
-* :class:`ShmArena` is a server's shared-memory arena: same-node writers write groups straight into its
-  segments (:meth:`StorageClient.shm_put_groups`) and same-node readers map them with no copy
-  (:meth:`StorageClient.shm_get`); :func:`host_id` is what decides "same node".
+* :class:`StorageClient` puts, appends, reads, deletes and fences, every call with a deadline; one route
+  per transport: :meth:`~StorageClient.put_groups` and :meth:`~StorageClient.get` over Flight,
+  :meth:`~StorageClient.shm_put_groups` and :meth:`~StorageClient.shm_get` through shared memory.
+  :func:`get_parallel` reads from several servers at once (:func:`run_parallel` runs any calls so).
+* The same-host wing lives in :mod:`trajflight.flight_server.shm`: :class:`ShmArena` is a server's
+  shared-memory arena, whose segments same-host writers fill and same-host readers map with no copy;
+  :func:`host_id` is what decides "same host".
 * The wire records (:class:`PutDescriptor`, :class:`GetTicket`, ...) are documented in
   ``docs/wire-format.md``; any plain ``pyarrow.flight`` client can list and read stored groups.
+
+Layers inside: the wire (``_wire*``, ``_errors``) and Arrow IPC streams (``_segments``) at the bottom, the
+store's records (``_store_records``) and tombstones above them, then ``shm/``, then the store, the server,
+the client and the CLI. It imports only :mod:`trajflight.codec` and the base (``errors``, ``units``,
+``keys``).
 """
 
 from __future__ import annotations
 
-from trajflight.flight_server._client import GroupInfo, ShmOpened, StorageClient, get_parallel
+from trajflight.flight_server._client import (
+    GroupListing,
+    ShmOpened,
+    StorageClient,
+    get_parallel,
+    run_parallel,
+)
 from trajflight.flight_server._errors import WIRE_ERRORS, server_errors, translate_errors
 from trajflight.flight_server._segments import join_batches
 from trajflight.flight_server._server import ACTIONS, StorageServer
-from trajflight.flight_server._shm import ShmArena, host_id, sweep_dead_arenas
 from trajflight.flight_server._store import StoreLimits
 from trajflight.flight_server._wire import (
     WIRE_VERSION,
@@ -29,13 +41,14 @@ from trajflight.flight_server._wire import (
     PutDescriptor,
     TokenSigner,
 )
+from trajflight.flight_server.shm import ShmArena, host_id, sweep_dead_arenas
 
 __all__ = [
     "ACTIONS",
     "WIRE_ERRORS",
     "WIRE_VERSION",
     "GetTicket",
-    "GroupInfo",
+    "GroupListing",
     "GroupRead",
     "LeaseToken",
     "ListCriteria",
@@ -49,6 +62,7 @@ __all__ = [
     "get_parallel",
     "host_id",
     "join_batches",
+    "run_parallel",
     "server_errors",
     "sweep_dead_arenas",
     "translate_errors",

@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         grace = parse_duration(args.shutdown_grace, setting="shutdown-grace")
         arena = None
         if args.shm_dir:
-            from trajflight.flight_server._shm import ShmArena
+            from trajflight.flight_server.shm._arena import ShmArena
 
             arena = ShmArena(
                 None if args.shm_dir == "auto" else args.shm_dir,

@@ -1,4 +1,9 @@
-"""The low-level client of the storage server, and parallel reads from several servers.
+"""The low-level client of the storage server, and parallel calls to several servers.
+
+One route per transport: :meth:`StorageClient.put_groups` and :meth:`StorageClient.get` over Flight,
+:meth:`StorageClient.shm_put_groups` and :meth:`StorageClient.shm_get` through the server's shared-memory
+arena (same host only; the work is :class:`~.shm._client.ShmClient`'s). A list of groups is put in one
+call, published all together or not at all; one group is a list of one.
 
 Every call has a deadline (``FlightCallOptions(timeout=...)``): a server that accepts TCP but never
 answers costs at most the timeout. Reads use ``IpcReadOptions(ensure_alignment=...)`` (Flight receive
@@ -6,47 +11,30 @@ buffers can be misaligned; DLPack consumers need natural alignment). Errors come
 classes the server raised (:mod:`trajflight.flight_server._errors`).
 
 Tables returned by Flight reads own their memory (received buffers, or aligned copies of them); they
-alias nothing on the server. Tables returned by same-node reads (:meth:`StorageClient.shm_get`) alias
-read-only mappings of the server's shared-memory segments instead (no copy; valid after the group is
-deleted, until the last reference is dropped). Inputs to puts are only read, never kept.
+alias nothing on the server. Tables returned by same-host reads alias read-only mappings of the server's
+shared-memory segments instead (no copy; valid after the group is deleted, until the last reference is
+dropped). Inputs to puts are only read, never kept.
 
 This module does not retry: capacity refusals carry ``retry_after`` for the caller's own policy, and a
-failed put leaves nothing stored, so putting the same group again is safe.
+failed put leaves nothing stored, so putting the same groups again is safe.
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.flight as flight
 import pyarrow.ipc as ipc
 
-from trajflight.errors import (
-    DeadlineExceededError,
-    InvalidRequestError,
-    NotFoundError,
-    TrajflightError,
-    UnavailableError,
-)
+from trajflight.errors import DeadlineExceededError, InvalidRequestError, TrajflightError
 from trajflight.flight_server._errors import translate_errors
-from trajflight.flight_server._fences import MappedBoard
-from trajflight.flight_server._local import MAX_FRAME, LocalChannel
-from trajflight.flight_server._opened import ShmOpened
-from trajflight.flight_server._segment_writer import SegmentWriter
-from trajflight.flight_server._segments import (
-    heap_placement,
-    join_batches,
-    serialize_segment,
-    stream_size,
-    write_stream,
-)
 from trajflight.flight_server._wire import (
     AppendDescriptor,
     DeleteRequest,
@@ -58,22 +46,21 @@ from trajflight.flight_server._wire import (
     ListCriteria,
     PutDescriptor,
     PutManyDescriptor,
-    ShmAbortRequest,
-    ShmBatchPublishRequest,
-    ShmBatchReserveRequest,
-    ShmPublishRequest,
-    ShmReserveRequest,
     encode,
     encode_json,
 )
+from trajflight.flight_server.shm._client import INLINE_PUT_BYTES, ShmClient
+from trajflight.flight_server.shm._reader import ShmOpened
 from trajflight.keys import Partition
 
-__all__ = ["INLINE_PUT_BYTES", "GroupInfo", "ShmOpened", "StorageClient", "get_parallel"]
+T = TypeVar("T")
+
+__all__ = ["INLINE_PUT_BYTES", "GroupListing", "ShmOpened", "StorageClient", "get_parallel", "run_parallel"]
 
 
 @dataclass(frozen=True, slots=True)
-class GroupInfo:
-    """What ``list_flights`` says about one stored group.
+class GroupListing:
+    """What ``list_flights`` says about one stored group (:meth:`StorageClient.list_groups`).
 
     Attributes:
         key: The partition.
@@ -90,13 +77,6 @@ class GroupInfo:
     nbytes: int
     ticket: bytes
     locations: tuple[str, ...]
-
-
-INLINE_PUT_BYTES = 256 * 1024
-"""Same-host puts of one group up to this size send its bytes in the single ``shm_put`` call (over the
-server's Unix socket) instead of reserving a segment, writing it and publishing it in two calls. Measured
-here on a group of 8 samples (130 KB): one round trip saved (~0.1-0.2 ms) against two extra copies of the
-payload (~0.03 ms); at 1 MiB the copies cost as much as the round trip."""
 
 
 def _read_stream(reader: flight.FlightStreamReader) -> pa.Table:
@@ -134,8 +114,8 @@ class StorageClient:
         write_size_limit_bytes: Largest record batch sent in one message; a larger group is split by rows
             into several batches of the same group (one put, one atomic publish). None: no limit.
         alignment: ``ensure_alignment`` of reads; ``DataTypeSpecific`` copies only misaligned buffers.
-        inline_put_bytes: Same-host puts of one group whose IPC stream is at most this large travel in
-            one ``shm_put`` call (see :data:`INLINE_PUT_BYTES`); 0 always reserves a segment.
+        inline_put_bytes: Same-host puts of a lone group whose IPC stream is at most this large travel in
+            one ``shm_put`` call (see :data:`~.shm._client.INLINE_PUT_BYTES`); 0 always reserves a segment.
     """
 
     def __init__(
@@ -149,37 +129,33 @@ class StorageClient:
     ) -> None:
         if timeout <= 0:
             raise InvalidRequestError(f"timeout must be > 0 seconds, got {timeout!r}")
-        if not 0 <= inline_put_bytes <= MAX_FRAME // 2:
-            raise InvalidRequestError(
-                f"inline_put_bytes must be between 0 and {MAX_FRAME // 2} (half the same-host channel's "
-                f"largest frame), got {inline_put_bytes!r}"
-            )
         if write_size_limit_bytes is not None and write_size_limit_bytes <= 0:
             raise InvalidRequestError(f"write_size_limit_bytes must be > 0, got {write_size_limit_bytes!r}")
         self.location = location
         self.timeout = float(timeout)
         self.write_size_limit_bytes = write_size_limit_bytes
         self._read_options = ipc.IpcReadOptions(ensure_alignment=alignment)
-        self._local: LocalChannel | None = None
-        self._boards: dict[str, MappedBoard] = {}  # the server's fence board, mapped once (same host)
-        self.inline_put_bytes = inline_put_bytes
-        self._segments = SegmentWriter()  # same-host puts: keeps mappings of the segments it is handed again
+        # Through self._action at each call (not the bound method of now): one action route to patch.
+        self._shm = ShmClient(
+            lambda name, body, t: self._action(name, body, t), self.timeout, inline_put_bytes
+        )
         with translate_errors(f"connect to {location}"):
             self._client = flight.FlightClient(location, write_size_limit_bytes=write_size_limit_bytes or 0)
 
+    @property
+    def inline_put_bytes(self) -> int:
+        """Lone groups whose IPC stream is at most this large travel in one ``shm_put`` call."""
+        return self._shm.inline_put_bytes
+
     def close(self) -> None:
         """Close the connection (idempotent)."""
-        if self._local is not None:
-            self._local.close()
-        self._segments.close()
+        self._shm.close()
         self._client.close()
 
     def use_local_channel(self, path: str | None) -> None:
         """Send actions over the server's same-host Unix socket (``health()["shm_socket"]``) from now on;
         None goes back to Flight. Only for a server on this host (the caller checked its host id)."""
-        old, self._local = self._local, (LocalChannel(path) if path else None)
-        if old is not None:
-            old.close()
+        self._shm.use_local_channel(path)
 
     def __enter__(self) -> StorageClient:
         return self
@@ -202,7 +178,7 @@ class StorageClient:
             batches = data.to_batches()
         else:
             raise InvalidRequestError(f"expected a pyarrow RecordBatch or Table, got {type(data).__name__}")
-        # get_total_buffer_size is O(buffers); RecordBatch.nbytes walks list offsets and costs ~20 us.
+        # get_total_buffer_size is O(buffers); RecordBatch.nbytes walks every list's offsets.
         nbytes = sum(b.get_total_buffer_size() for b in batches)
         rows = sum(b.num_rows for b in batches)
         limit = self.write_size_limit_bytes
@@ -235,33 +211,6 @@ class StorageClient:
                 raise
             writer.close()
 
-    def put_group(
-        self,
-        key: Partition,
-        data: pa.RecordBatch | pa.Table,
-        *,
-        writer: str = "",
-        sig: str | None = None,
-        timeout: float | None = None,
-    ) -> None:
-        """Put one whole group; it is visible to readers only once every row arrived.
-
-        Args:
-            key: The partition; every row's ``job_id``/``epoch``/``group_id`` must match it.
-            data: The group (read, not kept).
-            writer: Writer id for logs and stats.
-            sig: Put credential from the controller where the server requires signatures.
-            timeout: Deadline of the whole put (default: the client's).
-
-        Raises:
-            AlreadyExistsError, StaleFenceError (fenced epoch), SchemaError, CapacityExceededError (with
-            ``retry_after``; nothing was stored), InvalidRequestError, DeadlineExceededError,
-            UnavailableError.
-        """
-        batches, nbytes, rows = self._batches(data)
-        descriptor = PutDescriptor(key, writer, nbytes=nbytes, num_rows=rows, sig=sig)
-        self._put(encode(descriptor), batches, data.schema, timeout, f"put of group {key.group_id}")
-
     def put_groups(
         self,
         groups: Sequence[tuple[Partition, pa.RecordBatch | pa.Table]],
@@ -270,10 +219,11 @@ class StorageClient:
         sigs: Sequence[str | None] | None = None,
         timeout: float | None = None,
     ) -> None:
-        """Put several whole groups in one stream: all become visible together, or none does.
+        """Put whole groups in one Flight stream: all become visible together, or none does.
 
-        Cheaper than one :meth:`put_group` per group (one call's overhead for all). Every group needs the
-        same schema.
+        The one Flight route of a put (one group is a list of one); each group is visible to readers only
+        once every row of the call arrived. Every group needs the same schema; its key columns must
+        match its key.
 
         Args:
             groups: ``(key, data)`` per group (read, not kept).
@@ -282,7 +232,9 @@ class StorageClient:
             timeout: Deadline of the whole put.
 
         Raises:
-            Like :meth:`put_group`; on any error nothing of this call is stored.
+            AlreadyExistsError, StaleFenceError (fenced epoch), LeaseExpiredError (a deleted partition),
+            SchemaError, CapacityExceededError (with ``retry_after``), InvalidRequestError,
+            DeadlineExceededError, UnavailableError; on any error nothing of this call is stored.
         """
         if not groups:
             return
@@ -325,183 +277,45 @@ class StorageClient:
         descriptor = AppendDescriptor(key, token, nbytes=nbytes)
         self._put(encode(descriptor), batches, data.schema, timeout, f"column append to group {key.group_id}")
 
-    # ------------------------------------------------------------------------------- same-node puts
+    # ------------------------------------------------------------------------------------- same host
 
     def shm_put_groups(
         self,
         groups: Sequence[tuple[Partition, pa.RecordBatch | pa.Table]],
         *,
+        joined: pa.RecordBatch | None = None,
         writer: str = "",
         sigs: Sequence[str | None] | None = None,
         ttl: float | None = None,
         timeout: float | None = None,
-        contiguous: bool = False,
     ) -> None:
         """Put groups through the server's shared-memory arena (same host only): no socket copy.
 
-        One ``shm_reserve`` call gets a segment per group (every check of a put runs there), each group is
-        written as one Arrow IPC stream straight into its segment file (one copy, from ``data`` into the
-        shared pages, :class:`~._segment_writer.SegmentWriter`), and one ``shm_publish`` call validates and
-        publishes them all at once, or none. On any failure the reservations are given up. ``data`` is read,
-        not kept.
+        The one same-host route of a put (one group is a list of one): one ``shm_reserve`` call admits
+        every group (every check of a put runs there) and gets one segment, the groups are written into
+        it as one Arrow IPC stream (one copy, from the data into the shared pages), and one
+        ``shm_publish`` call validates and publishes them all at once, or none; on any failure the
+        reservation is given up. Several groups are joined into one batch for the stream (one more copy
+        here, unless ``joined`` is given), so a reader of them in this order gets one slice with no copy;
+        the segment is freed when the last of them is deleted. A lone group whose stream is at most
+        :attr:`inline_put_bytes` travels whole in one ``shm_put`` call instead (once the client uses the
+        server's socket). ``data`` and ``joined`` are read, not kept.
 
         Args:
-            groups: ``(key, data)`` per group; every group needs the same schema.
+            groups: ``(key, data)`` per group, in stream order; every group needs the same schema.
+            joined: The groups' rows already joined in one batch, in order (a writer's
+                ``encode_groups``): written as it is, with no copy here.
             writer: Writer id for logs and stats.
             sigs: Put credentials, one per group, where the server requires signatures.
             ttl: Seconds the server waits for the publish before dropping the reservation (its default).
             timeout: Deadline of each of the two calls.
-            contiguous: Write all the groups as one Arrow batch into one shared segment (one more copy
-                here to join them), so that a reader of these groups in this order gets them as one slice
-                with no copy; the segment is freed when the last of them is deleted.
 
         Raises:
-            Like :meth:`put_group`; InvalidRequestError where the server has no arena; NotFoundError when
-            a segment is not visible from this process (not the same host).
+            Like :meth:`put_groups`; InvalidRequestError where the server has no arena or ``joined`` does
+            not hold the groups' rows; NotFoundError when a segment is not visible from this process
+            (not the same host).
         """
-        if not groups:
-            return
-        if sigs is not None and len(sigs) != len(groups):
-            raise InvalidRequestError(f"shm_put_groups: {len(sigs)} signatures for {len(groups)} groups")
-        schema = groups[0][1].schema
-        per_group: list[list[pa.RecordBatch]] = []
-        rows_of: list[int] = []
-        nbytes = 0
-        for key, data in groups:
-            if not data.schema.equals(schema):
-                raise InvalidRequestError(
-                    f"shm_put_groups: group {key.group_id} has another schema than the first group"
-                )
-            group_batches, nbytes, rows = self._batches(data)
-            per_group.append(group_batches)
-            rows_of.append(rows)
-        if contiguous and len(groups) > 1:
-            # One stream of one batch for all groups (one copy here to join them, one into the
-            # segment); readers of these groups in this order then get one slice with no copy.
-            batch = join_batches([b for bs in per_group for b in bs], schema)
-            keys_rows = [(key, rows) for (key, _), rows in zip(groups, rows_of, strict=True)]
-            self.shm_put_batch(keys_rows, batch, writer=writer, sigs=sigs, ttl=ttl, timeout=timeout)
-            return
-        streams = per_group
-        local = self._local
-        payload = None
-        if len(groups) == 1 and local is not None and nbytes <= self.inline_put_bytes:
-            payload = _inline_stream(schema, streams[0], nbytes)
-        if local is not None and payload is not None and payload.size <= self.inline_put_bytes:
-            # A small group: its bytes ride in the one call that reserves, validates and publishes it
-            # (one copy through the socket costs less here than a second round trip).
-            key = groups[0][0]
-            put = PutDescriptor(key, writer, payload.size, rows_of[0], None if sigs is None else sigs[0])
-            body = encode(ShmReserveRequest((put,), writer, ttl, None))
-            local.call("shm_put", body, self.timeout if timeout is None else timeout, payload=payload)
-            return
-        sizes = [stream_size(schema, bs) for bs in streams]
-        puts = [
-            PutDescriptor(key, writer, sizes[i], rows_of[i], None if sigs is None else sigs[i])
-            for i, (key, _) in enumerate(groups)
-        ]
-        self._reserve_write_publish(puts, streams, sizes, schema, None, writer, ttl, timeout)
-
-    def shm_put_batch(
-        self,
-        groups: Sequence[tuple[Partition, int]],
-        batch: pa.RecordBatch,
-        *,
-        writer: str = "",
-        sigs: Sequence[str | None] | None = None,
-        ttl: float | None = None,
-        timeout: float | None = None,
-    ) -> None:
-        """Put several groups already joined in one record batch through shared memory, as one segment.
-
-        ``groups`` names each group's ``(key, rows)`` in the batch's row order; the batch's key columns
-        must already hold them (the server checks every row). Written as one IPC stream (one copy, into
-        the segment) and published all together or not at all: a reader of these groups in this order
-        gets them as one slice with no copy. ``batch`` is read, not kept. Groups of one job and epoch (a
-        writer's ``put_many``) travel in the compact batch form of ``shm_reserve``/``shm_publish`` (a few
-        arrays out, one segment and one reservation back); others name each group.
-
-        Raises:
-            Like :meth:`shm_put_groups`; InvalidRequestError when the rows do not add up.
-        """
-        if not groups:
-            return
-        if sigs is not None and len(sigs) != len(groups):
-            raise InvalidRequestError(f"shm_put_batch: {len(sigs)} signatures for {len(groups)} groups")
-        if any(rows <= 0 for _, rows in groups) or sum(rows for _, rows in groups) != batch.num_rows:
-            raise InvalidRequestError(
-                f"shm_put_batch: the groups' rows must be > 0 and add up to the batch's {batch.num_rows}"
-            )
-        size = stream_size(batch.schema, [batch])
-        first = groups[0][0]
-        signed = None if sigs is None else tuple(s for s in sigs if isinstance(s, str))
-        if all(k.job_id == first.job_id and k.epoch == first.epoch for k, _ in groups) and (
-            signed is None or len(signed) == len(groups)
-        ):
-            # The compact form: a few arrays out, one segment and one reservation back, one publish.
-            request = ShmBatchReserveRequest(
-                first.job_id,
-                first.epoch,
-                tuple(k.group_id for k, _ in groups),
-                tuple(rows for _, rows in groups),
-                size,
-                signed,  # every group's signature, or None
-                writer,
-                ttl,
-            )
-            reserved = self._action("shm_reserve", encode(request), timeout)["batch"]
-            try:
-                path, capacity = reserved["path"], int(reserved["capacity"])
-                written = self._segments.write(path, capacity, batch.schema, [batch])
-                if written != size:  # pragma: no cover - the sizer and the writer agree
-                    raise InvalidRequestError(f"shm put: wrote {written} bytes, announced {size}")
-                publish = ShmBatchPublishRequest(reserved["reservation"], written)
-                self._action("shm_publish", encode(publish), timeout)
-            except BaseException:
-                # the server sweeps the reservation at its deadline anyway
-                with contextlib.suppress(TrajflightError):
-                    abort = ShmAbortRequest((reserved["reservation"],))
-                    self._action("shm_abort", encode(abort), timeout)
-                raise
-            return
-        puts = [
-            PutDescriptor(key, writer, None, rows, None if sigs is None else sigs[i])
-            for i, (key, rows) in enumerate(groups)
-        ]
-        self._reserve_write_publish(puts, [[batch]], [size], batch.schema, size, writer, ttl, timeout)
-
-    def _reserve_write_publish(
-        self,
-        puts: Sequence[PutDescriptor],
-        streams: Sequence[Sequence[pa.RecordBatch]],
-        sizes: Sequence[int],
-        schema: pa.Schema,
-        batch_bytes: int | None,
-        writer: str,
-        ttl: float | None,
-        timeout: float | None,
-    ) -> None:
-        """``shm_reserve``, write each stream into its segment (one shared one with ``batch_bytes``),
-        ``shm_publish``; the reservations are given up on any failure."""
-        request = ShmReserveRequest(tuple(puts), writer, ttl, batch_bytes)
-        segments = self._action("shm_reserve", encode(request), timeout)["segments"]
-        try:
-            written = []
-            for seg, stream, expected in zip(segments, streams, sizes, strict=False):
-                size = self._segments.write(seg["path"], int(seg["capacity"]), schema, stream)
-                if size != expected:  # pragma: no cover - the sizer and the writer agree
-                    raise InvalidRequestError(f"shm put: wrote {size} bytes, announced {expected}")
-                written.append(size)
-            if batch_bytes is not None:
-                written = [written[0]] * len(segments)
-            items = tuple((seg["reservation"], n) for seg, n in zip(segments, written, strict=True))
-            self._action("shm_publish", encode(ShmPublishRequest(items)), timeout)
-        except BaseException:
-            ids = tuple(s["reservation"] for s in segments)
-            # the server sweeps the reservations at their deadline anyway
-            with contextlib.suppress(TrajflightError):
-                self._action("shm_abort", encode(ShmAbortRequest(ids)), timeout)
-            raise
+        self._shm.put(groups, joined=joined, writer=writer, sigs=sigs, ttl=ttl, timeout=timeout)
 
     def shm_open(
         self,
@@ -520,9 +334,7 @@ class StorageClient:
             NotFoundError, StaleFenceError, SchemaError, InvalidRequestError (no arena on the server),
             DeadlineExceededError.
         """
-        reads = tuple(_as_read(g) for g in groups)
-        ticket = GetTicket(reads, None if columns is None else tuple(columns))
-        return ShmOpened.from_reply(reads, self._action("shm_open", encode(ticket), timeout))
+        return self._shm.open(tuple(_as_read(g) for g in groups), columns, timeout)
 
     def shm_get(
         self,
@@ -534,51 +346,25 @@ class StorageClient:
     ) -> pa.Table:
         """Read groups through shared memory (same host only): map their segments read-only, no copy.
 
-        The lease tokens are checked by the server as for :meth:`get` (``shm_open``). When ``opened``
-        (from :meth:`shm_open` under the same tokens) covers every group and column and the server's fence
-        board shows every group unchanged at those tokens' generations, no call is made at all (a
-        re-granted lease, a delete or an append changes the board, and the read goes to the server,
-        which refuses or answers afresh). The result aliases read-only mappings of the segments (its
-        buffers are neither received nor copied); the mappings stay valid after the group is deleted and
-        are unmapped when the last buffer over them is dropped. Never write through tensors decoded from
-        it (``torch.from_dlpack`` ignores the read-only flag; a write faults the process).
+        The one same-host route of a read. The lease tokens are checked by the server as for :meth:`get`
+        (``shm_open``). When ``opened`` (from :meth:`shm_open` under the same tokens) covers every group
+        and column and the server's fence board shows every group unchanged at those tokens'
+        generations, no call is made at all (a re-granted lease, a delete or an append changes the board,
+        and the read goes to the server, which refuses or answers afresh). The result aliases read-only
+        mappings of the segments (its buffers are neither received nor copied); the mappings stay valid
+        after the group is deleted and are unmapped when the last buffer over them is dropped. Never write
+        through tensors decoded from it (``torch.from_dlpack`` ignores the read-only flag; a write faults
+        the process).
 
         Raises:
             NotFoundError (also when a segment is gone or not visible from this host), StaleFenceError,
             SchemaError, InvalidRequestError (no arena on the server), DeadlineExceededError.
         """
+        # The very tuple ``opened`` was opened with skips the per-group work of a kept open.
         reads = (
-            groups if opened is not None and groups is opened.reads else tuple(_as_read(g) for g in groups)
+            opened.reads if opened is not None and groups is opened.reads else tuple(map(_as_read, groups))
         )
-        # A kept open is read again with no call while the server's fence board shows every group
-        # unchanged at the lease's generation; anything else is opened again, by the server.
-        fresh = opened is None or not opened.covers(reads, columns)
-        if opened is None or fresh:
-            opened = self.shm_open(reads, columns=columns, timeout=timeout)
-        for _ in range(_REOPENS):
-            # One look at the server's fence board per read, after mapping: a segment is locked against
-            # reuse only once mapped, so the groups must still be stored after that (else it may hold
-            # another group already), and a kept open must still match them at the lease's generation.
-            # Only then are the segments parsed.
-            try:
-                mapped_now = opened.map(reads)
-            except NotFoundError:
-                if fresh:
-                    raise
-                allowed = False  # a kept open's segment is gone: the server says why
-            else:
-                allowed = (fresh and not mapped_now) or self._board_allows(opened, reads)
-            if allowed:
-                return opened.read(reads, columns)
-            # Ask the server, which refuses a deleted or re-granted group with the precise error; the same
-            # segments mean the groups outlived the lock (their bytes are in the mappings).
-            again = self.shm_open(reads, columns=columns, timeout=timeout)
-            if again.same_parts(opened, reads):
-                return opened.read(reads, columns)
-            opened, fresh = again, True
-        raise UnavailableError(
-            f"shm read: the segments of {len(reads)} groups changed on every try ({_REOPENS}); read again"
-        )
+        return self._shm.get(reads, columns, timeout, opened)
 
     def shm_lock(self, opened: ShmOpened) -> bool:
         """Map (and so lock against reuse) the segments of ``opened``'s reads now, ahead of the first read.
@@ -588,27 +374,7 @@ class StorageClient:
         board does not vouch for). A trainer that maps at lease time keeps its groups' bytes from being
         recycled from then on, and its first read has nothing left to map.
         """
-        try:
-            mapped = opened.map(opened.reads)
-        except NotFoundError:
-            return False
-        return not mapped or self._board_allows(opened, opened.reads)
-
-    def _board_allows(self, opened: ShmOpened, reads: Sequence[GroupRead]) -> bool:
-        query = opened.board_query(reads)
-        path = opened.board_path
-        if query is None or path is None:
-            return False
-        board = self._boards.get(path)
-        if board is not None and query.matches(board):  # matches() checks the file is current
-            return True
-        if board is not None and board.current():
-            return False  # the board itself says no: ask the server
-        try:  # first use, or a restarted server replaced the file: map the current one
-            board = self._boards[path] = MappedBoard(path)
-        except (OSError, ValueError):
-            return False
-        return query.matches(board)
+        return self._shm.lock(opened)
 
     # ------------------------------------------------------------------------------------------- reads
 
@@ -635,7 +401,7 @@ class StorageClient:
 
     def list_groups(
         self, job_id: str | None = None, epoch: int | None = None, *, timeout: float | None = None
-    ) -> list[GroupInfo]:
+    ) -> list[GroupListing]:
         """Stored groups, optionally of one job and epoch, sorted by key."""
         criteria = encode(ListCriteria(job_id, epoch)) if job_id is not None or epoch is not None else b""
         out = []
@@ -644,7 +410,7 @@ class StorageClient:
                 job, ep, gid = (p.decode() for p in info.descriptor.path)
                 endpoint = info.endpoints[0]
                 out.append(
-                    GroupInfo(
+                    GroupListing(
                         Partition(job, int(ep), int(gid)),
                         info.schema,
                         info.total_records,
@@ -658,7 +424,7 @@ class StorageClient:
     # ----------------------------------------------------------------------------------------- actions
 
     def _action(self, name: str, body: bytes, timeout: float | None) -> dict[str, Any]:
-        local = self._local
+        local = self._shm.local
         if local is not None:
             return local.call(name, body, self.timeout if timeout is None else timeout)
         with translate_errors(f"action {name}"):
@@ -717,24 +483,19 @@ class StorageClient:
             ]
 
 
-_REOPENS = 3  # reads of groups whose segments change under them (appends) before shm_get gives up
+def run_parallel(calls: Sequence[Callable[[], T]], *, name: str = "trajflight-call") -> list[T]:
+    """Run calls at once, each on its own thread (one call runs on this thread); results in call order.
 
+    Flight releases the GIL while it streams, so calls to several servers overlap.
 
-def _inline_stream(schema: pa.Schema, batches: Sequence[pa.RecordBatch], nbytes: int) -> pa.Buffer:
-    """``batches`` as one IPC stream, written in one pass into a buffer sized from their buffers' bytes
-    (``nbytes``) plus room for the messages' metadata; sized exactly first where that room is short."""
-    buffer = pa.allocate_buffer(nbytes + _STREAM_ROOM)
-    try:
-        with pa.FixedSizeBufferWriter(buffer) as out:
-            write_stream(out, schema, batches)
-            return buffer.slice(0, out.tell())
-    except OSError:  # "write out of bounds": many columns or batches; measure the stream, write it again
-        return serialize_segment(batches, schema, heap_placement)
-
-
-_STREAM_ROOM = 64 * 1024
-"""Bytes an IPC stream may need beyond its buffers' (schema and batch metadata, padding) before
-:func:`_inline_stream` sizes it exactly."""
+    Raises:
+        The first error in call order, once every call ended.
+    """
+    if len(calls) <= 1:
+        return [call() for call in calls]
+    with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix=name) as pool:
+        futures = [pool.submit(call) for call in calls]
+        return [f.result() for f in futures]
 
 
 def get_parallel(
@@ -771,8 +532,4 @@ def get_parallel(
             )
         return client.get(groups, columns=columns, timeout=remaining)
 
-    if len(requests) == 1:
-        return [_one(requests[0])]
-    with ThreadPoolExecutor(max_workers=len(requests), thread_name_prefix="trajflight-get") as pool:
-        futures = [pool.submit(_one, r) for r in requests]
-        return [f.result() for f in futures]
+    return run_parallel([functools.partial(_one, r) for r in requests], name="trajflight-get")

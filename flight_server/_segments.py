@@ -1,10 +1,10 @@
-"""Placement of group parts as Arrow IPC segments: one complete IPC stream in one buffer.
+"""Arrow IPC streams in one buffer: how a group part is written to, and read from, one segment.
 
-A :data:`Placement` hands out buffers (Arrow's pool with :func:`heap_placement`; the shared-memory arena
-of :mod:`._shm` places segments the same way, through :class:`~._store.GroupStore`'s ``arena``).
-:func:`serialize_segment` writes batches into exactly one such buffer with one copy, and
-:func:`open_segment` reopens it as a table that aliases the buffer. A process that maps the same bytes
-(e.g. a same-host reader of a shared-memory file) opens them the same way, with no copy.
+A :data:`Placement` hands out buffers (Arrow's pool with :func:`heap_placement`; the shared-memory arena,
+:mod:`.shm._arena`, hands out its segments the same way). :func:`serialize_segment` writes batches into
+exactly one such buffer with one copy, and :func:`open_segment` reopens it as a table that aliases the
+buffer. A process that maps the same bytes (a same-host reader of a shared-memory file) opens them the same
+way, with no copy. :func:`concat_groups` and :func:`join_batches` join groups' tables and batches.
 
 This module does not free or recycle buffers: a segment lives as long as something references it.
 """

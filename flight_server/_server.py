@@ -9,9 +9,11 @@
   that aliases the stored buffers: no Python loop per batch, no re-serialisation in Python).
 * ``list_flights`` / ``get_flight_info`` / ``get_schema`` let any Flight client list and read groups.
 * ``do_action``: ``delete``, ``fence``, ``advance_generation``, ``stats``, ``health``; with a shared-memory
-  arena (:class:`~._shm.ShmArena`) also ``shm_reserve`` / ``shm_publish`` / ``shm_abort`` (same-node
-  writers write a group straight into a segment, validated at publish) and ``shm_open`` (same-node
-  readers get the segments of leased groups and map them read-only). ``do_get`` serves the same memory.
+  arena (:class:`~.shm._arena.ShmArena`) also ``shm_reserve`` / ``shm_publish`` / ``shm_abort`` (same-host
+  writers write their groups straight into a segment, validated at publish) and ``shm_open`` (same-host
+  readers get the segments of leased groups and map them read-only), also over the arena's Unix socket
+  (:mod:`.shm._local`), which alone carries ``shm_put`` (a small group in one call). ``do_get`` serves the
+  same memory.
 
 Errors leave a handler only as Flight errors from :mod:`trajflight.flight_server._errors`.
 
@@ -36,12 +38,9 @@ import pyarrow.flight as flight
 from trajflight.codec import STANDARD_SCHEMA, TrajectorySchema, validate_group
 from trajflight.errors import InvalidRequestError, SchemaError
 from trajflight.flight_server._errors import server_errors
-from trajflight.flight_server._local import LocalChannelServer, run_handler
 from trajflight.flight_server._put_stream import check_stream_schema, receive, receive_groups
-from trajflight.flight_server._segments import Placement
-from trajflight.flight_server._shm import ShmArena, host_id
-from trajflight.flight_server._store import GroupStore, StoredGroup, StoreLimits
-from trajflight.flight_server._store_shm import fmt_key
+from trajflight.flight_server._store import GroupStore, Stored, StoreLimits
+from trajflight.flight_server._store_records import fmt_key
 from trajflight.flight_server._wire import (
     WIRE_VERSION,
     AppendDescriptor,
@@ -61,11 +60,15 @@ from trajflight.flight_server._wire import (
     decode_action_body,
     decode_criteria,
     decode_descriptor,
+    decode_shm_put,
     decode_ticket,
     encode,
     group_descriptor,
 )
 from trajflight.flight_server._wire_bounds import echo
+from trajflight.flight_server.shm._arena import ShmArena, host_id
+from trajflight.flight_server.shm._local import LocalChannelServer, run_handler
+from trajflight.flight_server.shm._store import ShmStore
 from trajflight.keys import Partition
 
 __all__ = ["ACTIONS", "StorageServer"]
@@ -95,26 +98,26 @@ ACTIONS: dict[str, str] = {
         '"shm_dir",...}; host_id and shm_dir let a client on the same host choose shared memory.'
     ),
     "shm_reserve": (
-        'Same-node put, step 1 (servers with an arena). Body {"v":1,"writer"?,"ttl"?,"batch_bytes"?,'
-        '"groups":[{"job_id","epoch","group_id","nbytes","num_rows"?,"sig"?}]}: the checks of a put, then '
-        'one segment per group (one shared one with batch_bytes). Result {"segments":[{"reservation",'
-        '"path","capacity"}]}. Compact batch form: {"v":1,"writer"?,"ttl"?,"batch_bytes","batch":{"job_id",'
+        'Same-host put, step 1 (servers with an arena). Body {"v":1,"writer"?,"ttl"?,"batch_bytes",'
+        '"groups":[{"job_id","epoch","group_id","num_rows","sig"?}]}: the checks of a put, then one segment '
+        'of batch_bytes for the groups, written as one stream. Result {"segments":[{"reservation","path",'
+        '"capacity"}]}. Compact batch form: {"v":1,"writer"?,"ttl"?,"batch_bytes","batch":{"job_id",'
         '"epoch","group_ids":[...],"rows":[...],"sigs"?:[...]}}, result {"batch":{"reservation","path",'
-        '"capacity"}}: one segment and one reservation for the whole batch.'
+        '"capacity"}}: one reservation for the whole batch.'
     ),
     "shm_publish": (
-        'Same-node put, step 2. Body {"v":1,"groups":[{"reservation","size"}]}, or {"v":1,"batch":'
+        'Same-host put, step 2. Body {"v":1,"groups":[{"reservation","size"}]}, or {"v":1,"batch":'
         '{"reservation","size"}} for a batch reserved in the compact form: validates each segment\'s IPC '
         'stream as do_put does and publishes all or none. Result {"published","bytes"}.'
     ),
     "shm_put": (
-        "Same-node put of one small group in one call, on the same-host channel only (its Unix socket "
+        "Same-host put of one small group in one call, on the same-host channel only (its Unix socket "
         "carries the group's IPC stream as a payload frame). Body like shm_reserve with one group whose "
         'nbytes is the payload size; checks and validation as for do_put. Result {"published","bytes"}.'
     ),
-    "shm_abort": 'Give same-node reservations up. Body {"v":1,"reservations":[...]}. Result {"aborted"}.',
+    "shm_abort": 'Give same-host reservations up. Body {"v":1,"reservations":[...]}. Result {"aborted"}.',
     "shm_open": (
-        'Same-node read. Body like a do_get ticket {"v":1,"groups":[...],"columns"?}; tokens checked as '
+        'Same-host read. Body like a do_get ticket {"v":1,"groups":[...],"columns"?}; tokens checked as '
         'for do_get. Result {"segments":[{"path","capacity","columns"}],"groups":[{"num_rows","parts":'
         "[[segment, first_row, rows]]}]}: map each segment read-only, one IPC stream at offset 0."
     ),
@@ -133,11 +136,9 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         secret: Deployment secret shared with the controller; when given, puts, lease tokens, fences and
             generation raises must carry valid HMAC signatures (:class:`TokenSigner`), and bare path-
             descriptor puts are refused. Tokenless reads stay open.
-        place: None (default) keeps the buffers Flight received; a :data:`Placement` gets each group part
-            copied once into one IPC-stream segment it hands out.
-        arena: A shared-memory arena for same-node transport (exclusive with ``place``); the server owns
-            it from now on and closes it (unlinking every segment) in :meth:`close`.
-        shm_ttl: Seconds a same-node writer has between ``shm_reserve`` and ``shm_publish`` before its
+        arena: A shared-memory arena for same-host transport; the server owns it from now on and closes
+            it (unlinking every segment) in :meth:`close`.
+        shm_ttl: Seconds a same-host writer has between ``shm_reserve`` and ``shm_publish`` before its
             reservation is swept (a background thread sweeps twice a second): the default, and the most
             a writer's own ``ttl`` gets (it may ask for less, never more).
     """
@@ -150,7 +151,6 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         limits: StoreLimits | None = None,
         schema: TrajectorySchema = STANDARD_SCHEMA,
         secret: bytes | None = None,
-        place: Placement | None = None,
         arena: ShmArena | None = None,
         shm_ttl: float = 30.0,
     ) -> None:
@@ -159,7 +159,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         if isinstance(shm_ttl, bool) or not isinstance(shm_ttl, int | float) or not shm_ttl > 0:
             raise InvalidRequestError(f"shm_ttl must be a positive number of seconds, got {shm_ttl!r}")
         self._signer = TokenSigner(secret) if secret is not None else None
-        self.store: GroupStore = GroupStore(limits, schema=schema, place=place, arena=arena)
+        self.store: GroupStore = GroupStore(limits, schema=schema, arena=arena)
         self.arena = arena
         self.shm_ttl = float(shm_ttl)
         self.host_id = host_id()
@@ -177,7 +177,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         self._local: LocalChannelServer | None = None
         if arena is not None:
             # Same-host clients send their (small) actions over a Unix socket in the private arena
-            # directory: ~0.4 ms per gRPC action here, tens of microseconds on the socket (see _local).
+            # directory: cheaper than a gRPC action (see shm/_local).
             self._local = LocalChannelServer(
                 os.path.join(arena.directory, "ctl.sock"),
                 run_handler(self._run_local),
@@ -195,26 +195,33 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         return self._run_action(name, decode_action_body(name, body))
 
     def _shm_put_inline(self, body: bytes | bytearray, payload: bytes | bytearray) -> dict[str, Any]:
-        """One small group sent whole over the same-host channel (see ``GroupStore.shm_put_inline``).
+        """One small group sent whole over the same-host channel (see :meth:`ShmStore.put_inline`).
 
         The body is a ``shm_reserve`` body naming exactly one group whose ``nbytes`` is the payload's
         size; the payload is the group's Arrow IPC stream."""
-        request = decode_action_body("shm_reserve", body)
-        if not isinstance(request, ShmReserveRequest) or len(request.puts) != 1 or request.batch_bytes:
-            raise InvalidRequestError("shm_put carries exactly one group; reserve segments for more")
+        request = decode_shm_put(body)
         (put,) = request.puts
         if put.nbytes != len(payload):
             raise InvalidRequestError(
                 f"shm_put: the payload has {len(payload)} bytes, the body announces {put.nbytes}"
             )
         self._verify_put(put)
-        group = self.store.shm_put_inline(put.key, payload, writer=request.writer, num_rows=put.num_rows)
+        group = self._shm().put_inline(put.key, payload, writer=request.writer, num_rows=put.num_rows)
         return {"published": 1, "bytes": group.nbytes}
+
+    def _shm(self) -> ShmStore:
+        shm = self.store.shm
+        if shm is None:
+            raise InvalidRequestError(
+                "this server has no shared-memory arena (start it with --shm-dir); put and read over "
+                "Flight (transport='flight')"
+            )
+        return shm
 
     def _sweep_loop(self) -> None:
         while not self._stop_sweeper.wait(0.5):
             try:
-                self.store.sweep_shm()
+                self._shm().sweep()
             except Exception:  # never let the sweeper die on one bad segment
                 log.exception("server %s: shared-memory sweep failed", self._location)
 
@@ -390,7 +397,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
 
     # ---------------------------------------------------------------------------------------- flights
 
-    def _info(self, group: StoredGroup) -> flight.FlightInfo:
+    def _info(self, group: Stored) -> flight.FlightInfo:
         ticket = flight.Ticket(encode(GetTicket((GroupRead(group.key),))))
         endpoint = flight.FlightEndpoint(ticket, [self._location])
         return flight.FlightInfo(
@@ -404,7 +411,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         for group in groups:
             yield self._info(group)
 
-    def _group_of(self, descriptor: flight.FlightDescriptor) -> StoredGroup:
+    def _group_of(self, descriptor: flight.FlightDescriptor) -> Stored:
         key = decode_descriptor(descriptor)
         if not isinstance(key, Partition):
             raise InvalidRequestError(
@@ -491,70 +498,55 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         return self.shm_ttl if asked is None else min(asked, self.shm_ttl)
 
     def _shm_action(self, body: Any) -> dict[str, Any]:
-        store = self.store
-        if isinstance(body, ShmBatchReserveRequest):
-            keys = body.keys()
-            if self._signer is not None:
-                for key, sig in zip(keys, body.sigs or [None] * len(keys), strict=True):
-                    self._verify_put_key(key, sig)
-            batch = store.reserve_shm_batch(
-                keys,
-                body.rows,
-                body.batch_bytes,
-                writer=body.writer,
-                ttl=self._shm_deadline(body.ttl),
-            )
-            seg = batch.segment
-            return {"batch": {"reservation": batch.id, "path": seg.path, "capacity": seg.capacity}}
-        if isinstance(body, ShmBatchPublishRequest):
-            published = store.publish_shm_batch(body.reservation, body.size)
-            return {"published": len(published), "bytes": sum(g.nbytes for g in published)}
-        if isinstance(body, ShmReserveRequest):
-            ttl = self._shm_deadline(body.ttl)
-            puts = []
-            for put in body.puts:
-                self._verify_put(put)
-            if body.batch_bytes is not None:
-                puts = store.begin_shm_batch(
-                    [(p.key, int(p.num_rows or 0)) for p in body.puts],
-                    body.batch_bytes,
-                    writer=body.writer,
-                    ttl=ttl,
-                )
-            try:
-                for put in body.puts if body.batch_bytes is None else ():
-                    puts.append(
-                        store.begin_shm_put(
-                            put.key, int(put.nbytes or 0), writer=body.writer, num_rows=put.num_rows, ttl=ttl
-                        )
-                    )
-            except BaseException:
-                store.abort_shm([p.id for p in puts])
-                raise
-            return {
-                "segments": [
-                    {"reservation": p.id, "path": p.segment.path, "capacity": p.segment.capacity}
-                    for p in puts
-                ]
-            }
-        if isinstance(body, ShmPublishRequest):
-            published = store.publish_shm(body.items)
+        if isinstance(body, ShmBatchReserveRequest | ShmReserveRequest):
+            return self._shm_reserve(body)
+        if isinstance(body, ShmBatchPublishRequest | ShmPublishRequest):
+            items = body.items if isinstance(body, ShmPublishRequest) else ((body.reservation, body.size),)
+            published = self._shm().publish(items)
             return {"published": len(published), "bytes": sum(g.nbytes for g in published)}
         if isinstance(body, ShmAbortRequest):
-            return {"aborted": store.abort_shm(body.reservations)}
-        ticket: GetTicket = body
+            return {"aborted": self._shm().abort(body.reservations)}
+        return self._shm_open(body)
+
+    def _shm_reserve(self, body: ShmBatchReserveRequest | ShmReserveRequest) -> dict[str, Any]:
+        """One segment for the groups a ``shm_reserve`` names (either form), after every put credential
+        verified."""
+        shm = self._shm()
+        rows: list[int | None]
+        sigs: list[str | None]
+        if isinstance(body, ShmBatchReserveRequest):
+            keys, rows = body.keys(), list(body.rows)
+            sigs = list(body.sigs) if body.sigs is not None else [None] * len(keys)
+        else:
+            keys, rows = [p.key for p in body.puts], [p.num_rows for p in body.puts]
+            sigs = [p.sig for p in body.puts]
+        for key, sig in zip(keys, sigs, strict=True):
+            self._verify_put_key(key, sig)
+        nbytes = body.batch_bytes or 0  # the decoder requires it of shm_reserve; 0 is refused
+        put = shm.reserve(keys, rows, nbytes, writer=body.writer, ttl=self._shm_deadline(body.ttl))
+        seg = put.segment
+        if isinstance(body, ShmBatchReserveRequest):
+            return {"batch": {"reservation": put.id, "path": seg.path, "capacity": seg.capacity}}
+        return {
+            "segments": [
+                {"reservation": rid, "path": seg.path, "capacity": seg.capacity} for rid in put.member_ids()
+            ]
+        }
+
+    def _shm_open(self, ticket: GetTicket) -> dict[str, Any]:
+        """The segments of the ticket's groups for a same-host reader (the result of ``shm_open``)."""
+        self._shm()
         self._verify_tokens(ticket.groups)
-        opened = store.shm_open(ticket.groups, ticket.columns)
-        # Segments are listed once (a batch put together shares one); each group names its parts as
-        # [segment index, first row in the segment's stream, rows].
-        # A stream is listed once: a segment, and in a slab of small groups each group's own stream at
-        # its byte "offset" (omitted when 0).
+        opened = self.store.shm_open(ticket.groups, ticket.columns)
+        # A stream is listed once (the groups of a batch put together share one segment; in a slab of
+        # small groups each group's own stream sits at its byte "offset", omitted when 0); each group
+        # names its parts as [stream index, first row in that stream, rows].
         index: dict[tuple[int, int], int] = {}
         segments: list[dict[str, Any]] = []
         groups: list[dict[str, Any]] = []
-        for g, segs, fence in opened:
+        for g, fence in opened:
             parts = []
-            for i, seg in enumerate(segs):
+            for i, seg in enumerate(g.segments):
                 start = g.start(i)
                 at = index.get((id(seg), start))
                 if at is None:
@@ -568,5 +560,5 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         return {
             "segments": segments,
             "groups": groups,
-            "fences": None if store.board is None else store.board.path,
+            "fences": None if self.store.board is None else self.store.board.path,
         }

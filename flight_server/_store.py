@@ -1,29 +1,24 @@
-"""The in-memory group store: atomic publish, fencing, capacity accounting and column append.
+"""The in-memory group store: the groups by key and their atomic transitions (publish, column append,
+read, delete, fence) under one lock.
 
 Layout: each stored group is a tuple of *parts*, each a table over Arrow buffers. The first part holds the
 columns the writer put; each column append adds one part with only the new columns, so existing columns
-are never rewritten. By default a part keeps the very buffers Flight received (no copy: the fastest put and
-the least memory). With a ``place(size) -> pyarrow.Buffer`` hook, each part is instead written once as one
-complete Arrow IPC stream (schema, batches, end-of-stream) into a buffer the hook hands out, and served
-from there. With a shared-memory ``arena`` (:mod:`._shm`) every part lives in an arena segment: Flight
-puts are copied once into one, same-node writers fill one themselves (:meth:`GroupStore.begin_shm_put`,
-:meth:`GroupStore.publish_shm`), same-node readers map them (:meth:`GroupStore.shm_open`), and deletes
-give segments back to the arena (reused only when no reader ever mapped them). The table served to
-readers is a zero-copy view over the parts, built once at publish.
+are never rewritten. Without an arena a part keeps the very buffers Flight received (no copy: the fastest
+put and the least memory). With a shared-memory arena every part lives in an arena segment, placed by the
+store's collaborator :class:`~.shm._store.ShmStore` (:attr:`GroupStore.shm`), which also admits and
+publishes the puts of same-host writers; same-host readers map them (:meth:`GroupStore.shm_open`). The
+table served to readers is a zero-copy view over the parts.
 
-Capacity counts buffer sizes (``get_total_buffer_size`` of received batches, or segment sizes when
-placed; Arrow's memory pool does not see buffers received by Flight) and in-flight reservations, in bytes
-and in groups. Fencing: per job the lowest epoch still accepted for puts, per group the highest lease
-generation seen (kept after a delete, so a zombie's late delete or append is still refused; forgotten when
-the group's epoch is fenced); every deleted key is tombstoned, so a late put of it is refused. Reads,
-appends and deletes are fenced by generation only, not by epoch: a
-job restored from a checkpoint under a new epoch re-offers READY groups of the old epoch under new, higher
-generations, and their new holders must reach them.
+What the store refuses is decided by its :class:`~._fencing.Fences` (epochs, lease generations,
+tombstones, column types) and :class:`~._capacity.Capacity` (bytes and group slots). Reads, appends and
+deletes are fenced by generation only, not by epoch: a job restored from a checkpoint under a new epoch
+re-offers READY groups of the old epoch under new, higher generations, and their new holders must reach
+them.
 
 The records (:class:`StoredGroup`, :class:`StoreLimits`, :class:`Reservation`) live in
 :mod:`._store_records` and are re-exported here. This module does not verify signatures (the server does)
-and does no I/O. It is thread-safe: one lock
-guards the maps; serialisation and validation run outside it.
+and does no I/O. It is thread-safe: one lock guards the maps and their collaborators' counts;
+serialisation and validation run outside it.
 """
 
 from __future__ import annotations
@@ -31,54 +26,39 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
 from trajflight.codec import STANDARD_SCHEMA, TrajectorySchema
-from trajflight.errors import (
-    AlreadyExistsError,
-    CapacityExceededError,
-    InvalidRequestError,
-    LeaseExpiredError,
-    NotFoundError,
-    SchemaError,
-    StaleFenceError,
-)
-from trajflight.flight_server._fences import FenceBoard
-from trajflight.flight_server._segments import Placement, concat_groups, open_segment, serialize_segment
-from trajflight.flight_server._shm import Segment, ShmArena
-from trajflight.flight_server._store_records import Reservation, StoredGroup, StoreLimits
-from trajflight.flight_server._store_shm import ShmBatch, ShmPut, ShmStoreMixin, fmt_key, key_fields
-from trajflight.flight_server._tombstones import Tombstones
+from trajflight.errors import AlreadyExistsError, InvalidRequestError, NotFoundError, SchemaError
+from trajflight.flight_server._capacity import Capacity
+from trajflight.flight_server._fencing import Fences
+from trajflight.flight_server._segments import concat_groups
+from trajflight.flight_server._store_records import Reservation, StoredGroup, StoreLimits, fmt_key, key_fields
 from trajflight.flight_server._wire import GroupRead, LeaseToken, ListCriteria
 from trajflight.flight_server._wire_bounds import echo
+from trajflight.flight_server.shm._arena import ShmArena
+from trajflight.flight_server.shm._segment import Segment
+from trajflight.flight_server.shm._store import ShmStore
 from trajflight.keys import Partition
-from trajflight.units import format_size
 
-__all__ = ["GroupStore", "Reservation", "ShmBatch", "ShmPut", "StoreLimits", "StoredGroup"]
+__all__ = ["GroupStore", "Reservation", "StoreLimits", "Stored", "StoredGroup"]
 
-
-@dataclass(slots=True)
-class _JobState:
-    min_epoch: int = 0
-    column_types: dict[str, pa.DataType] = field(default_factory=dict)
+Stored = StoredGroup[Segment]
+"""A group as this store keeps it: its parts placed in arena segments (none without an arena)."""
 
 
-class GroupStore(ShmStoreMixin):
+class GroupStore:
     """Groups by partition key, with fencing and bounded capacity.
 
     Args:
         limits: Capacity and size bounds.
         schema: The trajectory schema groups are checked against (types of user columns are fixed per job
             by the first group that carries them).
-        place: None keeps received buffers as they are; a :data:`Placement` copies each part once into
-            one IPC-stream segment it hands out (see :mod:`._segments`).
-        arena: A shared-memory arena (:class:`~._shm.ShmArena`): every part is placed in one of its
-            segments (Flight puts and appends copy once into it; same-node writers write into it directly,
-            :meth:`begin_shm_put`), deletes give the segments back, capacity counts segment sizes.
-            Exclusive with ``place``.
+        arena: A shared-memory arena (:class:`~.shm._arena.ShmArena`): every part is placed in one of
+            its segments by :attr:`shm` (Flight puts and appends copy once into it; same-host writers write
+            into it directly), deletes give the segments back, capacity counts segment sizes.
         clock: Monotonic clock, injectable for tests.
     """
 
@@ -87,142 +67,52 @@ class GroupStore(ShmStoreMixin):
         limits: StoreLimits | None = None,
         *,
         schema: TrajectorySchema = STANDARD_SCHEMA,
-        place: Placement | None = None,
         arena: ShmArena | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if place is not None and arena is not None:
-            raise InvalidRequestError("give the store a placement or an arena, not both")
         self.limits = limits or StoreLimits()
         self.schema = schema
-        self._place = place
-        self.arena = arena
-        self._shm_puts: dict[str, ShmPut] = {}  # same-node puts reserved, not yet published, by id
-        self._shm_batches: dict[str, ShmBatch] = {}  # same-node batches reserved as one, by id
         self._clock = clock
         self._lock = threading.Lock()
-        self._groups: dict[Partition, StoredGroup] = {}
+        self._groups: dict[Partition, Stored] = {}
         self._pending: dict[Partition, Reservation] = {}  # in-flight puts, by key
         self._appends: set[int] = set()  # ids of in-flight append reservations
-        self._generation: dict[Partition, int] = {}
-        self._tombstones = Tombstones()  # keys deleted here: a later (or in-flight) put of one is refused
-        # Generations published in shared memory for same-host readers (see _fences); written under _lock.
-        self.board = FenceBoard(arena.directory) if arena is not None else None
-        self._jobs: dict[str, _JobState] = {}
-        self._held_bytes = 0
+        self.shm = (
+            None if arena is None else ShmStore(arena, self, schema=schema, limits=self.limits, clock=clock)
+        )
+        """The arena's side of the store (None without an arena): placement and same-host puts."""
+        self.board = None if self.shm is None else self.shm.board  # generations for same-host readers
+        self._fences = Fences(self.board)  # epochs, generations, tombstones, column types: under the lock
+        self._capacity = Capacity(self.limits)  # bytes held and reserved: under the lock
         self._groups_read = 0  # groups handed to readers (do_get or shared-memory handles), for stats
         self._bytes_read = 0  # their stored bytes (before projection)
-        self._reserved_bytes = 0
-        self._pending_groups = 0
 
     # ------------------------------------------------------------------------------------- accounting
 
-    def _reserve(self, res: Reservation, nbytes: int) -> None:
+    def reserve_bytes(self, res: Reservation, nbytes: int) -> None:
+        """Count ``nbytes`` more for ``res`` against capacity (a :class:`Reservation` calls it).
+
+        Raises:
+            InvalidRequestError: over ``max_group_bytes``. CapacityExceededError: the store is full.
+        """
         with self._lock:
-            # Slab bytes no group counts any more (a slab kept alive by a few of its groups) still
-            # occupy the arena: capacity bounds them too.
-            stranded = self.arena.stranded_bytes if self.arena is not None else 0
-            self._reserve_locked(res, nbytes, stranded)
+            self._capacity.reserve(res, nbytes, self._stranded())
 
-    def _reserve_locked(self, res: Reservation, nbytes: int, stranded: int) -> None:
-        """Reserve ``nbytes`` more for ``res`` (caller holds the lock); ``stranded``: the arena's
-        stranded bytes, which count as used."""
-        limits = self.limits
-        if res.reserved + nbytes > limits.max_group_bytes:
-            raise InvalidRequestError(
-                f"group {_fmt(res.key)}: {format_size(res.reserved + nbytes)} exceeds the server's "
-                f"max_group_bytes of {format_size(limits.max_group_bytes)}; split the group or raise the "
-                "limit",
-                nbytes=res.reserved + nbytes,
-                limit=limits.max_group_bytes,
-            )
-        used = self._held_bytes + self._reserved_bytes + stranded
-        if used + nbytes > limits.capacity_bytes:
-            raise CapacityExceededError(
-                f"server full: {format_size(used)} of {format_size(limits.capacity_bytes)} used, "
-                f"{format_size(nbytes)} more needed for group {_fmt(res.key)}; retry after "
-                f"{limits.retry_after:g}s (trainers free space as they commit)",
-                retry_after=limits.retry_after,
-                needed_bytes=nbytes,
-                free_bytes=max(0, limits.capacity_bytes - used),
-            )
-        self._reserved_bytes += nbytes
-        res.reserved += nbytes
+    def _stranded(self) -> int:
+        """Slab bytes no group counts any more (a slab kept alive by a few of its groups): they still
+        occupy the arena, so capacity bounds them too."""
+        return self.shm.stranded_bytes if self.shm is not None else 0
 
-    def _release(self, res: Reservation) -> None:
+    def release_reservation(self, res: Reservation) -> None:
+        """Give back what ``res`` holds: its bytes and its group slot (a :class:`Reservation` calls it)."""
         with self._lock:
             self._release_locked(res)
 
     def _release_locked(self, res: Reservation) -> None:
-        self._reserved_bytes -= res.reserved
-        res.reserved = 0
+        self._capacity.release(res)
         if res.counts_group and self._pending.get(res.key) is res:
             del self._pending[res.key]
-            self._pending_groups -= 1
         self._appends.discard(id(res))
-
-    # ---------------------------------------------------------------------------------------- fencing
-
-    def _job(self, job_id: str) -> _JobState:
-        state = self._jobs.get(job_id)
-        if state is None:
-            state = self._jobs[job_id] = _JobState()
-        return state
-
-    def _check_epoch(self, key: Partition, what: str) -> None:
-        state = self._jobs.get(key.job_id)
-        if state is not None and key.epoch < state.min_epoch:
-            raise StaleFenceError(
-                f"{what} of group {_fmt(key)} refused: epoch {key.epoch} of job {echo(key.job_id)} is fenced "
-                f"(epochs below {state.min_epoch} are closed); this process belongs to an old incarnation "
-                "of the job: stop it",
-                job_id=key.job_id,
-                epoch=key.epoch,
-                min_epoch=state.min_epoch,
-            )
-
-    def _check_not_deleted(self, key: Partition) -> None:
-        """Refuse a put of a key this store deleted (see :mod:`._tombstones`). Caller holds the lock."""
-        if key in self._tombstones:
-            raise LeaseExpiredError(
-                f"put of group {_fmt(key)} refused: this partition was deleted here (the controller gave "
-                "it up: its put grant expired or the group was dropped); nothing was stored. Put the "
-                "group again under a new partition from the controller",
-                **_kd(key),
-            )
-
-    def _check_token(self, key: Partition, token: LeaseToken | None, what: str, *, required: bool) -> None:
-        if token is None:
-            if required:
-                raise StaleFenceError(
-                    f"{what} of group {_fmt(key)} refused: it needs the holder's lease token; "
-                    "acquire a lease",
-                    generation=None,
-                    highest=self._generation.get(key),
-                )
-            return
-        highest = self._generation.get(key, -1)
-        if token.generation < highest:
-            raise StaleFenceError(
-                f"{what} of group {_fmt(key)} refused: lease generation {token.generation} is older than "
-                f"generation {highest} already seen; the lease was re-granted: stop and re-acquire",
-                generation=token.generation,
-                highest=highest,
-            )
-
-    def _check_schema(self, key: Partition, schema: pa.Schema) -> None:
-        state = self._jobs.get(key.job_id)
-        if state is None:
-            return
-        for f in schema:
-            known = state.column_types.get(f.name)
-            if known is not None and known != f.type:
-                raise SchemaError(
-                    f"column {echo(f.name)} of group {_fmt(key)} has type {f.type}, but job "
-                    f"{echo(key.job_id)} "
-                    f"stores it as {known}; every group of a job uses one type per column",
-                    column=f.name,
-                )
 
     # -------------------------------------------------------------------------------------------- put
 
@@ -255,11 +145,11 @@ class GroupStore(ShmStoreMixin):
     def _admit_locked(self, res: Reservation, schema: pa.Schema | None) -> None:
         """:meth:`begin_put`'s checks of ``res.key`` but the bytes (caller holds the lock), then ``res``
         holds the key and a group slot."""
-        key = res.key
-        self._check_epoch(key, "put")
-        self._check_not_deleted(key)
+        key, fences = res.key, self._fences
+        fences.check_epoch(key, "put")
+        fences.check_not_deleted(key)
         if schema is not None:
-            self._check_schema(key, schema)
+            fences.check_schema(key, schema)
         if key in self._groups or key in self._pending:
             state = "stored" if key in self._groups else "being written by another put"
             raise AlreadyExistsError(
@@ -269,15 +159,8 @@ class GroupStore(ShmStoreMixin):
                 epoch=key.epoch,
                 group_id=key.group_id,
             )
-        groups = len(self._groups) + self._pending_groups
-        if groups >= self.limits.capacity_groups:
-            raise CapacityExceededError(
-                f"server full: {groups} of {self.limits.capacity_groups} groups held or in flight; "
-                f"retry after {self.limits.retry_after:g}s",
-                retry_after=self.limits.retry_after,
-            )
+        self._capacity.check_slot(len(self._groups) + len(self._pending))
         self._pending[key] = res
-        self._pending_groups += 1
 
     def begin_puts(self, keys: Sequence[Partition], announced: Sequence[int]) -> list[Reservation]:
         """:meth:`begin_put` of each key (schema None) with its announced bytes, all or none.
@@ -297,7 +180,7 @@ class GroupStore(ShmStoreMixin):
         if not keys:
             return []
         with self._lock:
-            stranded = self.arena.stranded_bytes if self.arena is not None else 0
+            stranded = self._stranded()
             if self._admits_all_locked(keys, announced, stranded):
                 out = [
                     Reservation(self, key, True, nbytes) for key, nbytes in zip(keys, announced, strict=True)
@@ -305,8 +188,7 @@ class GroupStore(ShmStoreMixin):
                 pending = self._pending
                 for res in out:
                     pending[res.key] = res
-                self._pending_groups += len(out)
-                self._reserved_bytes += sum(announced)
+                self._capacity.reserved_bytes += sum(announced)
                 return out
             # Some group is refused: admit them one by one as begin_put would, so the error is its own.
             out = []
@@ -316,7 +198,7 @@ class GroupStore(ShmStoreMixin):
                     self._admit_locked(res, None)
                     out.append(res)
                     if nbytes:
-                        self._reserve_locked(res, nbytes, stranded)
+                        self._capacity.reserve(res, nbytes, stranded)
             except BaseException:
                 for res in out:
                     self._release_locked(res)
@@ -327,25 +209,18 @@ class GroupStore(ShmStoreMixin):
     def _admits_all_locked(self, keys: Sequence[Partition], announced: Sequence[int], stranded: int) -> bool:
         """True when :meth:`begin_puts` admits every group: no epoch fenced, no key stored, being put or
         named twice, enough group slots, and the bytes fit (each, and in total). Caller holds the lock."""
-        limits, stored, pending, jobs = self.limits, self._groups, self._pending, self._jobs
-        if len(stored) + self._pending_groups + len(keys) > limits.capacity_groups:
+        stored, pending = self._groups, self._pending
+        if not self._capacity.fits(len(stored) + len(pending), announced, stranded):
             return False
-        if max(announced) > limits.max_group_bytes or min(announced) < 0:
-            return False
-        if self._held_bytes + self._reserved_bytes + stranded + sum(announced) > limits.capacity_bytes:
-            return False
-        for job_id, epoch in {key[:2] for key in keys}:  # the fence depends on the job and epoch only
-            state = jobs.get(job_id)
-            if state is not None and epoch < state.min_epoch:
-                return False
-        tombstones = self._tombstones
-        return len(set(keys)) == len(keys) and not any(
-            key in stored or key in pending or key in tombstones for key in keys
+        return (
+            len(set(keys)) == len(keys)
+            and not any(key in stored or key in pending for key in keys)
+            and self._fences.admits(keys)
         )
 
     def publish(
         self, res: Reservation, batches: Sequence[pa.RecordBatch], schema: pa.Schema, writer: str
-    ) -> StoredGroup:
+    ) -> Stored:
         """Make a fully received, validated group visible, atomically; consumes the reservation.
 
         The batches' buffers are kept (or copied once into a placed segment, see :meth:`_part`).
@@ -361,45 +236,46 @@ class GroupStore(ShmStoreMixin):
         items: Sequence[tuple[Reservation, Sequence[pa.RecordBatch]]],
         schema: pa.Schema,
         writer: str,
-    ) -> list[StoredGroup]:
+    ) -> list[Stored]:
         """Publish several received, validated groups all at once or not at all; consumes reservations.
 
         Raises:
             Like :meth:`publish`; on any error no group of ``items`` becomes visible.
         """
-        groups: list[StoredGroup] = []
+        groups: list[Stored] = []
         try:
             for res, batches in items:
                 table, nbytes, seg = self._part(batches, schema)
                 segs = () if seg is None else (seg,)
                 groups.append(StoredGroup(res.key, (table,), (nbytes,), table, writer, self._clock(), segs))
                 if nbytes > res.reserved:
-                    self._reserve(res, nbytes - res.reserved)
+                    self.reserve_bytes(res, nbytes - res.reserved)
         except BaseException:
-            self._release_segments(groups)
+            self._release_parts(groups)
             raise
-        return self._commit_puts([res for res, _ in items], groups, schema)
+        return self.commit_puts([res for res, _ in items], groups, schema)
 
-    def _commit_puts(
-        self, reservations: Sequence[Reservation], groups: list[StoredGroup], schema: pa.Schema
-    ) -> list[StoredGroup]:
+    def commit_puts(
+        self, reservations: Sequence[Reservation], groups: list[Stored], schema: pa.Schema
+    ) -> list[Stored]:
         """Re-check fences and schema under the lock, then make ``groups`` visible all at once.
 
         On a refusal no group becomes visible, reservations are given back and segments released.
         """
+        fences = self._fences
         try:
             with self._lock:
                 try:
                     checked: set[str] = set()  # one schema for the call: checked once per job
-                    fences: set[tuple[str, int]] = set()  # the fence depends on the job and epoch only
+                    epochs: set[tuple[str, int]] = set()  # the fence depends on the job and epoch only
                     for res in reservations:
                         key = res.key
-                        if key[:2] not in fences:
-                            self._check_epoch(key, "put")
-                            fences.add(key[:2])
-                        self._check_not_deleted(key)  # deleted while its stream arrived
+                        if key[:2] not in epochs:
+                            fences.check_epoch(key, "put")
+                            epochs.add(key[:2])
+                        fences.check_not_deleted(key)  # deleted while its stream arrived
                         if key.job_id not in checked:
-                            self._check_schema(key, schema)
+                            fences.check_schema(key, schema)
                             checked.add(key.job_id)
                 except BaseException:
                     for res in reservations:
@@ -407,65 +283,33 @@ class GroupStore(ShmStoreMixin):
                         res.done = True
                     raise
                 for job_id in checked:
-                    types = self._job(job_id).column_types
-                    for f in schema:
-                        types.setdefault(f.name, f.type)
-                board, generation, stored = self.board, self._generation, self._groups
+                    fences.learn_columns(job_id, schema)
+                stored = self._groups
                 for res, group in zip(reservations, groups, strict=True):
                     stored[res.key] = group
-                    if board is not None:
-                        board.install(res.key, generation.get(res.key, -1))
-                    self._held_bytes += group.nbytes
+                    fences.installed(res.key)
+                    self._capacity.held_bytes += group.nbytes
                     self._release_locked(res)
                     res.done = True
         except BaseException:
-            self._release_segments(groups)
+            self._release_parts(groups)
             raise
         return groups
 
     def _part(
         self, batches: Sequence[pa.RecordBatch], schema: pa.Schema
     ) -> tuple[pa.Table, int, Segment | None]:
-        if self.arena is not None:
-            arena = self.arena
-            placed: list[Segment] = []
+        """A received part as stored: its table, the bytes it counts and its segment (with an arena, one
+        copy into a segment of its own; without, the received buffers as they are)."""
+        if self.shm is not None:
+            return self.shm.place(batches, schema)
+        table = pa.Table.from_batches(batches, schema)
+        return table, sum(b.get_total_buffer_size() for b in batches), None
 
-            def _allocate(size: int) -> pa.Buffer:
-                seg, buf = arena.place(size)
-                placed.append(seg)
-                return buf
-
-            try:
-                buffer = serialize_segment(batches, schema, _allocate)
-            except OSError as exc:  # tmpfs full (ENOSPC): a capacity refusal, nothing kept
-                for seg in placed:
-                    arena.release(seg)
-                raise CapacityExceededError(
-                    f"shared memory of this node is full ({exc.strerror}); retry after "
-                    f"{self.limits.retry_after:g}s or give /dev/shm more room",
-                    retry_after=self.limits.retry_after,
-                ) from exc
-            except BaseException:
-                for seg in placed:
-                    arena.release(seg)
-                raise
-            return open_segment(buffer), placed[0].capacity, placed[0]
-        if self._place is None:
-            table = pa.Table.from_batches(batches, schema)
-            return table, sum(b.get_total_buffer_size() for b in batches), None
-        segment = serialize_segment(batches, schema, self._place)
-        return open_segment(segment), segment.size, None
-
-    def _release_segments(self, groups: Iterable[StoredGroup]) -> None:
+    def _release_parts(self, groups: Iterable[Stored]) -> None:
         """Give dropped groups' segments back to the arena (outside the lock)."""
-        if self.arena is None:
-            return
-        for group in groups:
-            for i, seg in enumerate(group.segments):
-                if seg.slab:
-                    self.arena.release_stream(seg, group.part_bytes[i])
-                else:
-                    self.arena.release(seg)
+        if self.shm is not None:
+            self.shm.release(groups)
 
     # ----------------------------------------------------------------------------------------- append
 
@@ -490,8 +334,8 @@ class GroupStore(ShmStoreMixin):
             raise
         return res
 
-    def _check_append_locked(self, key: Partition, token: LeaseToken, schema: pa.Schema) -> StoredGroup:
-        self._check_token(key, token, "column append", required=True)
+    def _check_append_locked(self, key: Partition, token: LeaseToken, schema: pa.Schema) -> Stored:
+        self._fences.check_token(key, token, "column append", required=True)
         group = self._groups.get(key)
         if group is None:
             raise NotFoundError(f"group {_fmt(key)} is not stored here; nothing to append to", **_kd(key))
@@ -508,12 +352,12 @@ class GroupStore(ShmStoreMixin):
                     f"{self.schema.field(f.name).type}",
                     column=f.name,
                 )
-        self._check_schema(key, schema)
+        self._fences.check_schema(key, schema)
         return group
 
     def publish_append(
         self, res: Reservation, token: LeaseToken, batches: Sequence[pa.RecordBatch], schema: pa.Schema
-    ) -> StoredGroup:
+    ) -> Stored:
         """Add the new columns to the stored group atomically, re-checking the fence at commit.
 
         Existing parts are kept as they are; readers see either the old or the new group.
@@ -526,7 +370,7 @@ class GroupStore(ShmStoreMixin):
         segs = () if seg is None else (seg,)
         try:
             if nbytes > res.reserved:
-                self._reserve(res, nbytes - res.reserved)
+                self.reserve_bytes(res, nbytes - res.reserved)
             with self._lock:
                 try:
                     group = self._check_append_locked(res.key, token, schema)
@@ -541,8 +385,8 @@ class GroupStore(ShmStoreMixin):
                     raise
                 new = self._append_locked(res, token, group, added, nbytes, segs, schema)
         except BaseException:
-            if seg is not None and self.arena is not None:
-                self.arena.release(seg)
+            if seg is not None and self.shm is not None:
+                self.shm.arena.release(seg)
             raise
         return new
 
@@ -550,12 +394,12 @@ class GroupStore(ShmStoreMixin):
         self,
         res: Reservation,
         token: LeaseToken,
-        group: StoredGroup,
+        group: Stored,
         added: pa.Table,
         nbytes: int,
         segs: tuple[Segment, ...],
         schema: pa.Schema,
-    ) -> StoredGroup:
+    ) -> Stored:
         """Install the appended part (caller holds the lock and checked the append)."""
         table = group.table
         for name, column in zip(added.column_names, added.columns, strict=True):
@@ -573,13 +417,10 @@ class GroupStore(ShmStoreMixin):
             (*(group.start(i) for i in kept), 0),
         )
         self._groups[res.key] = new
-        self._held_bytes += nbytes
-        self._generation[res.key] = max(token.generation, self._generation.get(res.key, -1))
-        if self.board is not None:  # a new tag: readers holding the old parts ask the server again
-            self.board.install(res.key, self._generation[res.key])
-        types = self._job(res.key.job_id).column_types
-        for f in schema:
-            types.setdefault(f.name, f.type)
+        self._capacity.held_bytes += nbytes
+        self._fences.raise_to(res.key, token.generation)
+        self._fences.installed(res.key)  # a new tag: readers holding the old parts ask the server again
+        self._fences.learn_columns(res.key.job_id, schema)
         self._release_locked(res)
         res.done = True
         return new
@@ -605,16 +446,7 @@ class GroupStore(ShmStoreMixin):
             self._fenced_reads_locked(reads)
         return table
 
-    def _raise_locked(self, key: Partition, generation: int) -> None:
-        """Raise ``key``'s highest generation to ``generation`` (never lowers it), on the board too.
-
-        The board is written first: a failure there leaves the store's memory of the group unchanged."""
-        if generation > self._generation.get(key, -1):
-            if self.board is not None:
-                self.board.raise_to(key, generation)
-            self._generation[key] = generation
-
-    def _checked_reads_locked(self, reads: Sequence[GroupRead]) -> list[StoredGroup]:
+    def _checked_reads_locked(self, reads: Sequence[GroupRead]) -> list[Stored]:
         """The groups of ``reads`` (in order) after the read checks (stored; tokens not stale); changes
         nothing. Call with the lock held."""
         groups = []
@@ -626,11 +458,11 @@ class GroupStore(ShmStoreMixin):
                     **_kd(r.key),
                 )
             if r.token is not None:
-                self._check_token(r.key, r.token, "read", required=False)
+                self._fences.check_token(r.key, r.token, "read", required=False)
             groups.append(group)
         return groups
 
-    def _fenced_reads_locked(self, reads: Sequence[GroupRead]) -> list[StoredGroup]:
+    def _fenced_reads_locked(self, reads: Sequence[GroupRead]) -> list[Stored]:
         """The groups of ``reads`` (in order) after the read checks; raises each read's generation.
 
         Tokened reads are fenced by generation; every check passes before any generation is raised.
@@ -639,12 +471,56 @@ class GroupStore(ShmStoreMixin):
         groups = self._checked_reads_locked(reads)
         for r in reads:
             if r.token is not None:
-                self._raise_locked(r.key, r.token.generation)
+                self._fences.raise_to(r.key, r.token.generation)
         self._groups_read += len(groups)
         self._bytes_read += sum(g.nbytes for g in groups)
         return groups
 
-    def get(self, key: Partition) -> StoredGroup:
+    def shm_open(
+        self, reads: Sequence[GroupRead], columns: Sequence[str] | None = None
+    ) -> list[tuple[Stored, tuple[int, int] | None]]:
+        """Hand the segments of groups to a same-host reader, under the same checks as :meth:`read`.
+
+        A read carrying a token is fenced and raises the group's highest generation. The segments are
+        marked as handed to readers: once the group is deleted they are reused only when no reader maps
+        them any more (each mapping holds a shared lock on its file, see
+        :func:`~.shm._segment.map_segment`), so a reader's mappings keep their bytes for as long as it
+        keeps them.
+
+        Returns:
+            ``(group, fence)`` per read, in order; each of the group's segments holds one of its parts (an
+            IPC stream); ``fence`` is the group's ``(slot, tag)`` on the fence board (taken under the same
+            lock, so it matches these parts), or None.
+
+        Raises:
+            NotFoundError, StaleFenceError, SchemaError (a projected column is not stored),
+            InvalidRequestError (no arena here).
+        """
+        if self.board is None:
+            raise InvalidRequestError(
+                "this server has no shared-memory arena (start it with --shm-dir); put and read over "
+                "Flight (transport='flight')"
+            )
+        board = self.board
+        with self._lock:
+            # Every check passes before any generation is raised: the projection first, then the fence.
+            for r in reads if columns is not None else ():
+                group = self._groups.get(r.key)
+                stored = [] if group is None else group.schema.names
+                missing = [c for c in columns or () if c not in stored]
+                if group is not None and missing:
+                    raise SchemaError(
+                        f"group {_fmt(r.key)} has no column {echo(missing[0])}; stored columns: "
+                        f"{echo(', '.join(stored))}",
+                        column=missing[0],
+                    )
+            found = self._fenced_reads_locked(reads)
+            for group in found:
+                for seg in group.segments:
+                    seg.readers = True
+            return [(g, board.entry(g.key)) for g in found]
+
+    def get(self, key: Partition) -> Stored:
         """The stored group ``key`` (no fencing: metadata only). Raises :class:`NotFoundError`."""
         with self._lock:
             group = self._groups.get(key)
@@ -664,24 +540,21 @@ class GroupStore(ShmStoreMixin):
         """
         with self._lock:
             for r in reads:
-                self._check_token(r.key, r.token, "delete", required=True)
+                self._fences.check_token(r.key, r.token, "delete", required=True)
             deleted, missing, freed = 0, [], 0
             dropped = []
             for r in reads:
                 generation = -1 if r.token is None else r.token.generation  # never None: checked above
-                self._generation[r.key] = max(generation, self._generation.get(r.key, -1))
-                self._tombstones.add(r.key)  # stored, being put or never seen: no put of it is kept
+                self._fences.deleted(r.key, generation)  # stored, being put or never seen: tombstoned
                 group = self._groups.pop(r.key, None)
-                if self.board is not None:
-                    self.board.remove(r.key)
                 if group is None:
                     missing.append(_kd(r.key))
                     continue
                 dropped.append(group)
                 deleted += 1
                 freed += group.nbytes
-            self._held_bytes -= freed
-        self._release_segments(dropped)
+            self._capacity.held_bytes -= freed
+        self._release_parts(dropped)
         return {"deleted": deleted, "bytes_freed": freed, "missing": missing}
 
     def fence(self, job_id: str, min_epoch: int, *, purge: bool = False) -> dict[str, Any]:
@@ -690,31 +563,23 @@ class GroupStore(ShmStoreMixin):
         With ``purge``, stored groups of fenced epochs are deleted and their bytes given back.
         """
         with self._lock:
-            state = self._job(job_id)
-            state.min_epoch = max(state.min_epoch, min_epoch)
-            self._tombstones.forget_below(job_id, state.min_epoch)  # the fence refuses those puts now
-            fenced = [k for k in self._generation if k.job_id == job_id and k.epoch < state.min_epoch]
-            for k in fenced:
-                if k not in self._groups:
-                    del self._generation[k]
+            fenced = self._fences.fence(job_id, min_epoch, self._groups)
             purged, freed = 0, 0
             dropped = []
             if purge:
-                for key in [k for k in self._groups if k.job_id == job_id and k.epoch < state.min_epoch]:
+                for key in [k for k in self._groups if k.job_id == job_id and k.epoch < fenced]:
                     dropped.append(self._groups.pop(key))
                     freed += dropped[-1].nbytes
-                    self._generation.pop(key, None)
-                    if self.board is not None:
-                        self.board.remove(key)
+                    self._fences.purged(key)
                     purged += 1
-                self._held_bytes -= freed
+                self._capacity.held_bytes -= freed
             result = {
                 "job_id": job_id,
-                "min_epoch": state.min_epoch,
+                "min_epoch": fenced,
                 "purged_groups": purged,
                 "bytes_freed": freed,
             }
-        self._release_segments(dropped)
+        self._release_parts(dropped)
         return result
 
     def advance_generation(self, reads: Iterable[GroupRead]) -> tuple[int, list[dict[str, Any]]]:
@@ -732,14 +597,13 @@ class GroupStore(ShmStoreMixin):
         with self._lock:
             absent = [_kd(r.key) for r in reads if r.key not in self._groups and r.key not in self._pending]
             for r in reads:
-                if r.token is not None and r.token.generation > self._generation.get(r.key, -1):
-                    self._raise_locked(r.key, r.token.generation)
+                if r.token is not None and self._fences.raise_to(r.key, r.token.generation):
                     raised += 1
         return raised, absent
 
     # ------------------------------------------------------------------------------------ inspection
 
-    def list_groups(self, criteria: ListCriteria | None = None) -> list[StoredGroup]:
+    def list_groups(self, criteria: ListCriteria | None = None) -> list[Stored]:
         """Stored groups matching ``criteria`` (None: all), sorted by key."""
         criteria = criteria or ListCriteria()
         with self._lock:
@@ -761,33 +625,22 @@ class GroupStore(ShmStoreMixin):
                 for entry in (job, epoch):
                     entry["groups"] += 1
                     entry["bytes"] += group.nbytes
-            for job_id, state in self._jobs.items():
-                jobs.setdefault(job_id, {"groups": 0, "bytes": 0, "epochs": {}})["min_epoch"] = (
-                    state.min_epoch
-                )
-            for key, generation in self._generation.items():  # a restore issues tokens above these
-                job = jobs.setdefault(key.job_id, {"groups": 0, "bytes": 0, "epochs": {}})
-                job["max_generation"] = max(job.get("max_generation", 0), generation)
+            self._fences.job_figures(jobs)
             return {
                 "groups": len(self._groups),
-                "bytes": self._held_bytes,
-                "pending_puts": self._pending_groups,
+                **self._capacity.figures(),
+                "pending_puts": len(self._pending),
                 "pending_appends": len(self._appends),
-                "reserved_bytes": self._reserved_bytes,
-                "capacity_bytes": self.limits.capacity_bytes,
-                "capacity_groups": self.limits.capacity_groups,
-                "free_bytes": self.limits.capacity_bytes - self._held_bytes - self._reserved_bytes,
-                "pending_shm_puts": len(self._shm_puts)
-                + sum(len(b.rows) for b in self._shm_batches.values()),
-                "tombstones": self._tombstones.stats(),
+                "pending_shm_puts": 0 if self.shm is None else self.shm.pending_groups(),
+                "tombstones": self._fences.tombstone_figures(),
                 "groups_read": self._groups_read,
                 "bytes_read": self._bytes_read,
                 "jobs": jobs,
-                **({"shm": self.arena.stats()} if self.arena is not None else {}),
+                **({"shm": self.shm.stats()} if self.shm is not None else {}),
             }
 
 
-def _project(group: StoredGroup, columns: Sequence[str] | None) -> pa.Table:
+def _project(group: Stored, columns: Sequence[str] | None) -> pa.Table:
     if columns is None:
         return group.table
     names = group.table.schema.names

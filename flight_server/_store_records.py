@@ -1,29 +1,41 @@
-"""The records of the group store: a stored group, the store's bounds, and one in-flight reservation.
+"""The records of the group store: a stored group, the store's bounds, one in-flight reservation, and
+how messages name a group.
 
-Kept apart from :mod:`._store` (which re-exports them) so that the store's parts (the shared-memory
-mixin of :mod:`._store_shm`) use them without an import cycle. They do no I/O; a :class:`Reservation`
-calls back into its store to account capacity.
+Below both the store (:mod:`._store`) and its shared-memory collaborator (:mod:`.shm._store`), which
+build and account these records; a :class:`StoredGroup` is generic in what its parts are placed in (an
+arena's segments), so this module knows nothing of the arena. They do no I/O; a :class:`Reservation`
+calls back into its :class:`Accounting` (the store) to account capacity.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Generic, Protocol, TypeVar
 
 import pyarrow as pa
 
 from trajflight.errors import InvalidRequestError
-from trajflight.flight_server._shm import Segment
+from trajflight.flight_server._wire_bounds import echo
 from trajflight.keys import Partition
 
-if TYPE_CHECKING:
-    from trajflight.flight_server._store import GroupStore
+__all__ = ["Accounting", "Reservation", "StoreLimits", "StoredGroup", "fmt_key", "key_fields"]
 
-__all__ = ["Reservation", "StoreLimits", "StoredGroup"]
+P = TypeVar("P")
+"""Where a stored group's parts are placed: the arena's segments (:class:`~.shm._segment.Segment`)."""
+
+
+def fmt_key(key: Partition) -> str:
+    """A group key for messages: ``('job', epoch 1, group 5)`` (a long job id cut, see ``echo``)."""
+    return f"({echo(key.job_id)}, epoch {key.epoch}, group {key.group_id})"
+
+
+def key_fields(key: Partition) -> dict[str, Any]:
+    """A group key as error fields."""
+    return {"job_id": key.job_id, "epoch": key.epoch, "group_id": key.group_id}
 
 
 @dataclass(frozen=True, slots=True)
-class StoredGroup:
+class StoredGroup(Generic[P]):
     """One published group: immutable; an append publishes a new one.
 
     Attributes:
@@ -37,7 +49,7 @@ class StoredGroup:
             batch costs no slice per group).
         writer: The writer id given at put.
         created: Monotonic publish time.
-        segments: The arena segment of each part (empty without an arena).
+        segments: Where each part is placed: its arena segment (empty without an arena).
         offsets: Per part, its first row in its segment's stream (a batch of groups shares one stream).
         starts: Per part, the byte offset of its stream in its segment (small groups share a slab).
         rows: The group's samples where ``view`` is None (else unused).
@@ -49,7 +61,7 @@ class StoredGroup:
     view: pa.Table | None
     writer: str = ""
     created: float = 0.0
-    segments: tuple[Segment, ...] = ()
+    segments: tuple[P, ...] = ()
     offsets: tuple[int, ...] = ()
     starts: tuple[int, ...] = ()
     rows: int = 0
@@ -116,6 +128,16 @@ class StoreLimits:
             raise InvalidRequestError(f"StoreLimits.retry_after must be >= 0, got {self.retry_after!r}")
 
 
+class Accounting(Protocol):
+    """Where a :class:`Reservation` counts its bytes: the group store's capacity."""
+
+    def reserve_bytes(self, res: Reservation, nbytes: int) -> None:
+        """Count ``nbytes`` more for ``res``; raises CapacityExceededError or InvalidRequestError."""
+
+    def release_reservation(self, res: Reservation) -> None:
+        """Give back everything ``res`` holds (its bytes, its group slot)."""
+
+
 @dataclass(slots=True)
 class Reservation:
     """Capacity held by one in-flight put or append; release it (context manager) on any failure.
@@ -127,7 +149,7 @@ class Reservation:
         received: Payload bytes received so far.
     """
 
-    store: GroupStore
+    store: Accounting
     key: Partition
     counts_group: bool
     reserved: int = 0
@@ -143,17 +165,17 @@ class Reservation:
         """
         self.received += nbytes
         if self.received > self.reserved:
-            self.store._reserve(self, self.received - self.reserved)
+            self.store.reserve_bytes(self, self.received - self.reserved)
 
     def reserve(self, nbytes: int) -> None:
         """Reserve ``nbytes`` up front (a size announced by the writer); raises like :meth:`grow`."""
-        self.store._reserve(self, nbytes)
+        self.store.reserve_bytes(self, nbytes)
 
     def release(self) -> None:
         """Give the reservation back (idempotent)."""
         if not self.done:
             self.done = True
-            self.store._release(self)
+            self.store.release_reservation(self)
 
     def __enter__(self) -> Reservation:
         return self

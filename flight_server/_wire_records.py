@@ -17,6 +17,7 @@ from trajflight.errors import InvalidRequestError
 from trajflight.keys import Partition
 
 __all__ = [
+    "WIRE_VERSION",
     "AppendDescriptor",
     "DeleteRequest",
     "FenceRequest",
@@ -34,6 +35,10 @@ __all__ = [
     "ShmReserveRequest",
     "TokenSigner",
 ]
+
+
+WIRE_VERSION = 1
+"""The only wire version this build speaks; a message with another ``"v"`` is refused."""
 
 
 # --------------------------------------------------------------------------------------------- records

@@ -17,11 +17,11 @@ It does not retry: a failed read raises the server's typed error, and nothing wa
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, TypeVar
 
 import numpy as np
@@ -31,7 +31,15 @@ from trajflight._handles import BatchHandle
 from trajflight.codec import default_sample_ids
 from trajflight.controller import DeleteWork, FenceWork
 from trajflight.errors import ConfigError, DeadlineExceededError, InvalidRequestError, NotFoundError
-from trajflight.flight_server import GroupRead, LeaseToken, ShmOpened, StorageClient, host_id, join_batches
+from trajflight.flight_server import (
+    GroupRead,
+    LeaseToken,
+    ShmOpened,
+    StorageClient,
+    host_id,
+    join_batches,
+    run_parallel,
+)
 from trajflight.keys import Partition
 
 T = TypeVar("T")
@@ -123,12 +131,8 @@ class StoragePool:
         self, location: str, key: Partition, batch: pa.RecordBatch, *, writer: str, timeout: float
     ) -> None:
         """Put one group on the server at ``location`` through shared memory or Flight (see the module
-        docstring). Raises like :meth:`StorageClient.put_group`."""
-        client = self.client(location)
-        if self.uses_shm(location):
-            client.shm_put_groups([(key, batch)], writer=writer, ttl=max(1.0, timeout), timeout=timeout)
-        else:
-            client.put_group(key, batch, writer=writer, timeout=timeout)
+        docstring): a list of one, see :meth:`put_groups`. Raises like :meth:`StorageClient.put_groups`."""
+        self._put(location, [(key, batch)], None, writer=writer, timeout=timeout)
 
     def put_groups(
         self,
@@ -149,29 +153,43 @@ class StoragePool:
         its copy to join them. ``default_ids``, per group (none: all ``False``): its sample ids were left
         to the writer, and follow its key (see :func:`with_key`).
         """
-        client = self.client(location)
         if self.uses_shm(location) and len(groups) > 1:
+            # Keyed once on the joined batch the shared-memory put writes as it is; the groups are its rows.
             keys = [key for key, _ in groups]
-            rows = [batch.num_rows for _, batch in groups]
             data = joined_with_keys(
                 [batch for _, batch in groups], keys, joined=joined, default_ids=default_ids
             )
-            client.shm_put_batch(
-                list(zip(keys, rows, strict=True)),
-                data,
-                writer=writer,
-                ttl=max(1.0, timeout),
-                timeout=timeout,
-            )
+            starts = itertools.accumulate((batch.num_rows for _, batch in groups), initial=0)
+            slices = [
+                (key, data.slice(at, batch.num_rows))
+                for (key, batch), at in zip(groups, starts, strict=False)
+            ]
+            self._put(location, slices, data, writer=writer, timeout=timeout)
             return
         flags = list(default_ids) or [False] * len(groups)
         keyed = [
             (key, with_key(batch, key, default_ids=d)) for (key, batch), d in zip(groups, flags, strict=True)
         ]
+        self._put(location, keyed, None, writer=writer, timeout=timeout)
+
+    def _put(
+        self,
+        location: str,
+        groups: Sequence[tuple[Partition, pa.RecordBatch]],
+        joined: pa.RecordBatch | None,
+        *,
+        writer: str,
+        timeout: float,
+    ) -> None:
+        """The one put of each transport: the groups (keyed; ``joined``: their rows in one batch, for
+        shared memory) in one call, published together."""
+        client = self.client(location)
         if self.uses_shm(location):
-            client.shm_put_groups(keyed, writer=writer, ttl=max(1.0, timeout), timeout=timeout)
+            client.shm_put_groups(
+                groups, joined=joined, writer=writer, ttl=max(1.0, timeout), timeout=timeout
+            )
         else:
-            client.put_groups(keyed, writer=writer, timeout=timeout)
+            client.put_groups(groups, writer=writer, timeout=timeout)
 
     def get(
         self,
@@ -418,17 +436,9 @@ def _reads_of(groups: Sequence[Any], opened: ShmOpened | None) -> Sequence[Group
     return _lease_reads(groups)
 
 
-def _in_parallel(calls: Sequence[Callable[[], T]], name: str) -> list[T]:
-    """Run one call per server, on threads when there are several (Flight releases the GIL); results in
-    order, the first error raised once every call ended."""
-    if len(calls) <= 1:
-        return [call() for call in calls]
-    with ThreadPoolExecutor(len(calls), thread_name_prefix=name) as executor:
-        return [f.result() for f in [executor.submit(call) for call in calls]]
-
-
 def _in_parallel_settled(calls: Sequence[Callable[[], T]], name: str) -> list[T | Exception]:
-    """:func:`_in_parallel`, with each call's error in its place instead of raised."""
+    """:func:`~trajflight.flight_server.run_parallel`, with each call's error in its place instead of
+    raised."""
 
     def settle(call: Callable[[], T]) -> T | Exception:
         try:
@@ -436,7 +446,7 @@ def _in_parallel_settled(calls: Sequence[Callable[[], T]], name: str) -> list[T 
         except Exception as exc:  # handed back to the caller, which decides per server
             return exc
 
-    return _in_parallel([functools.partial(settle, call) for call in calls], name)
+    return run_parallel([functools.partial(settle, call) for call in calls], name=name)
 
 
 def read_handle(
@@ -481,7 +491,7 @@ def read_handle(
         functools.partial(_one, loc, _reads_of(groups, None if opened is None else opened.get(loc)))
         for loc, groups in by_location.items()
     ]
-    tables = _in_parallel(calls, "trajflight-get")
+    tables = run_parallel(calls, name="trajflight-get")
     if len(tables) == 1:
         return tables[0]
     # Put the groups back in the handle's order: slice each server's table by group.

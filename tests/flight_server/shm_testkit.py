@@ -21,8 +21,8 @@ def killed_writer(location: str, key: Partition, ready: object, ttl: float = 1.0
     The client is created here, after the process started (gRPC is not fork-safe).
     """
     client = StorageClient(location, timeout=20)
-    put = PutDescriptor(key, "doomed", nbytes=1 << 20, num_rows=16)
-    reply = client._action("shm_reserve", encode(ShmReserveRequest((put,), "doomed", ttl)), None)
+    put = PutDescriptor(key, "doomed", num_rows=16)
+    reply = client._action("shm_reserve", encode(ShmReserveRequest((put,), "doomed", ttl, 1 << 20)), None)
     path = reply["segments"][0]["path"]
     payload = make_group(key, k=16, response_len=4096, fixed=True).column("response_ids").values
     with open(path, "r+b") as f:

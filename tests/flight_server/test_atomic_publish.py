@@ -49,7 +49,7 @@ def test_a_writer_killed_mid_stream_leaves_nothing_and_frees_its_reservation():
         assert (stats["groups"], stats["bytes"], stats["reserved_bytes"]) == (0, 0, 0)
         with pytest.raises(NotFoundError):
             client.get([KEY])
-        client.put_group(KEY, make_group(KEY))  # the partition is free again
+        client.put_groups([(KEY, make_group(KEY))])  # the partition is free again
         assert client.get([KEY]).num_rows == 8
 
 
@@ -70,16 +70,16 @@ def test_capacity_refusal_carries_a_retry_hint_and_recovers_after_delete():
     groups = {g: make_group(Partition("job-a", 0, g), response_len=256, fixed=True) for g in range(3)}
     limit = int(groups[0].nbytes * 2.5)
     with serving(StoreLimits(capacity_bytes=limit, retry_after=0.25)) as (_, client):
-        client.put_group(Partition("job-a", 0, 0), groups[0])
-        client.put_group(Partition("job-a", 0, 1), groups[1])
+        client.put_groups([(Partition("job-a", 0, 0), groups[0])])
+        client.put_groups([(Partition("job-a", 0, 1), groups[1])])
         with pytest.raises(CapacityExceededError, match="server full") as info:
-            client.put_group(Partition("job-a", 0, 2), groups[2])
+            client.put_groups([(Partition("job-a", 0, 2), groups[2])])
         assert info.value.retry_after == 0.25
         stats = client.stats()
         assert (stats["groups"], stats["reserved_bytes"]) == (2, 0)
         freed = client.delete([GroupRead(Partition("job-a", 0, 0), LeaseToken(1))])
         assert freed["bytes_freed"] > 0
-        client.put_group(Partition("job-a", 0, 2), groups[2])
+        client.put_groups([(Partition("job-a", 0, 2), groups[2])])
         assert client.stats()["groups"] == 2
 
 
@@ -102,10 +102,10 @@ def test_capacity_is_checked_as_an_unannounced_stream_arrives():
 
 def test_group_count_is_bounded_too():
     with serving(StoreLimits(capacity_groups=1)) as (_, client):
-        client.put_group(KEY, make_group(KEY))
+        client.put_groups([(KEY, make_group(KEY))])
         other = Partition("job-a", 0, 2)
         with pytest.raises(CapacityExceededError, match="1 of 1 groups"):
-            client.put_group(other, make_group(other))
+            client.put_groups([(other, make_group(other))])
 
 
 def test_put_groups_publishes_many_groups_in_one_stream():
@@ -126,7 +126,7 @@ def test_put_groups_is_all_or_nothing():
             client.put_groups(list(zip(keys, groups, strict=True)))
         stats = client.stats()
         assert (stats["groups"], stats["reserved_bytes"], stats["pending_puts"]) == (0, 0, 0)
-        client.put_group(keys[1], make_group(keys[1]))
+        client.put_groups([(keys[1], make_group(keys[1]))])
         with pytest.raises(AlreadyExistsError):  # one stored key refuses the whole put
             client.put_groups([(keys[0], make_group(keys[0])), (keys[1], make_group(keys[1]))])
         assert client.stats()["groups"] == 1

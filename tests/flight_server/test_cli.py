@@ -28,7 +28,7 @@ def test_server_prints_its_location_serves_and_stops_cleanly_on_sigterm():
     key = Partition("cli", 0, 1)
     with server_process("--capacity", "64MiB") as (proc, location):
         with StorageClient(location, timeout=20) as client:
-            client.put_group(key, make_group(key))
+            client.put_groups([(key, make_group(key))])
             assert client.stats()["capacity_bytes"] == 64 * 2**20
         elapsed = _terminate(proc)
         assert proc.returncode == 0
@@ -42,7 +42,7 @@ def test_sigterm_stops_the_server_within_5s_despite_a_stalled_reader():
     big = make_group(key, k=256, response_len=16384, fixed=True)  # ~40 MB: far beyond gRPC's window
     with server_process("--capacity", "1GiB", "--shutdown-grace", "2s") as (proc, location):
         with StorageClient(location, timeout=60, write_size_limit_bytes=2**20) as client:
-            client.put_group(key, big)
+            client.put_groups([(key, big)])
         stalled = flight.FlightClient(location)
         reader = stalled.do_get(flight.Ticket(encode(GetTicket((GroupRead(key),)))))
         reader.read_chunk()  # one batch, then never read again: the server's stream blocks

@@ -203,7 +203,7 @@ def test_server_survives_garbage_and_keeps_serving():
             with pytest.raises(flight.FlightServerError):
                 raw.do_get(flight.Ticket(ticket)).read_all()
         raw.close()
-        client.put_group(key, make_group(key))
+        client.put_groups([(key, make_group(key))])
         assert client.get([key]).num_rows == 8
         assert pa.Table.from_batches([make_group(key)]).equals(client.get([key]))
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from trajflight.flight_server._fences import BOARD_FILE, FenceBoard, MappedBoard, read_board
+from trajflight.flight_server.shm._fences import BOARD_FILE, FenceBoard, MappedBoard, read_board
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def test_a_replaced_or_closed_board_matches_nothing(tmp_path):
 @pytest.mark.parametrize("scalar_reads", [0, 64])
 def test_the_word_by_word_and_the_vectorised_reads_agree(tmp_path, monkeypatch, scalar_reads):
     """A few reads are checked word by word, many with numpy: both give the same answers."""
-    from trajflight.flight_server import _fences
+    from trajflight.flight_server.shm import _fences
 
     monkeypatch.setattr(_fences, "_SCALAR_READS", scalar_reads)
     board = FenceBoard(str(tmp_path), slots=16)

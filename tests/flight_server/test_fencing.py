@@ -23,17 +23,17 @@ def test_put_under_a_fenced_epoch_is_refused_by_the_server():
     with serving() as (_, client):
         assert client.fence("job-a", 1)["min_epoch"] == 1
         with pytest.raises(StaleFenceError, match="epoch 0 of job 'job-a' is fenced") as info:
-            client.put_group(old, make_group(old))
+            client.put_groups([(old, make_group(old))])
         assert (info.value.min_epoch, info.value.epoch) == (1, 0)
-        client.put_group(KEY, make_group(KEY))  # the new incarnation writes
+        client.put_groups([(KEY, make_group(KEY))])  # the new incarnation writes
         other_job = Partition("job-b", 0, 1)
-        client.put_group(other_job, make_group(other_job))  # fences are per job
+        client.put_groups([(other_job, make_group(other_job))])  # fences are per job
 
 
 def test_fences_only_move_forward_and_purge_gives_bytes_back():
     old = Partition("job-a", 0, 1)
     with serving() as (_, client):
-        client.put_group(old, make_group(old))
+        client.put_groups([(old, make_group(old))])
         client.fence("job-a", 2)
         assert client.fence("job-a", 1)["min_epoch"] == 2
         assert client.stats()["groups"] == 1  # fenced data stays until purged or deleted
@@ -45,7 +45,7 @@ def test_fences_only_move_forward_and_purge_gives_bytes_back():
 
 def test_reads_with_a_stale_token_are_refused_and_newer_reads_raise_the_fence():
     with serving() as (_, client):
-        client.put_group(KEY, make_group(KEY))
+        client.put_groups([(KEY, make_group(KEY))])
         client.get([GroupRead(KEY, LeaseToken(1))])
         client.get([GroupRead(KEY, LeaseToken(2))])  # a re-grant reads: generation 2 is now the highest
         with pytest.raises(StaleFenceError, match="generation 1 is older than generation 2") as info:
@@ -56,7 +56,7 @@ def test_reads_with_a_stale_token_are_refused_and_newer_reads_raise_the_fence():
 
 def test_delete_needs_a_token_no_older_than_the_highest_seen():
     with serving() as (_, client):
-        client.put_group(KEY, make_group(KEY))
+        client.put_groups([(KEY, make_group(KEY))])
         client.advance_generation([GroupRead(KEY, LeaseToken(4))])
         with pytest.raises(StaleFenceError, match="needs the holder's lease token"):
             client.delete([GroupRead(KEY)])
@@ -74,7 +74,7 @@ def test_delete_needs_a_token_no_older_than_the_highest_seen():
 def test_column_append_is_fenced_and_keeps_existing_columns():
     group = make_group(KEY)
     with serving() as (_, client):
-        client.put_group(KEY, group)
+        client.put_groups([(KEY, group)])
         client.append_columns(KEY, _ref(), LeaseToken(3))
         with pytest.raises(StaleFenceError, match="column append"):
             client.append_columns(KEY, pa.table({"adv2": pa.array([1.0] * 8, pa.float32())}), LeaseToken(2))
@@ -86,7 +86,7 @@ def test_column_append_is_fenced_and_keeps_existing_columns():
 
 def test_column_append_refuses_existing_columns_wrong_lengths_and_stale_tokens():
     with serving() as (_, client):
-        client.put_group(KEY, make_group(KEY))
+        client.put_groups([(KEY, make_group(KEY))])
         with pytest.raises(AlreadyExistsError, match="already has column 'reward'"):
             client.append_columns(KEY, pa.table({"reward": pa.array([1.0] * 8, pa.float32())}), LeaseToken(1))
         with pytest.raises(SchemaError, match="3 rows"):
@@ -101,11 +101,13 @@ def test_a_restored_job_reaches_old_epoch_groups_under_new_generations():
     """Regression: a restore re-offers READY groups of the old epoch; fencing that epoch (for puts) must
     not lock their new holders out of reads and appends, while old holders stay refused."""
     with serving() as (_, client):
-        client.put_group(KEY, make_group(KEY))
+        client.put_groups([(KEY, make_group(KEY))])
         client.get([GroupRead(KEY, LeaseToken(3))])  # the old incarnation's lease
         client.fence("job-a", KEY.epoch + 1)  # the job restarts under a larger epoch
         with pytest.raises(StaleFenceError, match="fenced"):
-            client.put_group(Partition("job-a", KEY.epoch, 99), make_group(Partition("job-a", KEY.epoch, 99)))
+            client.put_groups(
+                [(Partition("job-a", KEY.epoch, 99), make_group(Partition("job-a", KEY.epoch, 99)))]
+            )
         client.advance_generation([GroupRead(KEY, LeaseToken(10))])  # re-offered under a new lease
         assert client.get([GroupRead(KEY, LeaseToken(10))]).num_rows == 8
         client.append_columns(KEY, _ref(), LeaseToken(10))
@@ -117,8 +119,8 @@ def test_with_a_deployment_secret_only_signed_credentials_pass():
     signer = TokenSigner(SECRET)
     with serving(secret=SECRET) as (_, client):
         with pytest.raises(InvalidRequestError, match="put credential does not verify"):
-            client.put_group(KEY, make_group(KEY))
-        client.put_group(KEY, make_group(KEY), sig=signer.sign_put(KEY))
+            client.put_groups([(KEY, make_group(KEY))])
+        client.put_groups([(KEY, make_group(KEY))], sigs=[signer.sign_put(KEY)])
         forged = LeaseToken(7, TokenSigner(b"x" * 32).sign_lease(KEY, 7))
         with pytest.raises(InvalidRequestError, match="does not verify"):
             client.delete([GroupRead(KEY, forged)])

@@ -77,7 +77,7 @@ def _close_once_parked(server: ShuttingDownServer) -> threading.Thread:
 CALLS = {
     "get": lambda c: c.get([KEY]),
     "action": lambda c: c.health(),
-    "put": lambda c: c.put_group(KEY, pa.Table.from_batches([make_group(KEY)] * 4)),
+    "put": lambda c: c.put_groups([(KEY, pa.Table.from_batches([make_group(KEY)] * 4))]),
 }
 
 
@@ -114,7 +114,7 @@ def test_a_controller_call_cancelled_by_its_restart_is_unavailable():
 def test_a_storage_server_killed_mid_call_is_unavailable():
     """A real server process, stopped so that the call is in flight, then killed."""
     with server_process() as (proc, location), StorageClient(location, timeout=30) as client:
-        client.put_group(KEY, make_group(KEY))
+        client.put_groups([(KEY, make_group(KEY))])
         os.kill(proc.pid, signal.SIGSTOP)
         killer = threading.Timer(0.5, os.kill, (proc.pid, signal.SIGKILL))
         killer.start()

@@ -16,7 +16,7 @@ KEY = Partition("job-a", 0, 7)
 def test_put_then_get_round_trips_bit_exact():
     group = make_group(KEY)
     with serving() as (_, client):
-        client.put_group(KEY, group, writer="rollout-0")
+        client.put_groups([(KEY, group)], writer="rollout-0")
         table = client.get([KEY])
     assert table.equals(pa.Table.from_batches([group]))
 
@@ -24,9 +24,9 @@ def test_put_then_get_round_trips_bit_exact():
 def test_second_put_to_a_stored_partition_is_refused_and_keeps_the_first():
     first, second = make_group(KEY, seed=1), make_group(KEY, seed=2)
     with serving() as (_, client):
-        client.put_group(KEY, first)
+        client.put_groups([(KEY, first)])
         with pytest.raises(AlreadyExistsError, match="never overwrites"):
-            client.put_group(KEY, second)
+            client.put_groups([(KEY, second)])
         assert client.get([KEY]).equals(pa.Table.from_batches([first]))
         assert client.stats()["groups"] == 1
 
@@ -34,7 +34,7 @@ def test_second_put_to_a_stored_partition_is_refused_and_keeps_the_first():
 def test_projection_streams_only_the_named_columns_in_order():
     group = make_group(KEY)
     with serving() as (_, client):
-        client.put_group(KEY, group)
+        client.put_groups([(KEY, group)])
         table = client.get([KEY], columns=["response_logprobs", "response_ids"])
     assert table.column_names == ["response_logprobs", "response_ids"]
     assert table.column("response_ids").combine_chunks().equals(group.column("response_ids"))
@@ -42,7 +42,7 @@ def test_projection_streams_only_the_named_columns_in_order():
 
 def test_projection_of_an_unknown_column_names_it():
     with serving() as (_, client):
-        client.put_group(KEY, make_group(KEY))
+        client.put_groups([(KEY, make_group(KEY))])
         with pytest.raises(SchemaError, match="no column 'nope'") as info:
             client.get([KEY], columns=["nope"])
     assert info.value.column == "nope"
@@ -52,7 +52,7 @@ def test_get_of_many_groups_keeps_ticket_order():
     keys = [Partition("job-a", 0, g) for g in (3, 1, 2)]
     with serving() as (_, client):
         for key in keys:
-            client.put_group(key, make_group(key))
+            client.put_groups([(key, make_group(key))])
         table = client.get(keys, columns=["group_id"])
     assert table.column("group_id").to_pylist() == [3] * 8 + [1] * 8 + [2] * 8
 
@@ -64,7 +64,7 @@ def test_unknown_group_is_not_found():
 
 def test_reads_are_aligned_for_dlpack_consumers():
     with serving() as (_, client):
-        client.put_group(KEY, make_group(KEY))
+        client.put_groups([(KEY, make_group(KEY))])
         values = client.get([KEY]).column("response_logprobs").chunk(0).values
     assert values.buffers()[1].address % 4 == 0
 
@@ -73,7 +73,7 @@ def test_rows_of_another_partition_are_refused_with_the_row():
     other = make_group(Partition("job-a", 0, 8))
     with serving() as (_, client):
         with pytest.raises(SchemaError, match="group_id") as info:
-            client.put_group(KEY, other)
+            client.put_groups([(KEY, other)])
         assert info.value.column == "group_id"
         assert client.stats()["groups"] == 0
 
@@ -81,15 +81,15 @@ def test_rows_of_another_partition_are_refused_with_the_row():
 def test_a_group_missing_a_required_column_is_refused():
     group = make_group(KEY).drop_columns(["reward"])
     with serving() as (_, client), pytest.raises(SchemaError, match="'reward' is missing"):
-        client.put_group(KEY, group)
+        client.put_groups([(KEY, group)])
 
 
 def test_a_user_column_keeps_one_type_per_job():
     a, b = Partition("job-a", 0, 1), Partition("job-a", 0, 2)
     with serving() as (_, client):
-        client.put_group(a, make_group(a).append_column("score", pa.array([1.0] * 8, pa.float64())))
+        client.put_groups([(a, make_group(a).append_column("score", pa.array([1.0] * 8, pa.float64())))])
         with pytest.raises(SchemaError, match="one type per column"):
-            client.put_group(b, make_group(b).append_column("score", pa.array([1] * 8, pa.int64())))
+            client.put_groups([(b, make_group(b).append_column("score", pa.array([1] * 8, pa.int64())))])
 
 
 def test_write_size_limit_splits_a_group_into_batches_of_one_put():
@@ -98,7 +98,7 @@ def test_write_size_limit_splits_a_group_into_batches_of_one_put():
         from trajflight.flight_server import StorageClient
 
         with StorageClient(client_unused.location, write_size_limit_bytes=group.nbytes // 3) as client:
-            client.put_group(KEY, group)
+            client.put_groups([(KEY, group)])
             table = client.get([KEY])
     assert table.num_rows == 32
     assert table.combine_chunks().equals(pa.Table.from_batches([group]).combine_chunks())
@@ -108,39 +108,36 @@ def test_a_group_over_max_group_bytes_is_refused_as_invalid():
     group = make_group(KEY, k=16, response_len=512)
     with serving(StoreLimits(max_group_bytes=group.nbytes // 2)) as (_, client):
         with pytest.raises(InvalidRequestError, match="max_group_bytes"):
-            client.put_group(KEY, group)
+            client.put_groups([(KEY, group)])
         assert client.stats()["reserved_bytes"] == 0
 
 
 def test_an_empty_stream_publishes_nothing():
     with serving() as (_, client):
         with pytest.raises(InvalidRequestError, match="no samples"):
-            client.put_group(KEY, make_group(KEY).slice(0, 0))
+            client.put_groups([(KEY, make_group(KEY).slice(0, 0))])
         assert client.stats()["groups"] == 0
 
 
-def test_a_placement_hook_holds_each_part_as_one_ipc_segment_served_without_copies():
-    """The seam a shared-memory arena plugs into: every part is one IPC stream in a handed-out buffer."""
-    handed_out: list[pa.Buffer] = []
-
-    def place(size: int) -> pa.Buffer:
-        handed_out.append(pa.allocate_buffer(size))
-        return handed_out[-1]
+def test_in_an_arena_each_part_is_one_ipc_stream_in_a_segment_served_without_copies():
+    """What the removed ``place=`` hook guarded, through the one placement left (issue 15): with an arena,
+    a Flight put and a column append are each copied once into a segment of their own, as one IPC
+    stream, served from there with no copy, and capacity counts the segments."""
+    from trajflight.flight_server import LeaseToken, ShmArena
 
     group = make_group(KEY)
-    with serving(place=place) as (server, client):
-        client.put_group(KEY, group)
-        from trajflight.flight_server import LeaseToken
-
+    with serving(arena=ShmArena()) as (server, client):
+        client.put_groups([(KEY, group)])
         client.append_columns(KEY, pa.table({"ref": pa.array([1.0] * 8, pa.float32())}), LeaseToken(1))
         stored = server.store.get(KEY)
-        assert len(handed_out) == 2
-        assert stored.part_bytes == tuple(b.size for b in handed_out)
-        assert pa.ipc.open_stream(handed_out[0]).read_all().equals(pa.Table.from_batches([group]))
+        assert len(stored.segments) == 2
+        assert stored.part_bytes == tuple(s.capacity for s in stored.segments)
+        first = stored.segments[0].buffer()
+        assert pa.ipc.open_stream(first).read_all().equals(pa.Table.from_batches([group]))
         values = stored.table.column("response_ids").chunk(0).values.buffers()[1]
-        assert handed_out[0].address <= values.address < handed_out[0].address + handed_out[0].size
+        assert first.address <= values.address < first.address + first.size
         assert client.get([KEY]).drop_columns(["ref"]).equals(pa.Table.from_batches([group]))
-        assert client.stats()["bytes"] == sum(b.size for b in handed_out)
+        assert client.stats()["bytes"] == sum(s.capacity for s in stored.segments)
 
 
 def test_concurrent_puts_of_one_partition_store_exactly_one():
@@ -151,7 +148,7 @@ def test_concurrent_puts_of_one_partition_store_exactly_one():
 
         def put(group: pa.RecordBatch) -> str:
             try:
-                client.put_group(KEY, group)
+                client.put_groups([(KEY, group)])
             except AlreadyExistsError:
                 return "refused"
             return "stored"

@@ -16,8 +16,8 @@ from test_shm_batch import joined, serving
 
 from trajflight.errors import InvalidRequestError, NotFoundError
 from trajflight.flight_server import GroupRead, LeaseToken
-from trajflight.flight_server._segment_writer import SegmentWriter
 from trajflight.flight_server._segments import stream_size
+from trajflight.flight_server.shm._writer import SegmentWriter
 from trajflight.keys import Partition
 
 SEGMENT = 256 * 1024
@@ -124,9 +124,11 @@ def test_a_writer_putting_batch_after_batch_writes_the_reused_segment_through_it
         for rep in range(4):
             keys = [Partition("job-a", 1, 10 * rep + g) for g in range(3)]
             batch = joined(keys)
-            client.shm_put_batch([(k, 8) for k in keys], batch, writer="w")
+            client.shm_put_groups(
+                [(k, batch.slice(8 * i, 8)) for i, k in enumerate(keys)], joined=batch, writer="w"
+            )
             assert client.shm_get(keys).equals(pa.Table.from_batches([batch]))
             client.delete([GroupRead(k, LeaseToken(1)) for k in keys])
-            server.store.arena.reclaim()  # no reader holds it: back to the pool at once
-        assert client._segments.mapped_writes >= 2
-    assert client._segments.kept_bytes == 0  # the client's close let go
+            server.arena.reclaim()  # no reader holds it: back to the pool at once
+        assert client._shm._segments.mapped_writes >= 2
+    assert client._shm._segments.kept_bytes == 0  # the client's close let go

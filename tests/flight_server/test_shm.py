@@ -50,8 +50,9 @@ from trajflight.flight_server import (
     StoreLimits,
     TokenSigner,
 )
-from trajflight.flight_server._shm import ORPHAN_AGE, size_class, sweep_dead_arenas
 from trajflight.flight_server._wire import PutDescriptor, ShmPublishRequest, ShmReserveRequest, encode
+from trajflight.flight_server.shm._segment import size_class
+from trajflight.flight_server.shm._sweep import ORPHAN_AGE, sweep_dead_arenas
 from trajflight.keys import Partition
 
 KEY = Partition("job-a", 1, 5)
@@ -87,7 +88,7 @@ def _shm_put(client: StorageClient, key: Partition, data: pa.RecordBatch, **kw: 
 
 def _local(client: StorageClient) -> StorageClient:
     """The client with its actions on the server's same-host channel (as the public client sets it up)."""
-    if client._local is None:
+    if client._shm.local is None:
         client.use_local_channel(client.health()["shm_socket"])
     return client
 
@@ -100,7 +101,7 @@ def _inline_put(client: StorageClient, key: Partition, data: pa.RecordBatch, **k
 
 TRANSPORTS = {
     "flight": Transport(
-        "flight", lambda c, k, d, **kw: c.put_group(k, d, **kw), lambda c, r, **kw: c.get(r, **kw)
+        "flight", lambda c, k, d, **kw: c.put_groups([(k, d)], **kw), lambda c, r, **kw: c.get(r, **kw)
     ),
     "shm": Transport("shm", _shm_put, lambda c, r, **kw: c.shm_get(r, **kw)),
     "shm-inline": Transport("shm-inline", _inline_put, lambda c, r, **kw: _local(c).shm_get(r, **kw)),
@@ -144,9 +145,9 @@ def test_many_groups_in_one_reservation_projection_and_flight_puts_land_in_the_a
     keys = [Partition("job-a", 1, g) for g in range(4)]
     groups = [make_group(k) for k in keys]
     with shm_serving() as (_, client):
-        client.shm_put_groups(list(zip(keys[:3], groups[:3], strict=True)))
-        client.put_group(keys[3], groups[3])  # over Flight: copied once into a segment
-        assert client.stats()["shm"]["live_segments"] == 4
+        client.shm_put_groups(list(zip(keys[:3], groups[:3], strict=True)))  # one stream, one segment
+        client.put_groups([(keys[3], groups[3])])  # over Flight: copied once into a segment
+        assert client.stats()["shm"]["live_segments"] == 2
         table = client.shm_get(keys, columns=["group_id", "reward"])
         assert table.column_names == ["group_id", "reward"]
         assert table.column("group_id").to_pylist() == [g for g in range(4) for _ in range(8)]
@@ -206,7 +207,7 @@ def test_a_reader_killed_while_it_maps_a_segment_lets_the_server_reuse_it():
         segment = client._action("shm_open", encode_ticket(KEY), None)["segments"][0]
         code = (
             "import sys, time\n"
-            "from trajflight.flight_server._shm import map_segment\n"
+            "from trajflight.flight_server.shm._segment import map_segment\n"
             "mm = map_segment(sys.argv[1], int(sys.argv[2]))\n"
             "print('mapped', flush=True)\n"
             "time.sleep(60)\n"
@@ -280,8 +281,10 @@ def test_arena_directory_is_private_and_owned_by_one_server(tmp_path):
 def test_a_segment_that_does_not_hold_a_valid_group_is_refused_and_released():
     group = make_group(KEY)
     with shm_serving() as (_, client):
-        put = PutDescriptor(KEY, nbytes=4096, num_rows=8)
-        seg = client._action("shm_reserve", encode(ShmReserveRequest((put,))), None)["segments"][0]
+        put = PutDescriptor(KEY, num_rows=8)
+        seg = client._action("shm_reserve", encode(ShmReserveRequest((put,), batch_bytes=4096)), None)[
+            "segments"
+        ][0]
         with open(seg["path"], "r+b") as f:
             f.write(b"not an arrow stream" * 10)
         with pytest.raises(SchemaError, match="does not hold one Arrow IPC stream"):
@@ -306,8 +309,9 @@ def _shm_put_as(client: StorageClient, key: Partition, data: pa.RecordBatch) -> 
     sizer = pa.MockOutputStream()
     with ipc.new_stream(sizer, data.schema) as w:
         w.write_batch(data)
-    put = PutDescriptor(key, nbytes=sizer.size(), num_rows=data.num_rows)
-    seg = client._action("shm_reserve", encode(ShmReserveRequest((put,))), None)["segments"][0]
+    put = PutDescriptor(key, num_rows=data.num_rows)
+    reserve = ShmReserveRequest((put,), batch_bytes=sizer.size())
+    seg = client._action("shm_reserve", encode(reserve), None)["segments"][0]
     with open(seg["path"], "r+b") as f, ipc.new_stream(f, data.schema) as w:
         w.write_batch(data)
     client._action("shm_publish", encode(ShmPublishRequest(((seg["reservation"], sizer.size()),))), None)
@@ -366,7 +370,8 @@ def test_a_restarted_server_sweeps_the_segments_of_its_dead_incarnation(tmp_path
     try:
         with StorageClient(location, timeout=20) as client:
             keys = [Partition("job-a", 1, g) for g in range(3)]
-            client.shm_put_groups([(k, make_group(k)) for k in keys])
+            for k in keys:  # a segment each
+                client.shm_put_groups([(k, make_group(k))])
             table = client.shm_get(keys)  # a reader that outlives the server
             held = [GroupRead(k, LeaseToken(1)) for k in keys]
             opened = client.shm_open(held)  # and a lease's open, kept across the crash...
@@ -485,7 +490,7 @@ def test_a_server_without_an_arena_refuses_shm_calls_with_a_hint():
         assert client.health()["shm_dir"] is None
         with pytest.raises(InvalidRequestError, match="no shared-memory arena"):
             client.shm_put_groups([(KEY, make_group(KEY))])
-        client.put_group(KEY, make_group(KEY))
+        client.put_groups([(KEY, make_group(KEY))])
         with pytest.raises(InvalidRequestError, match="no shared-memory arena"):
             client.shm_get([KEY])
 
@@ -513,8 +518,9 @@ def test_a_fence_raised_between_reserve_and_publish_refuses_the_publish():
         sizer = pa.MockOutputStream()
         with ipc.new_stream(sizer, group.schema) as w:
             w.write_batch(group)
-        put = PutDescriptor(KEY, nbytes=sizer.size(), num_rows=8)
-        seg = client._action("shm_reserve", encode(ShmReserveRequest((put,))), None)["segments"][0]
+        put = PutDescriptor(KEY, num_rows=8)
+        reserve = ShmReserveRequest((put,), batch_bytes=sizer.size())
+        seg = client._action("shm_reserve", encode(reserve), None)["segments"][0]
         with open(seg["path"], "r+b") as f, ipc.new_stream(f, group.schema) as w:
             w.write_batch(group)
         client.fence("job-a", 2)
@@ -586,7 +592,7 @@ def test_reading_back_the_opened_reads_themselves_gives_what_fresh_reads_give():
     keys = [Partition("job-a", 1, g) for g in range(3)]
     groups = [make_group(k) for k in keys]
     with shm_serving() as (_, client):
-        client.shm_put_groups(list(zip(keys, groups, strict=True)), contiguous=True)
+        client.shm_put_groups(list(zip(keys, groups, strict=True)))
         opened = client.shm_open([GroupRead(k, LeaseToken(2)) for k in keys])
         same, fresh = opened.reads, tuple(GroupRead(k, LeaseToken(2)) for k in keys)
         assert same is not fresh
@@ -605,14 +611,16 @@ def test_a_joined_batch_is_put_as_one_segment_and_its_rows_must_add_up():
     joined = pa.concat_batches(groups)
     with shm_serving() as (_, client):
         with pytest.raises(InvalidRequestError, match="add up"):
-            client.shm_put_batch([(k, 8) for k in keys[:2]], joined)
+            client.shm_put_groups(list(zip(keys[:2], groups[:2], strict=True)), joined=joined)
         with pytest.raises(InvalidRequestError, match="add up"):
-            client.shm_put_batch([(keys[0], 0), (keys[1], 24)], joined)
+            client.shm_put_groups([(keys[0], groups[0].slice(0, 0)), (keys[1], joined)], joined=joined)
         # Rows that do not carry the key they are announced under are refused by the server, whole.
         with pytest.raises(SchemaError):
-            client.shm_put_batch([(keys[1], 8), (keys[0], 8), (keys[2], 8)], joined)
+            client.shm_put_groups(
+                [(keys[1], groups[1]), (keys[0], groups[0]), (keys[2], groups[2])], joined=joined
+            )
         assert client.stats()["groups"] == 0
-        client.shm_put_batch([(k, 8) for k in keys], joined)
+        client.shm_put_groups(list(zip(keys, groups, strict=True)), joined=joined)
         table = client.shm_get(keys)
         assert table.equals(pa.Table.from_batches([joined]))
         assert table.column("reward").num_chunks == 1  # one segment, one slice
@@ -823,7 +831,7 @@ def test_a_column_appended_to_a_group_of_a_shared_stream_reads_back_with_that_gr
     groups = [make_group(k) for k in keys]
     extra = pa.table({"ref_logprob": pa.array([float(i) for i in range(8)], pa.float32())})
     with shm_serving() as (_, client):
-        client.shm_put_groups(list(zip(keys, groups, strict=True)), contiguous=True)
+        client.shm_put_groups(list(zip(keys, groups, strict=True)))
         client.append_columns(keys[1], extra, LeaseToken(1))
         for read in (client.shm_get, client.get):
             table = read([GroupRead(keys[1], LeaseToken(1))])
@@ -853,7 +861,7 @@ def test_an_inline_put_limit_the_channel_cannot_carry_is_refused_up_front(size):
 def test_an_inline_put_that_does_not_match_its_body_or_hold_a_group_leaves_nothing():
     group = make_group(KEY)
     with shm_serving() as (server, client):
-        channel = _local(client)._local
+        channel = _local(client)._shm.local
         assert channel is not None
         stream = pa.BufferOutputStream()
         with pa.ipc.new_stream(stream, group.schema) as writer:
@@ -948,7 +956,7 @@ def test_with_a_deployment_secret_only_signed_credentials_pass(transport):
         if transport.name == "shm":
             client.shm_put_groups([(KEY, make_group(KEY))], sigs=[signer.sign_put(KEY)])
         else:
-            client.put_group(KEY, make_group(KEY), sig=signer.sign_put(KEY))
+            client.put_groups([(KEY, make_group(KEY))], sigs=[signer.sign_put(KEY)])
         forged = LeaseToken(7, TokenSigner(b"x" * 32).sign_lease(KEY, 7))
         with pytest.raises(InvalidRequestError, match="does not verify"):
             transport.get(client, [GroupRead(KEY, forged)])
@@ -959,7 +967,7 @@ def test_a_batch_written_as_one_stream_is_read_back_as_one_chunk_and_freed_with_
     keys = [Partition("job-a", 1, g) for g in range(5)]
     groups = [make_group(k, response_len=128) for k in keys]
     with shm_serving() as (server, client):
-        client.shm_put_groups(list(zip(keys, groups, strict=True)), contiguous=True)
+        client.shm_put_groups(list(zip(keys, groups, strict=True)))
         shm = client.stats()["shm"]
         assert shm["live_segments"] == 1
         assert client.stats()["bytes"] == shm["live_bytes"]  # the groups' shares add up to the segment
@@ -987,22 +995,22 @@ def test_a_batch_with_one_bad_group_is_refused_whole_naming_the_group():
     with shm_serving() as (_, client):
         swapped = [groups[0], groups[1], groups[3], groups[2]]  # rows of groups 2 and 3 swapped
         with pytest.raises(SchemaError, match="group_id"):
-            client.shm_put_groups(list(zip(keys, swapped, strict=True)), contiguous=True)
+            client.shm_put_groups(list(zip(keys, swapped, strict=True)))
         stats = client.stats()
         assert (stats["groups"], stats["reserved_bytes"], stats["shm"]["live_segments"]) == (0, 0, 0)
         index = groups[1].schema.get_field_index("response_logprobs")
         ragged = groups[1].set_column(index, "response_logprobs", groups[2].column(index))  # other lengths
         with pytest.raises(SchemaError, match="response_logprobs"):
-            client.shm_put_groups([(keys[0], groups[0]), (keys[1], ragged)], contiguous=True)
+            client.shm_put_groups([(keys[0], groups[0]), (keys[1], ragged)])
         assert client.stats()["groups"] == 0
-        client.shm_put_groups(list(zip(keys, groups, strict=True)), contiguous=True)
+        client.shm_put_groups(list(zip(keys, groups, strict=True)))
         assert client.shm_get(keys).equals(pa.Table.from_batches(groups))
 
 
 def test_an_inline_put_whose_metadata_outgrows_the_room_left_for_it_is_measured_and_sent(monkeypatch):
     """The inline stream is written in one pass into its buffers' bytes plus room for the metadata; a
     stream needing more (many columns, say) is sized exactly and written again, bytes unchanged."""
-    from trajflight.flight_server import _client
+    from trajflight.flight_server.shm import _client
 
     measured = []
     exact = _client.serialize_segment

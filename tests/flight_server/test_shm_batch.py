@@ -32,7 +32,6 @@ from trajflight.flight_server import (
     StoreLimits,
     TokenSigner,
 )
-from trajflight.flight_server._shm import size_class, write_segment
 from trajflight.flight_server._wire import (
     PutDescriptor,
     ShmAbortRequest,
@@ -42,6 +41,7 @@ from trajflight.flight_server._wire import (
     ShmReserveRequest,
     encode,
 )
+from trajflight.flight_server.shm._segment import size_class, write_segment
 from trajflight.keys import Partition
 
 SECRET = b"0123456789abcdef0123456789abcdef"
@@ -63,6 +63,11 @@ def serving(
 
 def joined(keys: list[Partition], k: int = 8) -> pa.RecordBatch:
     return pa.concat_batches([make_group(key, k, seed=i) for i, key in enumerate(keys)])
+
+
+def rows_of(keys: list[Partition], batch: pa.RecordBatch) -> list[tuple[Partition, pa.RecordBatch]]:
+    """The groups of a joined batch of ``keys`` (8 rows each), as slices of it."""
+    return [(key, batch.slice(8 * i, 8)) for i, key in enumerate(keys)]
 
 
 def reserve(client: StorageClient, keys: list[Partition], batch: pa.RecordBatch, **kw: Any) -> dict[str, Any]:
@@ -142,7 +147,7 @@ def test_the_client_puts_a_joined_batch_in_the_compact_form():
             return action(name, body, timeout)
 
         client._action = spy  # type: ignore[method-assign]
-        client.shm_put_batch([(k, 8) for k in KEYS], batch, writer="w")
+        client.shm_put_groups(rows_of(KEYS, batch), joined=batch, writer="w")
         assert [name for name, _ in sent] == ["shm_reserve", "shm_publish"]
         assert sent[0][1]["batch"]["group_ids"] == [7, 3, 11]
         assert "groups" not in sent[0][1]
@@ -151,7 +156,7 @@ def test_the_client_puts_a_joined_batch_in_the_compact_form():
         # Groups of several epochs cannot travel compactly: the client names them one by one.
         other = [Partition("job-a", 2, 1), Partition("job-a", 3, 1)]
         sent.clear()
-        client.shm_put_batch([(k, 8) for k in other], joined(other), writer="w")
+        client.shm_put_groups(rows_of(other, joined(other)), joined=joined(other), writer="w")
         assert "groups" in sent[0][1]
         assert client.shm_get(other).num_rows == 16
 
@@ -248,7 +253,7 @@ def test_a_batch_reservation_is_aborted_or_swept_whole():
         assert aborted == {"aborted": 3}
         assert nothing_held(client)
         reply = reserve(client, KEYS, batch, ttl=1.0)["batch"]
-        assert server.store.sweep_shm(now=server.store._clock() + 2.0) == 3  # its writer died
+        assert server.store.shm.sweep(now=server.store._clock() + 2.0) == 3  # its writer died
         assert nothing_held(client)
         with pytest.raises(NotFoundError):
             publish(client, reply["reservation"], 64)
@@ -268,14 +273,14 @@ def test_a_signed_server_checks_every_group_s_put_credential_in_the_batch():
         with pytest.raises(InvalidRequestError, match="credential"):
             reserve(client, KEYS, batch, sigs=(*sigs[:2], signer.sign_put(Partition("job-a", 1, 99))))
         assert nothing_held(client)
-        client.shm_put_batch([(k, 8) for k in KEYS], batch, sigs=list(sigs))
+        client.shm_put_groups(rows_of(KEYS, batch), joined=batch, sigs=list(sigs))
         assert client.shm_get(KEYS).num_rows == 24
 
 
 def test_columns_appended_to_a_member_of_a_batch_join_its_rows_only():
     batch = joined(KEYS)
     with serving() as (_, client):
-        client.shm_put_batch([(k, 8) for k in KEYS], batch)
+        client.shm_put_groups(rows_of(KEYS, batch), joined=batch)
         extra = pa.table({"ref_logprob": pa.array([float(i) for i in range(8)], pa.float32())})
         client.append_columns(KEYS[1], extra, LeaseToken(1))
         whole = pa.Table.from_batches([batch])
@@ -285,3 +290,44 @@ def test_columns_appended_to_a_member_of_a_batch_join_its_rows_only():
             assert middle.drop_columns(["ref_logprob"]).equals(whole.slice(8, 8))
             assert middle.column("ref_logprob").to_pylist() == [float(i) for i in range(8)]
             assert read([KEYS[2]]).equals(whole.slice(16, 8))
+
+
+def test_giving_up_one_group_of_a_shared_segment_gives_up_the_segment_whole():
+    """Issue 15 made every same-host reservation one segment: a reservation id of one group of the
+    ``groups`` form names the whole segment, so aborting it gives every group of it up (the result counts
+    them) and leaves nothing held, nor a key taken."""
+    batch = joined(KEYS)
+    with serving() as (_, client):
+        puts = tuple(PutDescriptor(k, "w", None, 8) for k in KEYS)
+        reserve = ShmReserveRequest(puts, "w", None, _size(batch))
+        segments = client._action("shm_reserve", encode(reserve), None)["segments"]
+        aborted = client._action("shm_abort", encode(ShmAbortRequest((segments[1]["reservation"],))), None)
+        assert aborted == {"aborted": 3}
+        assert nothing_held(client)
+        with pytest.raises(NotFoundError):  # its other groups went with it
+            client._action(
+                "shm_publish", encode(ShmPublishRequest(((segments[0]["reservation"], 64),))), None
+            )
+        client.shm_put_groups(rows_of(KEYS, batch), joined=batch)  # the keys are free
+        assert client.shm_get(KEYS).num_rows == 24
+
+
+def test_a_publish_naming_a_shared_segment_in_part_changes_nothing():
+    """A publish that names some groups of a shared segment (or one twice) is refused before anything is
+    taken: the reservation stays whole, and a publish naming every group then goes through."""
+    batch = joined(KEYS)
+    with serving() as (_, client):
+        puts = tuple(PutDescriptor(k, "w", None, 8) for k in KEYS)
+        reserve = ShmReserveRequest(puts, "w", None, _size(batch))
+        segments = client._action("shm_reserve", encode(reserve), None)["segments"]
+        written = write_segment(segments[0]["path"], segments[0]["capacity"], batch.schema, [batch])
+        ids = [s["reservation"] for s in segments]
+        for named in (ids[:2], [ids[0], ids[0], ids[1], ids[2]]):
+            with pytest.raises(InvalidRequestError, match="publish every group of a batch together"):
+                client._action(
+                    "shm_publish", encode(ShmPublishRequest(tuple((i, written) for i in named))), None
+                )
+            assert client.stats()["pending_shm_puts"] == 3
+        every = ShmPublishRequest(tuple((i, written) for i in ids))
+        assert client._action("shm_publish", encode(every), None)["published"] == 3
+        assert client.shm_get(KEYS).equals(pa.Table.from_batches([batch]))

@@ -43,7 +43,7 @@ def test_a_killed_writer_s_reservation_is_swept_at_the_server_s_ttl_not_its_own(
         child.start()
         try:
             assert ready.wait(60), "the writer never reserved its segment"
-            (put,) = server.store._shm_puts.values()
+            (put,) = server.store.shm._reserved.values()
             assert put.deadline - time.monotonic() <= SHM_TTL
         finally:
             os.kill(child.pid, signal.SIGKILL)
@@ -64,7 +64,7 @@ def test_a_batch_reservation_is_bounded_by_the_server_s_ttl_too():
             "batch": {"job_id": "j", "epoch": 0, "group_ids": [1, 2], "rows": [4, 4]},
         }
         client._action("shm_reserve", json.dumps(body).encode(), None)
-        (batch,) = server.store._shm_batches.values()
+        (batch,) = server.store.shm._reserved.values()
         assert batch.deadline - time.monotonic() <= SHM_TTL
         _wait_for(lambda: client.stats()["pending_shm_puts"] == 0)
         assert client.stats()["reserved_bytes"] == 0
@@ -72,9 +72,10 @@ def test_a_batch_reservation_is_bounded_by_the_server_s_ttl_too():
 
 def test_a_writer_may_ask_for_less_than_the_server_s_ttl():
     with shm_serving(shm_ttl=60.0) as (server, client):
-        body = {"v": 1, "ttl": 0.25, "groups": [{"job_id": "j", "epoch": 0, "group_id": 1, "nbytes": 4096}]}
+        group = {"job_id": "j", "epoch": 0, "group_id": 1, "num_rows": 8}
+        body = {"v": 1, "ttl": 0.25, "batch_bytes": 4096, "groups": [group]}
         client._action("shm_reserve", json.dumps(body).encode(), None)
-        (put,) = server.store._shm_puts.values()
+        (put,) = server.store.shm._reserved.values()
         assert put.deadline - time.monotonic() <= 0.25
         _wait_for(lambda: client.stats()["pending_shm_puts"] == 0)
 

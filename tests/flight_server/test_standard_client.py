@@ -23,7 +23,7 @@ KEYS = [
 def stocked():
     with serving() as (server, client):
         for key in KEYS:
-            client.put_group(key, make_group(key))
+            client.put_groups([(key, make_group(key))])
         yield server
 
 

@@ -73,7 +73,7 @@ def test_a_writer_killed_mid_stream_publishes_nothing(name):
         raw.close()
         stats = client.stats()
         assert (stats["groups"], stats["bytes"], stats["reserved_bytes"]) == (0, 0, 0)
-        client.put_group(KEY, make_group(KEY))  # the partition is free: the writer may put it again
+        client.put_groups([(KEY, make_group(KEY))])  # the partition is free: the writer may put it again
         assert client.get([KEY]).num_rows == 8
 
 

@@ -43,12 +43,10 @@ def _inline(client: StorageClient) -> None:
 
 
 PUTS = {
-    "flight": lambda c: c.put_group(KEY, make_group(KEY)),
+    "flight": lambda c: c.put_groups([(KEY, make_group(KEY))]),
     "put_groups": lambda c: c.put_groups([(OTHER, make_group(OTHER)), (KEY, make_group(KEY))]),
     "shm": lambda c: c.shm_put_groups([(KEY, make_group(KEY))]),
-    "shm-batch": lambda c: c.shm_put_groups(
-        [(OTHER, make_group(OTHER)), (KEY, make_group(KEY))], contiguous=True
-    ),
+    "shm-batch": lambda c: c.shm_put_groups([(OTHER, make_group(OTHER)), (KEY, make_group(KEY))]),
     "shm-inline": _inline,
 }
 
@@ -93,23 +91,23 @@ def test_a_same_host_reservation_whose_key_is_deleted_is_refused_at_publish():
             stream.write_batch(group)
         data = sink.getvalue()
         store = server.store
-        put = store.begin_shm_put(KEY, data.size, num_rows=8)
+        put = store.shm.reserve([KEY], [8], data.size)
         put.segment.mm[: data.size] = data.to_pybytes()  # the writer wrote its group
         client.delete([GroupRead(KEY, LeaseToken(0))])  # ... and its grant expired before the publish
         with pytest.raises(LeaseExpiredError):
-            store.publish_shm([(put.id, data.size)])
+            store.shm.publish([(put.id, data.size)])
         assert _nothing_held(client)
 
 
 def test_a_deleted_group_cannot_be_put_again():
     """A writer retrying a put whose ack it lost, after the GC deleted it: refused, not an orphan."""
     with serving() as (_, client):
-        client.put_group(KEY, make_group(KEY))
+        client.put_groups([(KEY, make_group(KEY))])
         assert client.delete([GroupRead(KEY, LeaseToken(0))])["deleted"] == 1
         with pytest.raises(LeaseExpiredError):
-            client.put_group(KEY, make_group(KEY))
+            client.put_groups([(KEY, make_group(KEY))])
         other = Partition("job-a", 0, 2)
-        client.put_group(other, make_group(other))  # other partitions are untouched
+        client.put_groups([(other, make_group(other))])  # other partitions are untouched
         assert client.get([other]).num_rows == 8
 
 
@@ -118,7 +116,7 @@ def test_a_refused_delete_leaves_no_tombstone():
         client.advance_generation([GroupRead(KEY, LeaseToken(5))])
         with pytest.raises(StaleFenceError):
             client.delete([GroupRead(KEY, LeaseToken(4))])
-        client.put_group(KEY, make_group(KEY))
+        client.put_groups([(KEY, make_group(KEY))])
         assert client.get([KEY]).num_rows == 8
 
 
@@ -134,7 +132,7 @@ def test_tombstones_stay_compact_and_go_with_the_fence():
         client.fence("job-a", 1)  # epoch 0's puts are refused by the fence now: its tombstones go
         assert client.stats()["tombstones"] == {"epochs": 1, "ranges": 3}
         with pytest.raises(StaleFenceError):
-            client.put_group(KEY, make_group(KEY))
+            client.put_groups([(KEY, make_group(KEY))])
 
 
 @given(st.lists(st.integers(0, 60), max_size=80), st.lists(st.integers(0, 70), max_size=30))
@@ -163,6 +161,6 @@ def test_a_put_after_its_grant_expired_is_refused_end_to_end():
         key = Partition(*grant.partition)
         with StorageClient(grant.location, timeout=20) as storage:
             with pytest.raises(LeaseExpiredError):
-                storage.put_group(key, pa.Table.from_batches([make_group(key)]))
+                storage.put_groups([(key, pa.Table.from_batches([make_group(key)]))])
             assert storage.stats()["groups"] == 0
         assert cluster.wait_idle(job) == (0, 0)

@@ -119,14 +119,24 @@ def test_a_batch_reservation_travels_as_arrays_and_round_trips(group_ids, data, 
     assert decode_action_body("shm_publish", encode(publish)) == publish
 
 
-@given(st.lists(keys, min_size=1, max_size=10, unique=True), st.integers(1, 100), st.booleans())
-def test_reservations_of_a_group_each_still_round_trip(group_keys, rows, shared):
-    """The ``groups`` form (old clients; groups of several jobs or epochs) means what it always did."""
-    puts = tuple(PutDescriptor(k, "w", None if shared else 4096, rows, None) for k in group_keys)
-    request = ShmReserveRequest(puts, "w", 5.0, 1 << 20 if shared else None)
+@given(st.lists(keys, min_size=1, max_size=10, unique=True), st.integers(1, 100))
+def test_reservations_of_a_group_each_still_round_trip(group_keys, rows):
+    """The ``groups`` form (groups of several jobs or epochs) means what it always did: one segment of
+    ``batch_bytes`` for the groups, one reservation named per group."""
+    puts = tuple(PutDescriptor(k, "w", None, rows, None) for k in group_keys)
+    request = ShmReserveRequest(puts, "w", 5.0, 1 << 20)
     assert decode_action_body("shm_reserve", encode(request)) == request
     publish = ShmPublishRequest(tuple((f"r{i}", 100 + i) for i in range(len(group_keys))))
     assert decode_action_body("shm_publish", encode(publish)) == publish
+
+
+def test_a_reservation_of_one_segment_per_group_is_no_longer_a_form():
+    """Issue 15 removed the ``groups`` form without ``batch_bytes`` (a segment per group): no trajflight
+    client sends it (a list of groups is one stream in one segment); it is refused, naming the field."""
+    request = ShmReserveRequest((PutDescriptor(Partition("j", 1, 1), "w", 4096, 8, None),), "w")
+    with pytest.raises(InvalidRequestError, match="batch_bytes") as info:
+        decode_action_body("shm_reserve", encode(request))
+    assert info.value.fields["field"] == "batch_bytes"
 
 
 _BATCH = {"job_id": "j", "epoch": 1, "group_ids": [1, 2], "rows": [8, 8]}

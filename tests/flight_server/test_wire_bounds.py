@@ -20,10 +20,10 @@ from shm_testkit import shm_serving
 from trajflight.errors import InvalidRequestError, SchemaError, StaleFenceError
 from trajflight.flight_server import GroupRead, LeaseToken
 from trajflight.flight_server._errors import translate_errors
-from trajflight.flight_server._local import LocalChannel
 from trajflight.flight_server._store import GroupStore
 from trajflight.flight_server._wire import decode_action_body, decode_descriptor, decode_ticket
 from trajflight.flight_server._wire_bounds import ECHO_CHARS, INT64_MAX, MAX_DEPTH, _depth
+from trajflight.flight_server.shm._local import LocalChannel
 from trajflight.keys import Partition
 
 KEY = Partition("job-a", 0, 1)
@@ -105,7 +105,7 @@ def test_a_generation_beyond_int64_is_refused_and_leaves_the_group_as_it_was(ser
     """Regression: ``"generation": 2**70`` answered OverflowError after raising the stored generation;
     every legitimate read and delete then got stale_fence and the group stayed leased forever."""
     with SERVERS[server]() as (_, client):
-        client.put_group(KEY, make_group(KEY))
+        client.put_groups([(KEY, make_group(KEY))])
         client.advance_generation([GroupRead(KEY, LeaseToken(3))])
         body = _body(groups=[_key(generation=generation)])
         with pytest.raises(InvalidRequestError, match="generation") as info:
@@ -148,7 +148,7 @@ def test_a_fence_beyond_int64_is_refused_and_puts_still_work(min_epoch):
         with pytest.raises(InvalidRequestError, match="min_epoch"):
             _raw_action(client, "fence", _body(job_id=KEY.job_id, min_epoch=min_epoch))
         assert client.stats()["jobs"] == {}
-        client.put_group(KEY, make_group(KEY))
+        client.put_groups([(KEY, make_group(KEY))])
         assert client.fence(KEY.job_id, INT64_MAX)["min_epoch"] == INT64_MAX  # the largest one is fine
 
 
@@ -191,7 +191,7 @@ def test_deeply_nested_json_is_refused_before_parsing(where):
         with pytest.raises(InvalidRequestError, match="deeper than") as info:
             DEEP_SENDS[where](client, _nested(100_000))
         assert info.value.fields["field"] == "depth"
-        client.put_group(KEY, make_group(KEY))  # and the server serves on
+        client.put_groups([(KEY, make_group(KEY))])  # and the server serves on
 
 
 def test_the_depth_bound_counts_nesting_not_brackets_inside_strings():
@@ -225,7 +225,7 @@ def test_a_10mb_name_gets_a_typed_error_that_echoes_at_most_100_characters(where
         with pytest.raises(InvalidRequestError) as info:
             HUGE_SENDS[where](client)
         assert info.value.message.count("J") <= ECHO_CHARS
-        client.put_group(KEY, make_group(KEY))
+        client.put_groups([(KEY, make_group(KEY))])
 
 
 @pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
@@ -249,7 +249,7 @@ def test_a_read_refused_for_its_projection_raises_no_generation():
     """Regression: a fenced read raised the group's generation before its projection was checked, so
     a read refused with a SchemaError still fenced out the current holder."""
     with serving() as (_, client):
-        client.put_group(KEY, make_group(KEY))
+        client.put_groups([(KEY, make_group(KEY))])
         with pytest.raises(SchemaError, match="no column"):
             client.get([GroupRead(KEY, LeaseToken(9))], columns=["reward", "nope"])
         assert client.get([GroupRead(KEY, LeaseToken(2))], columns=["reward"]).num_rows == 8

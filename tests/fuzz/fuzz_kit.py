@@ -21,7 +21,7 @@ from flight_testkit import make_group
 from trajflight.errors import DeadlineExceededError, TrajflightError
 from trajflight.flight_server import GroupRead, LeaseToken, ShmArena, StorageClient, StorageServer
 from trajflight.flight_server._errors import from_flight_error
-from trajflight.flight_server._local import LocalChannel
+from trajflight.flight_server.shm._local import LocalChannel
 from trajflight.keys import Partition
 
 JOB, EPOCH = "fuzz", 1
@@ -75,12 +75,12 @@ def _stock(client: StorageClient, local_client: StorageClient) -> None:
     column, a fenced epoch, a tombstone, a second job."""
     keys = [Partition(JOB, EPOCH, g) for g in range(8)]
     groups = [make_group(k) for k in keys]
-    client.put_group(keys[0], groups[0])
-    client.put_group(keys[1], groups[1])
+    client.put_groups([(keys[0], groups[0])])
+    client.put_groups([(keys[1], groups[1])])
     client.put_groups([(keys[2], groups[2]), (keys[3], groups[3])])
     client.shm_put_groups([(keys[4], groups[4])])
     local_client.shm_put_groups([(keys[5], groups[5])])  # one inline shm_put over the channel
-    client.shm_put_groups([(keys[6], groups[6]), (keys[7], groups[7])], contiguous=True)
+    client.shm_put_groups([(keys[6], groups[6]), (keys[7], groups[7])])
     client.advance_generation([GroupRead(keys[0], LeaseToken(5)), GroupRead(keys[4], LeaseToken(3))])
     client.advance_generation([GroupRead(keys[1], LeaseToken(2))])
     score = pa.record_batch({"score": pa.array([float(i) for i in range(8)], pa.float32())})
@@ -88,7 +88,7 @@ def _stock(client: StorageClient, local_client: StorageClient) -> None:
     client.fence(JOB, EPOCH)  # epoch 0 of the job is fenced
     client.delete([GroupRead(Partition(JOB, EPOCH, 99), LeaseToken(0))])  # a tombstone
     other = Partition("other-job", 0, 0)
-    client.put_group(other, make_group(other))
+    client.put_groups([(other, make_group(other))])
 
 
 _STAT_KEYS = (
@@ -118,7 +118,7 @@ def snapshot(server: StorageServer, client: StorageClient) -> dict[str, Any]:
     board = server.store.board
     return {
         "groups": groups,
-        "generations": dict(server.store._generation),
+        "generations": dict(server.store._fences._generation),
         "board": {k: board.entry(k) for k in groups} if board is not None else {},
         "stats": {k: stats[k] for k in _STAT_KEYS},
         "live_segments": stats.get("shm", {}).get("live_segments"),
@@ -170,10 +170,10 @@ def assert_generations_read_back(fuzz: Fuzz) -> None:
 
 def assert_serves(client: StorageClient) -> None:
     """A legitimate put, read and delete of a fresh group still work, over Flight and same-host."""
-    for i, put in enumerate((client.put_group, lambda k, g: client.shm_put_groups([(k, g)]))):
+    for i, put in enumerate((client.put_groups, client.shm_put_groups)):
         key = Partition("after-fuzz", 0, i)
         group = make_group(key)
-        put(key, group)
+        put([(key, group)])
         assert client.get([GroupRead(key, LeaseToken(1))], timeout=DEADLINE).equals(
             pa.Table.from_batches([group])
         )

@@ -188,15 +188,8 @@ def test_a_tampered_column_append_is_refused(fuzz, name):
 def _reserve_segment(fuzz, key: Partition, nbytes: int) -> dict:
     body = {
         "v": 1,
-        "groups": [
-            {
-                "job_id": key.job_id,
-                "epoch": key.epoch,
-                "group_id": key.group_id,
-                "nbytes": nbytes,
-                "num_rows": 8,
-            }
-        ],
+        "batch_bytes": nbytes,
+        "groups": [{"job_id": key.job_id, "epoch": key.epoch, "group_id": key.group_id, "num_rows": 8}],
     }
     return fuzz.client._action("shm_reserve", json.dumps(body).encode(), DEADLINE)["segments"][0]
 

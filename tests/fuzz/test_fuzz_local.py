@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 from trajflight.errors import InvalidRequestError, SchemaError
 from trajflight.flight_server import ACTIONS
 from trajflight.flight_server._errors import from_flight_error
-from trajflight.flight_server._local import MAX_FRAME, MAX_NAME_FRAME
+from trajflight.flight_server.shm._local import MAX_FRAME, MAX_NAME_FRAME
 from trajflight.keys import Partition
 
 FUZZ = settings(derandomize=True, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])

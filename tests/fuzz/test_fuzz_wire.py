@@ -51,6 +51,7 @@ from trajflight.flight_server._wire import (
     decode_action_body,
     decode_criteria,
     decode_descriptor,
+    decode_shm_put,
     decode_ticket,
 )
 from trajflight.keys import Partition
@@ -89,7 +90,7 @@ def test_every_template_is_valid_and_every_listed_action_has_one():
         elif t.target == "descriptor":
             decode_descriptor(flight.FlightDescriptor.for_command(data))
         else:
-            decode_action_body("shm_reserve" if t.target == "shm_put" else t.target, data)
+            decode_shm_put(data) if t.target == "shm_put" else decode_action_body(t.target, data)
     assert {t.target for t in (*ACTIONS, SHM_PUT)} == set(SERVER_ACTIONS)
 
 
@@ -209,7 +210,11 @@ TABLE = {
         b'{"v": 1, "ttl": NaN, "groups": [{"job_id": "fuzz", "epoch": 1, "group_id": 1001, "nbytes": 9}]}',
         None,
     ),
-    "reserve-size-2**63": ("shm_reserve", _body(groups=[_key(FRESH, nbytes=2**63)]), "nbytes"),
+    "reserve-size-2**63": (
+        "shm_reserve",
+        _body(batch_bytes=2**63, groups=[_key(FRESH, num_rows=8)]),
+        "batch_bytes",
+    ),
     "publish-size-2**64": ("shm_publish", _body(groups=[{"reservation": "r", "size": 2**64}]), "size"),
     "abort-10mb-id": ("shm_abort", _body(reservations=[HUGE]), "reservations"),
     "oversized-message": ("delete", b'{"v": 1, "pad": "' + b"x" * (16 * 2**20) + b'"}', "size"),

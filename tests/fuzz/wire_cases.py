@@ -160,13 +160,13 @@ HEALTH = Template("health", "health", {"v": 1}, ())
 SHM_RESERVE = Template(
     "shm_reserve",
     "shm_reserve",
-    {"v": 1, "writer": "w", "ttl": 5, "groups": [_k(FRESH + 4, nbytes=4096, num_rows=8)]},
+    {"v": 1, "writer": "w", "ttl": 5, "batch_bytes": 65536, "groups": [_k(FRESH + 4, num_rows=8)]},
     (
         (("groups",), "list", True, 0),
         (_G, "obj", True, 0),
         *_key(_G),
-        ((*_G, "nbytes"), "int", True, 1),
-        ((*_G, "num_rows"), "int", False, 0),
+        ((*_G, "num_rows"), "int", True, 1),
+        (("batch_bytes",), "int", True, 1),
         (("ttl",), "ttl", False, 0),
         (("writer",), "name", False, 0),
     ),
@@ -221,7 +221,13 @@ SHM_PUT = Template(
     "shm_put",
     "shm_put",
     {"v": 1, "writer": "w", "groups": [_k(FRESH + 7, nbytes=1, num_rows=8)]},
-    SHM_RESERVE.leaves[:-2],
+    (
+        (("groups",), "list", True, 0),
+        (_G, "obj", True, 0),
+        *_key(_G),
+        ((*_G, "nbytes"), "int", True, 1),
+        ((*_G, "num_rows"), "int", False, 0),
+    ),
     ("empty", "dup"),
 )
 

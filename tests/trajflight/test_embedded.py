@@ -156,7 +156,7 @@ def test_restart_from_checkpoint_refuses_stale_writers_and_offers_each_uncommitt
     for location in cluster.server_locations:
         key = Partition(job, 1, 999)
         with pytest.raises(StaleFenceError, match="fenced"):
-            client.storage.client(location).put_group(key, _one_group(job, 1, 999))
+            client.storage.client(location).put_groups([(key, _one_group(job, 1, 999))])
     offered: list[int] = []
     new_trainer = client.trainer(job)
     while (batch := new_trainer.try_lease(3, wait=0.5)) is not None:

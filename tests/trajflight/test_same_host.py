@@ -19,7 +19,7 @@ import trajflight
 from trajflight._lease import fetch_table
 from trajflight._storage import StoragePool
 from trajflight.errors import ConfigError, StaleFenceError
-from trajflight.flight_server._shm import ORPHAN_AGE
+from trajflight.flight_server.shm._sweep import ORPHAN_AGE
 from trajflight.workload import make_workload
 
 from .conftest import WRITER, run_child, start_child

@@ -1,12 +1,11 @@
 """A same-host writer's side of shared-memory puts: IPC streams written into the server's segment files.
 
-The arena reuses its segments (:mod:`._shm`), so a writer that puts batches of a similar size again and
-again is handed the same few files. Writing into a file through ``write(2)`` ran here at about 12 GB/s
-for a 9.5 MB batch (0.8 ms); copying into a mapping this process already holds, at memory speed (0.22 ms).
-Mapping a file costs more than either (2.4 ms to fill the page tables of 16 MB), so
-:class:`SegmentWriter` writes a segment it sees for the first time with ``write(2)``, and maps one it is
-handed again, keeping that mapping for the next time: a one-off segment costs no mapping, a reused one is
-mapped once.
+The arena reuses its segments (:mod:`._arena`), so a writer that puts batches of a similar size again and
+again is handed the same few files. Copying into a mapping this process already holds runs at memory
+speed, faster than ``write(2)`` into the file; mapping a file costs more than either (filling its page
+tables; BENCHMARKS.md, *Transport*). So :class:`SegmentWriter` writes a segment it sees for the first time
+with ``write(2)``, and maps one it is handed again, keeping that mapping for the next time: a one-off
+segment costs no mapping, a reused one is mapped once.
 
 A kept mapping references the file's pages. When the server unlinks a segment (it trims its pool, or
 drops a segment whose writer never published), those pages stay allocated in tmpfs until the mapping
@@ -33,7 +32,7 @@ import pyarrow as pa
 
 from trajflight.errors import InvalidRequestError
 from trajflight.flight_server._segments import write_stream
-from trajflight.flight_server._shm import write_segment
+from trajflight.flight_server.shm._segment import POPULATE, write_segment
 
 __all__ = ["MAX_KEPT_BYTES", "MAX_KEPT_SEGMENTS", "SegmentWriter"]
 
@@ -42,7 +41,6 @@ MAX_KEPT_SEGMENTS = 8
 MAX_KEPT_BYTES = 256 * 2**20
 """Bytes of mappings a :class:`SegmentWriter` keeps by default (a larger segment is never kept)."""
 _SEEN = 64  # segments remembered as seen once (to map them the second time)
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: fill the page tables in one call
 
 
 @dataclass(slots=True)
@@ -83,7 +81,7 @@ class SegmentWriter:
         """Write ``batches`` as one IPC stream at offset 0 of the segment file ``path``; returns its size.
 
         Through a kept mapping of the file when this writer has one or has seen the file before (it maps
-        it now and keeps it), else with ``write(2)`` (:func:`~._shm.write_segment`). The file is never
+        it now and keeps it), else with ``write(2)`` (:func:`~._segment.write_segment`). The file is never
         truncated or extended.
 
         Raises:
@@ -130,7 +128,7 @@ class SegmentWriter:
         try:
             # Filled in one call: the writer touches every page it writes, and faulting them one by one
             # cost more here.
-            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE)
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | POPULATE)
         except OSError:
             os.close(fd)
             return None  # out of address space or memory: write(2) still works

@@ -1,8 +1,8 @@
 """A same-host control channel: the server's actions over a Unix domain socket in its arena directory.
 
-A Flight ``do_action`` costs about 0.4 ms here (gRPC and its Python shims on both sides); the same-node data
-path needs four small control messages per put-lease-get cycle (``shm_reserve``, ``shm_publish``,
-``advance_generation``, ``shm_open``), so it sends them over a Unix socket instead (tens of microseconds).
+A Flight ``do_action`` pays gRPC and its Python shims on both sides; the same-host data path needs a few
+small control messages per put-lease-get cycle (``shm_reserve``, ``shm_publish``, ``shm_open``), so it
+sends them over a Unix socket instead, several times cheaper (BENCHMARKS.md, *Transport*).
 It carries exactly the action names and JSON bodies of ``do_action`` (``docs/wire-format.md``), decoded and
 checked by the same server code, and errors as the same ``{"v", "code", "message", "fields"}`` record the
 Flight error carries in ``extra_info``. Group data travels on it only for groups small enough that one

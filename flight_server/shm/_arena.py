@@ -1,16 +1,10 @@
 """The shared-memory arena of a storage server: size-classed, pre-faulted, reused segment files on tmpfs.
 
 One arena per server, in a private directory (``/dev/shm/trajflight-<uuid>/`` by default, mode 0700; files
-0600, so only the deployment's user can map them). Each stored group part lives in one *segment*: a file
-holding one complete Arrow IPC stream (schema, batches, end-of-stream) at offset 0. The server maps every
-segment read-write (``MAP_SHARED``) and serves ``do_get`` from that mapping; same-node writers write the
-stream straight into the same file (:func:`write_segment`, one copy into the shared pages); same-node
-readers map it read-only and decode with no copy (:func:`map_segment`).
-
-Sizes are rounded up to a *size class* (quarter steps between powers of two, so at most 25% is wasted);
-capacity counts the class size. Fresh tmpfs pages are zeroed by the kernel on first touch (about 2.5 GB/s
-here, against about 12 GB/s into a reused, pre-faulted file), so segments are created pre-faulted
-(``posix_fallocate`` + ``MAP_POPULATE``) and reused.
+0600, so only the deployment's user can map them), holding the segment files of :mod:`._segment`. Fresh
+tmpfs pages are zeroed by the kernel on first touch, several times slower to write than a reused,
+pre-faulted file (PITFALLS.md), so segments are created pre-faulted (``posix_fallocate`` +
+``MAP_POPULATE``) and reused.
 
 Small groups (a same-node writer's one-call put, ``shm_put``) are *packed* into slab segments of 4 MiB,
 one IPC stream after another at 64-byte aligned offsets (:meth:`ShmArena.pack`): a reader of many small
@@ -21,7 +15,7 @@ used capacity, so capacity bounds the arena's memory to within the one slab bein
 
 Reuse rule (the safety choice): a released segment goes back to the free pool only when no buffer of
 this server still aliases it (a ``do_get`` stream still running keeps it draining until the stream ends)
-and **no same-node reader still maps it**. Readers say so with the file itself: :func:`map_segment`
+and **no same-node reader still maps it**. Readers say so with the file itself: :func:`~._segment.map_segment`
 holds a shared ``flock`` on the segment for as long as its mapping lives (the lock goes with the last
 buffer over the mapping, or with the reader's process), and the arena reuses a segment handed to readers
 only once it can take the exclusive lock itself (it lets go at once). A reader therefore checks that its
@@ -33,10 +27,8 @@ died or timed out) is unlinked, never reused: the writer may still be writing in
 
 On start the arena takes an exclusive ``flock`` on ``<dir>/.lock`` and sweeps every segment file left in
 the directory by a previous, dead incarnation; a directory locked by a live process is refused. An
-auto-named arena (``trajflight-<uuid>``, new for every server) is never started on again, so each new
-auto-named arena also removes the auto-named directories beside it whose lock nobody holds and that
-nobody touched for a minute (:func:`sweep_dead_arenas`): a killed server's memory comes back with the
-next server started on the machine.
+auto-named arena also removes the directories killed servers left beside it
+(:func:`~._sweep.sweep_dead_arenas`).
 
 This module does not guarantee confidentiality against processes of the same user (they can map the
 files), nor that a same-node writer stops writing after it published (writers are the deployment's own
@@ -52,44 +44,26 @@ import itertools
 import logging
 import mmap
 import os
-import re
-import shutil
 import socket
 import threading
-import time
 import uuid
-import weakref
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
 
 from trajflight.errors import ConfigError, InvalidRequestError, NotFoundError
-from trajflight.flight_server._segments import write_stream
+from trajflight.flight_server.shm._segment import POPULATE, Segment, size_class, unlink_segment
+from trajflight.flight_server.shm._sweep import sweep_dead_arenas
 from trajflight.units import format_size
 
-__all__ = [
-    "PAGE",
-    "SLAB_BYTES",
-    "Segment",
-    "ShmArena",
-    "host_id",
-    "map_segment",
-    "size_class",
-    "sweep_dead_arenas",
-    "write_segment",
-]
+__all__ = ["SLAB_ALIGN", "SLAB_BYTES", "ShmArena", "host_id"]
 
 log = logging.getLogger("trajflight.flight_server.shm")
 
-PAGE = mmap.PAGESIZE
-MIN_SEGMENT = 16 * 1024
 SLAB_BYTES = 4 * 2**20  # small groups are packed into slabs of this size (ShmArena.pack)
 SLAB_ALIGN = 64  # streams in a slab start on 64-byte boundaries (Arrow's buffer alignment)
 RECLAIM_EVERY = 0.5  # seconds between the background's looks at segments draining from readers
 _ASKS_PER_RESERVATION = 4  # readers' segments a reservation asks about (oldest first)
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: fill the page tables in one call
 _PREFIX = "seg-"
 
 
@@ -104,87 +78,6 @@ def host_id() -> str:
     with contextlib.suppress(OSError):
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     return f"{socket.gethostname()}/{boot}"
-
-
-def size_class(nbytes: int) -> int:
-    """The segment size for a stream of ``nbytes``: pages, then quarter steps between powers of two."""
-    if nbytes < 0:
-        raise InvalidRequestError(f"segment size must be >= 0, got {nbytes}")
-    size = max(MIN_SEGMENT, -(-nbytes // PAGE) * PAGE)
-    base = 1 << (size.bit_length() - 1)
-    step = max(PAGE, base // 4)
-    return -(-size // step) * step
-
-
-@dataclass(eq=False)
-class Segment:
-    """One segment file and this server's read-write mapping of it.
-
-    Attributes:
-        name: File name (unique for the arena's life; never reused, so readers' caches cannot confuse two
-            files).
-        path: Absolute path.
-        capacity: File size (its size class); what capacity counts.
-        exposed: Handed to a writer outside this process that has not published: never reused (see the
-            module docstring).
-        readers: Handed to same-node readers (``shm_open``): reused only once no reader holds its lock.
-        refs: Groups holding it (a batch of groups written as one stream shares one segment); the arena
-            takes it back when the last one releases it.
-        slab: Small groups are packed into it (:meth:`ShmArena.pack`); release them with
-            :meth:`ShmArena.release_stream`.
-        packed: As a slab, the bytes handed out to streams so far.
-        freed: As a slab, the bytes of its streams released so far.
-        stranded: As a retired slab (full, no longer packed into), the bytes it holds that no group counts
-            any more: its released streams and its unused tail (see ``ShmArena.release_stream``).
-    """
-
-    name: str
-    path: str
-    capacity: int
-    mm: mmap.mmap | None
-    exposed: bool = False
-    readers: bool = False
-    refs: int = 1
-    slab: bool = False
-    packed: int = 0
-    freed: int = 0
-    stranded: int = 0
-    _views: list[weakref.ref[memoryview]] = field(default_factory=list)
-
-    def buffer(self, size: int | None = None, start: int = 0) -> pa.Buffer:
-        """A buffer over ``size`` bytes of the server's mapping from ``start`` (mutable; aliases the file).
-
-        The arena learns when every such buffer (and every Arrow slice of it, e.g. a running ``do_get``)
-        is gone, and only then may reuse the segment.
-        """
-        if self.mm is None:
-            raise NotFoundError(f"segment {self.name} was released")
-        end = self.capacity if size is None else start + size
-        view = memoryview(self.mm)[start:end]  # slices stay mutable
-        self._views.append(weakref.ref(view))
-        return pa.py_buffer(view)
-
-    def quiet(self) -> bool:
-        """True when no buffer of :meth:`buffer` is alive any more."""
-        self._views = [v for v in self._views if v() is not None]
-        return not self._views
-
-    def unread(self) -> bool:
-        """True when no same-node reader maps the file: the exclusive ``flock`` can be taken (and is let
-        go at once). Always true for a segment never handed to readers."""
-        if not self.readers:
-            return True
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return False  # a reader holds its shared lock
-        finally:
-            os.close(fd)  # closing lets go of the lock
-        return True
 
 
 class ShmArena:
@@ -294,7 +187,7 @@ class ShmArena:
             self._free_bytes = 0
             self._wake.notify_all()
         for seg in segments:
-            _unlink(seg)
+            unlink_segment(seg)
         self._sweep()
         if remove_dir:
             with contextlib.suppress(OSError):
@@ -320,7 +213,7 @@ class ShmArena:
                     raise
             # Background creations also fill this process's page tables; on a put's critical path that
             # is skipped (a same-node writer fills the pages through its own mapping).
-            mm = mmap.mmap(fd, capacity, flags=mmap.MAP_SHARED | (_POPULATE if populate else 0))
+            mm = mmap.mmap(fd, capacity, flags=mmap.MAP_SHARED | (POPULATE if populate else 0))
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(path)
@@ -453,7 +346,7 @@ class ShmArena:
                 self._refill.append(seg.capacity)
                 self._wake.notify()
         if unlink:
-            _unlink(seg)
+            unlink_segment(seg)
 
     def reclaim(self) -> int:
         """Take back released segments that nothing maps any more (readers that let go); returns how many
@@ -494,7 +387,7 @@ class ShmArena:
             self._free.setdefault(seg.capacity, []).append(seg)
             self._free_bytes += seg.capacity
         else:
-            _unlink(seg)
+            unlink_segment(seg)
         return True
 
     def _run_refill(self) -> None:
@@ -515,20 +408,8 @@ class ShmArena:
                 continue
             with self._lock:
                 if self._closed:
-                    _unlink(seg)
+                    unlink_segment(seg)
                     return
-                self._free.setdefault(capacity, []).append(seg)
-                self._free_bytes += capacity
-
-    def prefault(self, nbytes: int, count: int) -> None:
-        """Create ``count`` free segments for streams of ``nbytes`` now (warm-up), within ``pool_bytes``."""
-        capacity = size_class(nbytes)
-        for _ in range(count):
-            with self._lock:
-                if self._free_bytes + capacity > self.pool_bytes:
-                    return
-            seg = self._create(capacity)
-            with self._lock:
                 self._free.setdefault(capacity, []).append(seg)
                 self._free_bytes += capacity
 
@@ -565,158 +446,3 @@ class ShmArena:
 
 def _auto_base() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") else os.environ.get("TMPDIR", "/tmp")
-
-
-ORPHAN_AGE = 60.0
-"""Seconds an auto-named arena directory must have been left untouched before another arena removes it
-(a server starting on it takes its lock within microseconds; this leaves it ample room)."""
-_AUTO_NAME = re.compile(r"trajflight-[0-9a-f]{32}\Z")
-
-
-def sweep_dead_arenas(base: str, *, keep: str = "") -> int:
-    """Remove the auto-named arena directories (``trajflight-<uuid>``) under ``base`` whose servers are
-    dead: nobody holds their ``.lock`` and nothing changed in them for :data:`ORPHAN_AGE` seconds. Returns
-    how many were removed; directories of live servers, of other names or of other users are left alone.
-
-    A directory is an arena (``.lock`` inside) or holds one arena per server one level down
-    (``server-<i>/.lock``, as :class:`~trajflight.LocalCluster` lays them out); it goes only when every
-    lock in it can be taken, or when it holds no file at all. Readers' mappings of the removed segments
-    stay valid until dropped, as after any unlink.
-    """
-    removed = 0
-    now = time.time()
-    try:
-        entries = list(os.scandir(base))
-    except OSError:
-        return 0
-    for entry in entries:
-        if not _AUTO_NAME.match(entry.name) or entry.path == keep:
-            continue
-        try:
-            if not entry.is_dir(follow_symlinks=False) or now - entry.stat().st_mtime < ORPHAN_AGE:
-                continue
-        except OSError:
-            continue
-        locks = _dead_locks(entry.path)
-        if locks is None:
-            if _no_files(entry.path):  # what servers that stopped cleanly left of a crashed cluster's
-                shutil.rmtree(entry.path, ignore_errors=True)
-                removed += 1
-            continue  # else a live server, or not an arena this module made
-        try:  # holding every lock: a server starting on it meanwhile is refused
-            shutil.rmtree(entry.path, ignore_errors=True)
-            removed += 1
-        finally:
-            for fd in locks:
-                os.close(fd)
-    if removed:
-        log.warning("shared-memory arenas: removed %d directories of dead servers under %s", removed, base)
-    return removed
-
-
-def _no_files(path: str) -> bool:
-    """Whether the directory tree at ``path`` holds directories only (no file, socket or link)."""
-    try:
-        return all(not files for _, _, files in os.walk(path))
-    except OSError:
-        return False
-
-
-def _dead_locks(path: str) -> list[int] | None:
-    """The ``.lock`` files of the arena directory ``path`` (its own, or its subdirectories'), opened and
-    locked exclusively; None (and nothing held) when there is none or a live server holds one."""
-    candidates = [os.path.join(path, ".lock")]
-    with contextlib.suppress(OSError):
-        candidates += [
-            os.path.join(e.path, ".lock") for e in os.scandir(path) if e.is_dir(follow_symlinks=False)
-        ]
-    held: list[int] = []
-    try:
-        for lock in candidates:
-            try:
-                fd = os.open(lock, os.O_RDWR)
-            except OSError:
-                continue  # no lock file there
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                os.close(fd)
-                raise  # its server is alive
-            held.append(fd)
-    except OSError:
-        for fd in held:
-            os.close(fd)
-        return None
-    return held or None
-
-
-def _unlink(seg: Segment) -> None:
-    """Unlink the file and drop this server's mapping reference (unmapped when its last buffer goes)."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(seg.path)
-    seg.mm = None
-
-
-# ----------------------------------------------------------------------------------- client side
-
-
-def map_segment(path: str, size: int, *, writable: bool = False) -> mmap.mmap:
-    """Map a segment file of this host (read-only unless ``writable``).
-
-    The mapping aliases the server's segment. A read-only mapping holds a shared ``flock`` on the file
-    for as long as it lives, which keeps the server from reusing the segment (see the module docstring):
-    its bytes stay as they are after the server deletes the group, until the last buffer over the
-    mapping is dropped. A reader must check that its group is still stored *after* mapping (the segment
-    may have been reused for another group before it was locked).
-
-    Raises:
-        NotFoundError: the file is gone (the group was deleted, or the server restarted).
-    """
-    try:
-        fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
-    except FileNotFoundError:
-        raise NotFoundError(
-            f"shared-memory segment {path} is gone (the group was deleted or its server restarted)"
-        ) from None
-    try:
-        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-        # Writers pre-fill their page tables (they write every page); readers map lazily: decoding is
-        # zero-copy and touches little, and for a reader that then reads every byte, faulting pages in
-        # (with the kernel's fault-around) cost less here than MAP_POPULATE: 12 MB read in 1.9 ms lazily
-        # against 0.9 ms to populate plus 1.2 ms to read.
-        flags = mmap.MAP_SHARED | (_POPULATE if writable else 0)
-        if not writable:
-            fcntl.flock(fd, fcntl.LOCK_SH)  # waits out the arena's (instant) check, if it runs now
-        mm = mmap.mmap(fd, size, flags=flags, prot=prot)
-    except BaseException:
-        os.close(fd)
-        raise
-    if writable:
-        os.close(fd)
-    else:
-        weakref.finalize(mm, os.close, fd)  # the lock goes with the mapping's last buffer
-    return mm
-
-
-def write_segment(path: str, capacity: int, schema: pa.Schema, batches: Sequence[pa.RecordBatch]) -> int:
-    """Write ``batches`` as one Arrow IPC stream at offset 0 of the segment file ``path``; returns its size.
-
-    The bytes go straight into the file's shared pages with ``write(2)`` (one copy, from the batches'
-    buffers; no socket, no mapping in this process). On this project's machines that ran at about 6 GB/s,
-    against about 0.8 GB/s through a fresh ``mmap`` of the same (pre-allocated) file, whose page-table setup
-    dominates. The file is not truncated, so its pre-faulted pages are kept.
-
-    Raises:
-        NotFoundError: the file is gone (the reservation was swept). InvalidRequestError: the stream is
-        larger than the segment.
-    """
-    try:
-        fd = os.open(path, os.O_WRONLY)
-    except FileNotFoundError:
-        raise NotFoundError(f"shared-memory segment {path} is gone (the reservation expired)") from None
-    with os.fdopen(fd, "wb", buffering=0) as f:
-        write_stream(f, schema, batches)
-        size = f.tell()
-    if size > capacity:
-        raise InvalidRequestError(f"shm put: wrote {size} bytes into a segment of {capacity}")
-    return int(size)

@@ -2,7 +2,7 @@
 
 :class:`ShmOpened` parses the server's answer (segments, each group's parts and fence-board entry), maps
 segments read-only on first read and slices, joins and projects the groups from them with no copy of
-their data. :class:`~._client.StorageClient` decides when an open may be read again (the fence board,
+their data. :class:`~._client.ShmClient` decides when an open may be read again (the fence board,
 :mod:`._fences`) and when the server must be asked.
 
 It does not check tokens itself: that is the server's (at ``shm_open``) and the board's job.
@@ -17,10 +17,10 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from trajflight.errors import SchemaError, TrajflightError
-from trajflight.flight_server._fences import BoardQuery
 from trajflight.flight_server._segments import concat_groups
-from trajflight.flight_server._shm import map_segment
 from trajflight.flight_server._wire import GroupRead
+from trajflight.flight_server.shm._fences import BoardQuery
+from trajflight.flight_server.shm._segment import map_segment
 from trajflight.keys import Partition
 
 __all__ = ["ShmOpened"]
@@ -31,7 +31,7 @@ class ShmOpened:
 
     Holds, per group, its lease generation and its parts (segment, first row, rows), and the column names
     of each segment. Segments are mapped read-only on first read and the mappings kept while this object
-    lives (each mapping locks its segment against reuse while it lives, see :func:`~._shm.map_segment`).
+    lives (each mapping locks its segment against reuse while it lives, see :func:`~._segment.map_segment`).
     The server checked the tokens when it answered; :meth:`StorageClient.shm_get` checks every later
     read, and every read after :meth:`map` mapped a segment for it, on the server's fence board (each
     group's ``[slot, tag]`` from the answer; see ``_fences``) and opens again when anything changed: a
