@@ -226,7 +226,7 @@ def test_stale_writer_is_refused_after_a_restore(plane, job, tmp_path):
     batch = trajflight.codec.encode_group(job_id=job, epoch=1, group_id=999, **g.columns())
     for i in range(len(plane.servers)):
         try:
-            plane.storage(i).put_group(Partition(job, 1, 999), batch)
+            plane.storage(i).put_groups([(Partition(job, 1, 999), batch)])
             sc.violation("other", f"server-{i} stored a put of the fenced epoch 1")
         except StaleFenceError:
             pass

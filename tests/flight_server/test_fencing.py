@@ -136,7 +136,7 @@ def test_advance_generation_names_the_groups_the_server_does_not_hold():
     -> LEASED for ever); ``shm_open`` refused them. The answer now lists them."""
     lost = Partition("job-a", 1, 6)
     with serving() as (_, client):
-        client.put_group(KEY, make_group(KEY))
+        client.put_groups([(KEY, make_group(KEY))])
         result = client.advance_generation([GroupRead(KEY, LeaseToken(3)), GroupRead(lost, LeaseToken(3))])
         assert result["raised"] == 2
         assert result["missing"] == [{"job_id": "job-a", "epoch": 1, "group_id": 6}]
