@@ -13,8 +13,6 @@ Ray is imported only when a Ray host or client is used.
 from __future__ import annotations
 
 from ._checkpoint import checkpoint_seq
-from ._checkpoint import read_file as read_checkpoint
-from ._checkpoint import write_atomic as write_checkpoint
 from ._client import (
     ControllerClient,
     LocalTransport,
@@ -24,6 +22,8 @@ from ._client import (
     start_ray_controller,
 )
 from ._entries import check_seconds
+from ._files import read_file as read_checkpoint
+from ._files import write_atomic as write_checkpoint
 from ._host import LocalController, check_timeout
 from ._ledger import Ledger
 from ._ray_host import DEFAULT_NAME, start_ray_actor

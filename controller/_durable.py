@@ -38,7 +38,7 @@ from typing import Any, BinaryIO
 
 from trajflight.errors import InvalidRequestError, RecoveryError
 
-from ._checkpoint import write_atomic
+from ._files import write_atomic
 from ._ledger import Ledger
 from ._records import DeleteWork
 

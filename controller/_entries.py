@@ -1,8 +1,8 @@
 """The ledger's internal, mutable records: groups, leases, writers, servers, jobs; and argument checks.
 
 These are owned by the ledger and never handed out: callers get the frozen records of
-:mod:`._records` instead. Nothing here validates invariants across records; :mod:`._core` and
-:mod:`._ledger` keep them.
+:mod:`._records` instead. Nothing here validates invariants across records; the collaborators of
+:mod:`._parts` keep them.
 """
 
 from __future__ import annotations

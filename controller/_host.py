@@ -26,10 +26,11 @@ from typing import Any
 
 from trajflight.errors import DeadlineExceededError, TrajflightError, UnavailableError
 
-from ._checkpoint import checkpoint_seq, read_file, write_atomic
+from ._checkpoint import checkpoint_seq
 from ._durable import HostCore, run_deletes
 from ._entries import check_seconds
 from ._fences import run_fences
+from ._files import read_file, write_atomic
 from ._records import DeleteWork, FenceWork, Lease
 
 __all__ = ["MAX_WAIT", "POLL_CHECK", "LocalController", "check_timeout"]

@@ -28,10 +28,11 @@ from typing import Any
 
 from trajflight.errors import TrajflightError, UnavailableError
 
-from ._checkpoint import checkpoint_seq, read_file, write_atomic
+from ._checkpoint import checkpoint_seq
 from ._durable import HostCore, run_deletes
 from ._entries import check_seconds
 from ._fences import run_fences
+from ._files import read_file, write_atomic
 from ._host import MAX_WAIT
 from ._records import DeleteWork, FenceWork
 

@@ -57,9 +57,12 @@ class Recorder:
 
 
 def _observable(ledger: Ledger) -> tuple:
-    groups = {k: (g.state, g.generation, g.columns, g.batch_id, g.nbytes) for k, g in ledger._groups.items()}
+    table = ledger._groups
+    groups = {
+        k: (g.state, g.generation, g.columns, g.batch_id, g.nbytes) for k, g in ((k, table[k]) for k in table)
+    }
     leases = {
-        t: (lease.expires_at, tuple(lease.live), dict(lease.stage)) for t, lease in ledger._leases.items()
+        lease.token: (lease.expires_at, tuple(lease.live), dict(lease.stage)) for lease in ledger._leases
     }
     gc = {w.partition for w in ledger.gc_list()}
     job = ledger._jobs["j"]
@@ -74,7 +77,7 @@ def _observable(ledger: Ledger) -> tuple:
         ledger.last_token,
         kept,
         lost,
-        ledger._reach.export(),
+        ledger._upkeep.reach.export(),
     )
 
 
@@ -240,7 +243,8 @@ class LedgerMachine(RuleBasedStateMachine):
             token = data.draw(st.sampled_from(sorted(self.leases)))
         else:
             token = data.draw(st.sampled_from(self.ended))
-            known = sorted(self.L._ended[token].batches) if token in self.L._ended else []
+            ended = self.L._leases.ended(token)
+            known = sorted(ended.batches) if ended is not None else []
             if known:  # aim at a batch the ended lease really had
                 batch = data.draw(st.sampled_from(known))
         self._lease_call(token, op, batch)
@@ -270,7 +274,7 @@ class LedgerMachine(RuleBasedStateMachine):
         """A trainer whose lease ended carries on with its next step: nothing may change."""
         self._expire()
         token = data.draw(st.sampled_from(self.ended))
-        lease = self.L._ended.get(token)
+        lease = self.L._leases.ended(token)
         if lease is None or not lease.batches:
             return
         batch = data.draw(st.sampled_from(sorted(lease.batches)))
@@ -518,7 +522,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def one_live_lease_per_group(self):
         self._sync()
         seen: set[Partition] = set()
-        for lease in self.L._leases.values():
+        for lease in self.L._leases:
             assert seen.isdisjoint(lease.live)
             seen |= set(lease.live)
         assert seen == {k for k, s in self.state.items() if s in LIVE}

@@ -80,7 +80,7 @@ class Facts:
             host.call("policy_status", {"job_id": "j"}),
             ledger.last_token,
             ledger.incarnation,
-            sorted(ledger._jobs),
+            sorted(ledger._jobs.ids()),
         )
 
 
