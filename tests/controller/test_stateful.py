@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from trajflight.controller import JobConfig, Ledger, Partition, Publication, checkpoint_seq
-from trajflight.controller._durable import MUTATING
+from trajflight.controller._commands import MUTATING
 from trajflight.errors import CapacityExceededError, TrajflightError
 
 CAP_BYTES = 600
