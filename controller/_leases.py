@@ -477,7 +477,7 @@ class Leases:
         servers = check_names(unreachable, "unreachable")
         for server_id in servers:
             if server_id not in self._servers:
-                raise NotFoundError(f"no storage server {server_id!r:.100} is registered")
+                raise NotFoundError(f"no storage server {brief(server_id)} is registered")
         lost = []
         for key in keys:
             if job.lost.get(key, "").startswith("missing on server") and key not in lease.live:

@@ -29,6 +29,7 @@ from trajflight.errors import (
     ConfigError,
     InvalidRequestError,
     StaleFenceError,
+    brief,
 )
 
 from . import _checkpoint as _ckpt
@@ -72,7 +73,7 @@ def restore(
     payload = _ckpt.decode(data, _ckpt.KIND_JOB)
     if payload.get("job_id") != job_id:
         raise CheckpointError(
-            f"the checkpoint is of job {payload.get('job_id')!r:.100}, not {job_id!r:.100}; "
+            f"the checkpoint is of job {brief(payload.get('job_id'))}, not {brief(job_id)}; "
             "pass the right file or job"
         )
     cfg = job_config(config)
@@ -129,13 +130,13 @@ def check_holdings(
         key = check_partition(item.partition if isinstance(item, HeldGroup) else item)
         if key.job_id != job_id:
             raise InvalidRequestError(
-                f"available lists {tuple(key)!r:.100}, a group of another job than {job_id!r}; "
+                f"available lists {brief(tuple(key))}, a group of another job than {job_id!r}; "
                 "list the servers' groups of the job restored only"
             )
         check_int(key.epoch, "a partition's epoch")
         if key.epoch >= epoch:
             raise StaleFenceError(
-                f"the storage servers hold group {tuple(key)!r:.100} of epoch {key.epoch}, not older than "
+                f"the storage servers hold group {brief(tuple(key))} of epoch {key.epoch}, not older than "
                 f"the restore's epoch {epoch}: restore under an epoch larger than every epoch the job ran",
                 job_id=job_id,
                 epoch=epoch,
@@ -146,7 +147,7 @@ def check_holdings(
             check_int(item.nbytes, "a held group's nbytes")
             if item.server_id not in servers:
                 raise InvalidRequestError(
-                    f"group {tuple(key)!r:.100} is held by server {item.server_id!r:.100}, which is not "
+                    f"group {brief(tuple(key))} is held by server {brief(item.server_id)}, which is not "
                     "registered; register it before the restore"
                 )
             columns = tuple(sorted(check_columns(item.columns, "a held group's columns")))
