@@ -13,7 +13,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from trajflight.errors import ConfigError, InvalidRequestError, NotFoundError, StaleFenceError, brief
+from trajflight.errors import (
+    ConfigError,
+    InvalidRequestError,
+    InvalidStateError,
+    NotFoundError,
+    StaleFenceError,
+    brief,
+)
 
 from ._entries import INT64_MAX, _Job, _Writer, check_int, check_name
 from ._records import LIVE_STATES, JobConfig, LostGroup, PolicyStatus
@@ -202,6 +209,45 @@ class Jobs:
             tuple(pending),
             job.config.strict_on_policy and bool(pending),
         )
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpointable(self, job_id: str) -> _Job:
+        """The job, if none of its groups is LEASED..TRAINED (a checkpoint of it may be taken).
+
+        Raises:
+            NotFoundError: the job is not open. InvalidStateError: some group is LEASED..TRAINED.
+        """
+        job = self.job(job_id)
+        live = self.live_groups(job_id)
+        if live:
+            raise InvalidStateError(
+                f"checkpoint of job {job_id!r} refused: {live} groups are LEASED..TRAINED; commit or release "
+                "them (or let their leases expire) and checkpoint between training steps",
+                live=live,
+            )
+        return job
+
+    def confirm_checkpoint(self, job_id: str, seq: int, now: float) -> int:
+        """See :meth:`~._ledger.Ledger.confirm_checkpoint`."""
+        job = self.job(job_id)
+        check_int(seq, "seq", minimum=1)
+        if seq > job.checkpoints:
+            raise InvalidRequestError(
+                f"job {job_id!r} has no checkpoint {seq} (newest {job.checkpoints}); confirm the sequence "
+                "number of the bytes checkpoint returned (checkpoint_seq reads it)"
+            )
+        if seq <= job.durable:
+            return 0
+        job.durable = seq
+        released = []
+        for key, taken in job.kept.items():  # in commit order, so in order of checkpoints taken too
+            if taken >= seq:
+                break
+            released.append(key)
+        for key in released:
+            del job.kept[key]
+            job.gc.add(key, now)
+        return len(released)
 
     # ------------------------------------------------------------------ queries
     def counts(self, job_id: str) -> dict[str, int]:

@@ -26,7 +26,6 @@ from typing import Any
 
 from trajflight.errors import (
     InvalidRequestError,
-    InvalidStateError,
 )
 
 from . import _checkpoint as _ckpt
@@ -662,14 +661,7 @@ class Ledger:
             InvalidStateError: a group of the job is LEASED..TRAINED; checkpoint between steps.
         """
         now = self._advance(now)
-        job = self._jobs.job(job_id)
-        live = self._jobs.live_groups(job_id)
-        if live:
-            raise InvalidStateError(
-                f"checkpoint of job {job_id!r} refused: {live} groups are LEASED..TRAINED; commit or release "
-                "them (or let their leases expire) and checkpoint between training steps",
-                live=live,
-            )
+        job = self._jobs.checkpointable(job_id)
         data = _ckpt.job_checkpoint(self._parts, job, job.checkpoints + 1, now)
         job.checkpoints += 1
         return data
@@ -685,26 +677,7 @@ class Ledger:
             NotFoundError: the job is not open.
             InvalidRequestError: ``seq`` is not the sequence number of a checkpoint taken of the job.
         """
-        now = self._advance(now)
-        job = self._jobs.job(job_id)
-        check_int(seq, "seq", minimum=1)
-        if seq > job.checkpoints:
-            raise InvalidRequestError(
-                f"job {job_id!r} has no checkpoint {seq} (newest {job.checkpoints}); confirm the sequence "
-                "number of the bytes checkpoint returned (checkpoint_seq reads it)"
-            )
-        if seq <= job.durable:
-            return 0
-        job.durable = seq
-        released = []
-        for key, taken in job.kept.items():  # in commit order, so in order of checkpoints taken too
-            if taken >= seq:
-                break
-            released.append(key)
-        for key in released:
-            del job.kept[key]
-            job.gc.add(key, now)
-        return len(released)
+        return self._jobs.confirm_checkpoint(job_id, seq, self._advance(now))
 
     def restore(
         self,
