@@ -197,7 +197,7 @@ def _export_job(groups: Groups, job: _Job) -> dict[str, Any]:
         "writers": {w: [writer.node, writer.acked] for w, writer in job.writers.items()},
         "committed": job.committed,
         "deleted": job.deleted,
-        "groups": [_export_group(groups[k]) for k in job.groups],
+        "groups": [_export_group(groups.table[k]) for k in job.groups],
         "gc": [[_key(e.key), e.attempts, e.last_error] for e in job.gc],
         "checkpoints": job.checkpoints,
         "durable": job.durable,
@@ -215,7 +215,7 @@ def job_checkpoint(parts: Parts, job: _Job, seq: int, now: float) -> bytes:
     payload["kept"] = []
     payload["checkpoints"] = payload["durable"] = seq
     payload["last_token"] = parts.tokens.last
-    payload["servers"] = parts.servers.export({parts.groups[k].server_id for k in job.groups})
+    payload["servers"] = parts.servers.export({parts.groups.table[k].server_id for k in job.groups})
     payload["taken_at"] = now
     return encode(KIND_JOB, payload, seq=seq)
 

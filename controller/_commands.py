@@ -7,7 +7,7 @@ aside: the host supplies it), typed and with the method's defaults; the command 
 * its :class:`Kind`: ``MUTATING`` (changes state, takes ``now``, journaled), ``TIMED`` (takes ``now``, only
   applies expiries or hands out work: not journaled) or ``QUERY`` (reads only, no ``now``);
 * its :class:`Route`: ``CALL`` (a client operation carried by the generic call: Flight ``call``/``many``,
-  the Ray actor's ``run``), ``OWN`` (a client operation the hosts serve with a method of its own:
+  the Ray actor's ``invoke``), ``OWN`` (a client operation the hosts serve with a method of its own:
   ``acquire`` long-polls, ``checkpoint`` may write a file, ``restore`` may read one) or ``HOST`` (the
   hosts' own: the sweeper, recovery, in-process queries; never served to a remote caller).
 

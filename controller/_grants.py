@@ -75,7 +75,7 @@ class Grants:
         heap = self._heap
         while heap and heap[0][0] <= now:
             expires_at, key = heapq.heappop(heap)
-            g = self._groups.get(key)
+            g = self._groups.table.get(key)
             if g is not None and g.state is ALLOCATED and g.expires_at == expires_at:
                 self._groups.to_gc(g, DROPPED, now)
 
@@ -163,8 +163,8 @@ class Grants:
         server = self._servers.place(node, nbytes)
         if server is None:
             return CapacityExceededError(
-                f"no storage server has room for {nbytes} more bytes ({len(self._servers)} registered); wait "
-                "for commits and deletes, or register more servers",
+                f"no storage server has room for {nbytes} more bytes ({len(self._servers.by_id)} "
+                "registered); wait for commits and deletes, or register more servers",
                 retry_after=cfg.capacity_retry_after,
             )
         return server
@@ -255,7 +255,7 @@ class Grants:
         """The group of ``key`` if ``token`` is its grant's token; else raise."""
         if type(token) is not int or token < 0 or token > INT64_MAX:
             check_int(token, "token")
-        g = self._groups.get(key)
+        g = self._groups.table.get(key)
         if g is None:
             raise NotFoundError(f"partition {tuple(key)} was never allocated (or is deleted); allocate first")
         if token != g.grant_token:

@@ -12,7 +12,7 @@ other collaborators do, and pass ``now`` where a change schedules work.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from trajflight.errors import InvalidRequestError, InvalidStateError, NotFoundError, brief
@@ -35,35 +35,20 @@ class Groups:
         servers: The servers they are placed on (charged and refunded here).
     """
 
-    __slots__ = ("_columns", "_jobs", "_servers", "_table", "ready_version")
+    __slots__ = ("_columns", "_jobs", "_servers", "ready_version", "table")
 
     def __init__(self, jobs: Jobs, servers: Servers) -> None:
-        self._table: dict[Partition, _Group] = {}
+        self.table: dict[Partition, _Group] = {}
+        """Every group by partition: read it freely; change a group only through the methods below."""
         self._jobs = jobs
         self._servers = servers
         self._columns: dict[frozenset[str], tuple[str, ...]] = {}
         self.ready_version = 0
         """Incremented whenever a group becomes READY: hosts wake long-polling acquirers on a change."""
 
-    def __len__(self) -> int:
-        return len(self._table)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._table
-
-    def __getitem__(self, key: Partition) -> _Group:
-        return self._table[key]
-
-    def __iter__(self) -> Iterator[Partition]:
-        return iter(list(self._table))
-
-    def get(self, key: Partition) -> _Group | None:
-        """The group of ``key``, or ``None`` (never allocated, or deleted)."""
-        return self._table.get(key)
-
     def new_job(self, job_id: str, epoch: int, cfg: JobConfig) -> _Job:
         """A job record whose READY index knows which of its entries still stand for READY groups."""
-        table = self._table
+        table = self.table
 
         def is_ready(key: Partition, seq: int) -> bool:
             g = table.get(key)
@@ -79,10 +64,10 @@ class Groups:
     def add(self, job: _Job, g: _Group) -> None:
         """Put ``g`` (of ``job``) in the table: counted in its state, its bytes charged to its server and
         its job."""
-        self._table[g.key] = g
+        self.table[g.key] = g
         job.groups[g.key] = None
         job.counts[g.state] += 1
-        server = self._servers[g.server_id]
+        server = self._servers.by_id[g.server_id]
         server.used_bytes += g.nbytes
         server.used_groups += 1
         job.used_bytes += g.nbytes
@@ -90,11 +75,11 @@ class Groups:
 
     def forget(self, job: _Job, key: Partition) -> _Group:
         """Remove a group whose delete was confirmed: uncounted, its bytes refunded; returns it."""
-        g = self._table.pop(key)
+        g = self.table.pop(key)
         del job.groups[key]
         job.counts[g.state] -= 1
         job.deleted += 1
-        server = self._servers[g.server_id]
+        server = self._servers.by_id[g.server_id]
         server.used_bytes -= g.nbytes
         server.used_groups -= 1
         job.used_bytes -= g.nbytes
@@ -103,7 +88,7 @@ class Groups:
 
     def give_back(self, job: _Job, g: _Group, nbytes: int) -> None:
         """Refund ``nbytes`` of ``g``'s reservation (a publication smaller than its grant)."""
-        self._servers[g.server_id].used_bytes -= nbytes
+        self._servers.by_id[g.server_id].used_bytes -= nbytes
         job.used_bytes -= nbytes
 
     # ------------------------------------------------------------------ state changes
@@ -132,7 +117,7 @@ class Groups:
         in the order they were parked (entries of groups that left READY meanwhile are skipped)."""
         moved = False
         for key, seq in reversed(parked):
-            g = self._table.get(key)
+            g = self.table.get(key)
             if g is not None and g.state is READY and g.ready_seq == seq:
                 g.ready_seq = self._jobs[key.job_id].ready.push(key, g.policy_version, g.colset, front=True)
                 moved = True
@@ -164,7 +149,7 @@ class Groups:
         keys = check_partitions(partitions)
         todo = []
         for key in keys:
-            g = self._table.get(key)
+            g = self.table.get(key)
             if g is None or key.job_id != job_id:
                 raise NotFoundError(f"group {tuple(key)} is not a live group of job {job_id!r}")
             if g.state is UNKNOWN:
@@ -187,7 +172,7 @@ class Groups:
             g.key,
             g.state,
             g.server_id,
-            self._servers.location(g.server_id),
+            self._servers.by_id[g.server_id].location,
             g.generation,
             g.rows,
             g.nbytes,
@@ -199,7 +184,7 @@ class Groups:
 
     def group(self, partition: Partition | Sequence[Any]) -> GroupInfo:
         """See :meth:`~._ledger.Ledger.group`."""
-        g = self._table.get(check_partition(partition))
+        g = self.table.get(check_partition(partition))
         if g is None:
             raise NotFoundError(f"no group {tuple(partition)} (never allocated, or already deleted)")
         return self.info(g)
@@ -208,4 +193,4 @@ class Groups:
         """See :meth:`~._ledger.Ledger.groups_in`."""
         job = self._jobs.job(job_id)
         st = check_state(state)
-        return tuple(self.info(g) for k in job.groups if (g := self._table[k]).state is st)
+        return tuple(self.info(g) for k in job.groups if (g := self.table[k]).state is st)

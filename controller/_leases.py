@@ -96,13 +96,6 @@ class Leases:
         """The live leases, oldest first."""
         return iter(list(self._live.values()))
 
-    def __len__(self) -> int:
-        return len(self._live)
-
-    def get(self, token: int) -> _Lease | None:
-        """The live lease of ``token``, or ``None``."""
-        return self._live.get(token)
-
     def ended(self, token: int) -> _Lease | None:
         """The ended (and still remembered) lease of ``token``, or ``None``."""
         return self._ended.get(token)
@@ -117,22 +110,32 @@ class Leases:
         """The earliest scheduled expiry (possibly of a lease renewed or ended since: then a no-op)."""
         return self._heap[0][0] if self._heap else None
 
-    def expire_next(self, now: float) -> None:
-        """Pop the earliest scheduled expiry (the caller checked it is due) and end its lease if it still
-        expires then."""
-        expires_at, token = heapq.heappop(self._heap)
-        lease = self._live.get(token)
-        if lease is not None and lease.expires_at == expires_at:
-            self.end(lease, "expired", now)
+    def expire(self, now: float) -> None:
+        """End every lease due to expire by ``now``, and the back-offs of storage servers due by then."""
+        heap, reach, live = self._heap, self._upkeep.reach, self._live
+        while True:
+            # Lease expiries and ends of server back-offs both put groups at the front of the READY index:
+            # apply them in the order they fell due, whenever the call comes (a replay comes later).
+            lease_due = heap[0][0] if heap else None
+            reach_due = reach.next_due()
+            if reach_due is not None and reach_due <= now and (lease_due is None or reach_due < lease_due):
+                self._groups.unpark(reach.expire_next())
+                continue
+            if lease_due is None or lease_due > now:
+                return
+            expires_at, token = heapq.heappop(heap)
+            lease = live.get(token)
+            if lease is not None and lease.expires_at == expires_at:
+                self.end(lease, "expired", now)
 
     def end(self, lease: _Lease, reason: str, now: float) -> None:
         """End a live lease without its holder: LEASED/PREPARED groups go back to READY, TRAINING/TRAINED
         to UNKNOWN, and every one of them gets a fresh generation that its storage server is told about
         (the fence list), so that the holder, if it still runs, is refused there too."""
         fresh = self._tokens.next() if lease.live else 0
-        groups = self._groups
+        groups, table = self._groups, self._groups.table
         for key in lease.live:
-            g = groups[key]
+            g = table[key]
             if g.state is LEASED or g.state is PREPARED:
                 groups.make_ready(g, front=True)
             elif g.state is TRAINING or g.state is TRAINED:
@@ -221,8 +224,8 @@ class Leases:
     def lease_groups(self, token: int) -> tuple[GroupInfo, ...]:
         """See :meth:`~._ledger.Ledger.lease_groups`."""
         lease = self.lookup(token)
-        groups = self._groups
-        return tuple(groups.info(groups[k]) for k in lease.keys if k in groups)
+        groups, table = self._groups, self._groups.table
+        return tuple(groups.info(table[k]) for k in lease.keys if k in table)
 
     # ------------------------------------------------------------------ acquire and renew
     def acquire(
@@ -261,11 +264,11 @@ class Leases:
             if job.pending_writers():
                 return None
             exact = job.policy_version
-        groups = self._groups
+        groups, table = self._groups, self._groups.table
         reach = self._upkeep.reach
 
         def parked(key: Partition) -> bool:  # a group of a server in back-off waits for it
-            g = groups[key]
+            g = table[key]
             if reach.unreachable(g.server_id):
                 reach.park(g.server_id, key, g.ready_seq)
                 return True
@@ -278,7 +281,7 @@ class Leases:
             require=require_set,
             lack=lack_set,
             max_tokens=max_tokens,
-            tokens_of=lambda key: groups[key].tokens,
+            tokens_of=lambda key: table[key].tokens,
             skip=parked if reach else None,
         )
         if not keys:
@@ -287,13 +290,14 @@ class Leases:
         lease = _Lease(token, job_id, owner, ttl, now + ttl)
         counts = job.counts
         infos = []
+        info = groups.info
         for key in keys:
-            g = groups[key]
+            g = table[key]
             g.state = LEASED
             g.generation = token
             g.lease = token
             lease.live[key] = None
-            infos.append(groups.info(g))
+            infos.append(info(g))
         counts[READY] -= len(keys)
         counts[LEASED] += len(keys)
         lease.keys = keys
@@ -331,9 +335,9 @@ class Leases:
             )
         if lease.ended is not None:
             raise self.ended_error(lease)
-        groups = self._groups
+        table = self._groups.table
         if partitions is None:
-            keys = tuple(k for k in lease.live if groups[k].state is LEASED)
+            keys = tuple(k for k in lease.live if table[k].state is LEASED)
             if not keys:
                 raise InvalidStateError(f"lease {token} has no LEASED group left to prepare")
         else:
@@ -343,7 +347,7 @@ class Leases:
             for key in keys:
                 self._check_member(lease, key, (LEASED,))
         for key in keys:
-            g = groups[key]
+            g = table[key]
             g.state = PREPARED
             g.batch_id = batch_id
         counts = self._jobs[lease.job_id].counts
@@ -354,7 +358,7 @@ class Leases:
         return keys
 
     def _check_member(self, lease: _Lease, key: Partition, states: tuple[GroupState, ...]) -> _Group:
-        g = self._groups.get(key)
+        g = self._groups.table.get(key)
         # Tokens are unique per lease and only grow: a generation below the token means the group was
         # never granted to this lease; above it, the group was granted again since (O(1), no scan).
         if g is None or g.generation < lease.token or g.key.job_id != lease.job_id:
@@ -391,9 +395,9 @@ class Leases:
                 f"batch {batch_id!r} of lease {token} is {stage.value}; this step needs {prior.value}",
                 token=token,
             )
-        groups = self._groups
+        table = self._groups.table
         for key in keys:
-            groups[key].state = target
+            table[key].state = target
         counts = self._jobs[lease.job_id].counts
         counts[prior] -= len(keys)
         counts[target] += len(keys)
@@ -409,7 +413,7 @@ class Leases:
             job.committed += len(keys)
             for key in keys:
                 del lease.live[key]
-                self._groups[key].lease = None
+                self._groups.table[key].lease = None
                 if job.checkpoints:  # a restore from the newest checkpoint must find it again
                     job.kept[key] = job.checkpoints
                 else:
@@ -425,16 +429,16 @@ class Leases:
         """See :meth:`~._ledger.Ledger.release`."""
         lease = self.lookup(token)
         added = check_columns(columns, "columns")
-        groups = self._groups
+        groups, table = self._groups, self._groups.table
         if partitions is None:
             if lease.ended is not None and lease.ended != "done":
                 raise self.ended_error(lease)
-            keys = tuple(k for k in lease.live if groups[k].state in (LEASED, PREPARED))
+            keys = tuple(k for k in lease.live if table[k].state in (LEASED, PREPARED))
         else:
             keys = check_partitions(partitions)
         todo = []
         for key in keys:
-            g = groups.get(key)
+            g = table.get(key)
             if (
                 g is not None
                 and key not in lease.live
@@ -476,7 +480,7 @@ class Leases:
         keys = check_partitions(missing)
         servers = check_names(unreachable, "unreachable")
         for server_id in servers:
-            if server_id not in self._servers:
+            if server_id not in self._servers.by_id:
                 raise NotFoundError(f"no storage server {brief(server_id)} is registered")
         lost = []
         for key in keys:
@@ -494,11 +498,11 @@ class Leases:
         for server_id in servers:
             reach.mark(server_id, now, cfg.server_retry_initial, cfg.server_retry_max)
         lost_keys = {g.key for g in lost}
-        groups = self._groups
+        groups, table = self._groups, self._groups.table
         waiting = [
             g
             for k in lease.live
-            if k not in lost_keys and (g := groups[k]).server_id in servers and g.state in (LEASED, PREPARED)
+            if k not in lost_keys and (g := table[k]).server_id in servers and g.state in (LEASED, PREPARED)
         ]
         _leave_batches(lease, [*lost, *waiting])
         for g in lost:

@@ -109,18 +109,7 @@ class Ledger:
         if now > self._now:
             self._now = float(now)
         now = self._now
-        leases, reach = self._leases, self._upkeep.reach
-        while True:
-            # Lease expiries and ends of server back-offs both put groups at the front of the READY index:
-            # apply them in the order they fell due, whenever the call comes (a replay comes later).
-            lease_due = leases.next_due()
-            reach_due = reach.next_due()
-            if reach_due is not None and reach_due <= now and (lease_due is None or reach_due < lease_due):
-                self._groups.unpark(reach.expire_next())
-                continue
-            if lease_due is None or lease_due > now:
-                break
-            leases.expire_next(now)
+        self._leases.expire(now)
         self._grants.expire(now)
         return now
 
@@ -194,7 +183,7 @@ class Ledger:
             return cfg
         self._leases.end_job(job_id, now)
         for key in list(job.groups):
-            g = self._groups[key]
+            g = self._groups.table[key]
             if g.state is ALLOCATED or (g.state is READY and drop):
                 self._groups.to_gc(g, DROPPED, now)
         self._jobs.start_epoch(job, epoch, cfg)

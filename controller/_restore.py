@@ -102,7 +102,7 @@ def restore(
         )
     drop = check_old_ready(old_ready) is OldReady.DROP
     check_int(min_token, "min_token")
-    registered = parts.servers.ids()
+    registered = set(parts.servers.by_id)
     imp = _ckpt.parse_job_checkpoint(payload, registered)
     holdings = (
         None if available is None else check_holdings(available, job_id, epoch, imp.server_ids | registered)

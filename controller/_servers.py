@@ -9,7 +9,6 @@ It does not know whether a server is reachable (:mod:`._reach` keeps that) nor c
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from ._entries import _Server
@@ -21,30 +20,11 @@ __all__ = ["Servers"]
 class Servers:
     """The registered storage servers, by id."""
 
-    __slots__ = ("_servers",)
+    __slots__ = ("by_id",)
 
     def __init__(self) -> None:
-        self._servers: dict[str, _Server] = {}
-
-    def __len__(self) -> int:
-        return len(self._servers)
-
-    def __contains__(self, server_id: object) -> bool:
-        return server_id in self._servers
-
-    def __getitem__(self, server_id: str) -> _Server:
-        return self._servers[server_id]
-
-    def __iter__(self) -> Iterator[_Server]:
-        return iter(list(self._servers.values()))
-
-    def ids(self) -> set[str]:
-        """Every registered server id."""
-        return set(self._servers)
-
-    def location(self, server_id: str) -> str:
-        """The Flight location of a registered server."""
-        return self._servers[server_id].location
+        self.by_id: dict[str, _Server] = {}
+        """Every registered server by id: read it freely; add and update servers with the methods below."""
 
     def register(
         self, server_id: str, node: str, location: str, capacity_bytes: int, capacity_groups: int
@@ -52,9 +32,9 @@ class Servers:
         """Add a server, or update the node, location and capacities of a known one (keeping what is
         reserved on it). Arguments are checked by the caller. Returns the server and whether it was known.
         """
-        server = self._servers.get(server_id)
+        server = self.by_id.get(server_id)
         if server is None:
-            server = self._servers[server_id] = _Server(
+            server = self.by_id[server_id] = _Server(
                 server_id, node, location, capacity_bytes, capacity_groups
             )
             return server, False
@@ -64,13 +44,13 @@ class Servers:
 
     def infos(self) -> tuple[ServerInfo, ...]:
         """Every server with its reservations, sorted by id."""
-        return tuple(self._servers[s].info() for s in sorted(self._servers))
+        return tuple(self.by_id[s].info() for s in sorted(self.by_id))
 
     def place(self, node: str, nbytes: int) -> _Server | None:
         """The server a group of ``nbytes`` from a writer on ``node`` goes to, or ``None`` (no room)."""
         best: _Server | None = None
         best_rank: tuple[bool, int, str] | None = None
-        for server in self._servers.values():
+        for server in self.by_id.values():
             if (
                 server.used_bytes + nbytes > server.capacity_bytes
                 or server.used_groups + 1 > server.capacity_groups
@@ -87,12 +67,12 @@ class Servers:
         reservations are not exported: they are counted again from the groups."""
         return [
             [s.server_id, s.node, s.location, s.capacity_bytes, s.capacity_groups]
-            for s in self._servers.values()
+            for s in self.by_id.values()
             if only is None or s.server_id in only
         ]
 
     def load(self, rows: list[list[Any]] | list[tuple[str, str, str, int, int]]) -> None:
         """Add the servers of exported ``rows`` that are not registered (a registered one stays as it is)."""
         for server_id, node, location, cap_b, cap_g in rows:
-            if server_id not in self._servers:
-                self._servers[server_id] = _Server(server_id, node, location, cap_b, cap_g)
+            if server_id not in self.by_id:
+                self.by_id[server_id] = _Server(server_id, node, location, cap_b, cap_g)

@@ -59,12 +59,12 @@ class Upkeep:
         out: list[DeleteWork] = []
         for job in self._jobs:
             for entry in job.gc.take(now, limit - len(out)):
-                g = self._groups[entry.key]
+                g = self._groups.table[entry.key]
                 out.append(
                     DeleteWork(
                         g.key,
                         g.server_id,
-                        self._servers.location(g.server_id),
+                        self._servers.by_id[g.server_id].location,
                         g.generation,
                         entry.attempts,
                         entry.last_error,
@@ -95,12 +95,12 @@ class Upkeep:
             if job_id is not None and job.job_id != job_id:
                 continue
             for entry in job.gc:
-                g = self._groups[entry.key]
+                g = self._groups.table[entry.key]
                 out.append(
                     DeleteWork(
                         g.key,
                         g.server_id,
-                        self._servers.location(g.server_id),
+                        self._servers.by_id[g.server_id].location,
                         g.generation,
                         entry.attempts,
                         entry.last_error,
@@ -111,13 +111,13 @@ class Upkeep:
     # ------------------------------------------------------------------ fences
     def fence(self, g: _Group, generation: int, now: float) -> None:
         """Tell ``g``'s server, as soon as possible, that its generation is now ``generation``."""
-        self.fences.add(g.key, g.server_id, self._servers.location(g.server_id), generation, now)
+        self.fences.add(g.key, g.server_id, self._servers.by_id[g.server_id].location, generation, now)
 
     def take_fences(self, now: float, limit: int) -> list[FenceWork]:
         """See :meth:`~._ledger.Ledger.take_fences`."""
         out = []
         for work in self.fences.take(now, limit):
-            if work.partition in self._groups:
+            if work.partition in self._groups.table:
                 out.append(work)
             else:
                 self.fences.discard(work.partition)

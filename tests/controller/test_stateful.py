@@ -57,9 +57,8 @@ class Recorder:
 
 
 def _observable(ledger: Ledger) -> tuple:
-    table = ledger._groups
     groups = {
-        k: (g.state, g.generation, g.columns, g.batch_id, g.nbytes) for k, g in ((k, table[k]) for k in table)
+        k: (g.state, g.generation, g.columns, g.batch_id, g.nbytes) for k, g in ledger._groups.table.items()
     }
     leases = {
         lease.token: (lease.expires_at, tuple(lease.live), dict(lease.stage)) for lease in ledger._leases
@@ -512,7 +511,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @invariant()
     def states_match_the_model(self):
         self._sync()
-        assert set(self.L._groups) == set(self.state), "a group was deleted without a confirmed delete"
+        assert set(self.L._groups.table) == set(self.state), "a group was deleted without a confirmed delete"
         for key, state in self.state.items():
             g = self.L.group(key)
             assert g.state.value == state, (key, g.state, state)
