@@ -155,26 +155,18 @@ class HostCore:
             TrajflightError: whatever the ledger raised (not journaled; see the module docstring).
         """
         kind = command.kind
-        if kind is Kind.QUERY:
-            return self._apply(command, 0.0)
-        now = self.clock()
-        if kind is Kind.TIMED:
-            return self._apply(command, now)
-        record = None if self._journal is None else _journal.encode(command, now)
-        parks = self.ledger.parks
-        result = self._apply(command, now)
-        # An empty acquire changed nothing, unless it parked groups of a server in back-off.
-        if record is not None and (
-            result is not None or not isinstance(command, Acquire) or self.ledger.parks != parks
-        ):
-            self._record(record)
-        return result
-
-    def _apply(self, command: Command[R], now: float) -> R:
+        now = 0.0 if kind is Kind.QUERY else self.clock()
+        record = None if kind is not Kind.MUTATING or self._journal is None else _journal.encode(command, now)
+        acquire = record is not None and isinstance(command, Acquire)
+        parks = self.ledger.parks if acquire else 0
         try:
-            return command.apply(self.ledger, now)
+            result = command.apply(self.ledger, now)
         except TypeError as exc:  # a value of a type the ledger cannot even compare: the caller's mistake
             raise InvalidRequestError(f"bad arguments for {command.name}: {brief(str(exc))}") from exc
+        # An empty acquire changed nothing, unless it parked groups of a server in back-off.
+        if record is not None and (not acquire or result is not None or self.ledger.parks != parks):
+            self._record(record)
+        return result
 
     def _record(self, record: bytes) -> None:
         if self._journal is None:
