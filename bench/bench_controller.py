@@ -15,6 +15,7 @@ its spread (min..max); a "group transition" is one group moving one step of
 * ``acquire``: the cost of one ``acquire`` of ``--groups-per-lease`` groups with 1,000 vs 100,000 READY
   groups in the job (the index makes it flat: the ratio should be near 1).
 
+``--journal`` also runs ``local`` with a state directory, so that every state-changing call is journaled.
 ``--reference DIR`` imports the ``controller/`` folder of another tree (say, the commit before a change)
 as a package of its own and runs ``ledger`` and ``local`` for it and for this tree alternately in the
 same process, printing both and the ratio of each pair (the base modules, ``trajflight.errors`` and
@@ -38,6 +39,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -119,9 +121,15 @@ def _cycles(client: ControllerClient, per_lease: int) -> int:
         done += len(lease.groups)
 
 
-def bench_local(groups: int, per_lease: int, ctl: ModuleType = trajflight.controller) -> float:
-    """Group transitions per second through LocalController + ControllerClient."""
-    with ctl.LocalController() as host:
+def bench_local(
+    groups: int, per_lease: int, ctl: ModuleType = trajflight.controller, *, journal: bool = False
+) -> float:
+    """Group transitions per second through LocalController + ControllerClient (``journal``: with a state
+    directory, so that every state-changing call is journaled)."""
+    with (
+        tempfile.TemporaryDirectory() as state,
+        ctl.LocalController(state_dir=state if journal else None) as host,
+    ):
         client = ctl.ControllerClient(host)
         _setup_client(client, groups)
         with host._cond:  # fill fast, straight into the hosted ledger
@@ -266,7 +274,10 @@ def against(reference: ModuleType, args: Any) -> dict[str, list[float]]:
     """``ledger`` and ``local`` for ``reference`` and this tree, alternating which goes first."""
     this = trajflight.controller
     out: dict[str, list[float]] = {}
-    for name, fn in (("ledger", bench_ledger), ("local", bench_local)):
+    benches: list[tuple[str, Callable[..., float]]] = [("ledger", bench_ledger), ("local", bench_local)]
+    if args.journal:
+        benches.append(("journaled", lambda *a: bench_local(*a, journal=True)))
+    for name, fn in benches:
         ref, new = out[f"{name}_reference"], out[name] = [], []
         for i in range(args.repeats):
             pair = ((reference, ref), (this, new)) if i % 2 == 0 else ((this, new), (reference, ref))
@@ -300,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-ray", action="store_true")
     parser.add_argument("--json", help="also write every run's figure to this file")
     parser.add_argument("--reference", help="another tree's controller/ folder: ledger and local against it")
+    parser.add_argument("--journal", action="store_true", help="also run local with its journal on")
     parser.add_argument(
         "--cpu",
         action="store_true",
@@ -326,6 +338,11 @@ def main(argv: list[str] | None = None) -> int:
     if "local" in only:
         local = results["local"] = _repeat(lambda: bench_local(args.groups, per), args.repeats)
         print(f"local    lease cycles  transitions/s  {_spread(local)}   (target >= 20,000)")
+    if "local" in only and args.journal:
+        logged = results["journaled"] = _repeat(
+            lambda: bench_local(args.groups, per, journal=True), args.repeats
+        )
+        print(f"local    journaled     transitions/s  {_spread(logged)}")
     if "flight" in only:
         over = results["flight"] = _repeat(lambda: bench_flight(args.flight_groups, per), args.repeats)
         print(f"flight   lease cycles  transitions/s  {_spread(over)}")

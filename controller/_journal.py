@@ -41,6 +41,7 @@ VERSION = 1
 """The version of the record body this trajflight writes and reads."""
 
 _PICKLE = 0x80  # the first byte of a pickle (protocol 2 and later): a journal of older releases
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)  # built once, not per record
 
 
 def encode(command: Command[Any], now: float) -> bytes:
@@ -50,13 +51,10 @@ def encode(command: Command[Any], now: float) -> bytes:
         InvalidRequestError: an argument cannot be recorded (a type the typed encoding refuses, or a
             number that is not finite); the caller refuses the command before it runs.
     """
-    args = {name: _values.to_json(value) for name, value in command.arguments().items()}
+    to_json = _values.to_json
+    args = {name: to_json(getattr(command, name)) for name in command.argument_names}
     try:
-        body = json.dumps(
-            {"v": VERSION, "op": command.name, "args": args, "now": now},
-            separators=(",", ":"),
-            allow_nan=False,
-        ).encode()
+        body = _ENCODER.encode({"v": VERSION, "op": command.name, "args": args, "now": now}).encode()
     except ValueError as exc:  # NaN or an infinity: JSON has none, and replay would refuse it
         raise InvalidRequestError(
             f"{command.name}: an argument is not a finite number ({brief(str(exc))}); pass finite numbers"

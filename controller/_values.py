@@ -44,6 +44,8 @@ _TAGS = {
 }
 
 _RECORDS: dict[str, type] = {name: getattr(_records, name) for name in _records.__all__}
+_PLAIN = frozenset({type(None), bool, int, float, str})  # exact types: enum members are not plain
+_ENCODER = json.JSONEncoder(separators=(",", ":"))  # built once: json.dumps builds one per call
 
 
 def _is_namedtuple(obj: object) -> bool:
@@ -56,6 +58,8 @@ def to_json(obj: Any) -> Any:
     Raises:
         InvalidRequestError: ``obj`` holds a value of a type that may not be encoded.
     """
+    if type(obj) in _PLAIN:
+        return obj
     if isinstance(obj, enum.Enum):  # before str/int: StrEnum and IntEnum members are both
         return {"$e": type(obj).__name__, "v": obj.value}
     if obj is None or isinstance(obj, bool | int | float | str):
@@ -155,7 +159,7 @@ def dumps(obj: Any) -> bytes:
     Raises:
         InvalidRequestError: ``obj`` holds a value of a type that may not be encoded.
     """
-    return json.dumps(to_json(obj), separators=(",", ":")).encode()
+    return _ENCODER.encode(to_json(obj)).encode()
 
 
 def loads(data: bytes) -> Any:
