@@ -1,55 +1,51 @@
-"""Checkpoints and snapshots of the ledger: the byte format, atomic files, and export/import of state.
+"""The byte format of checkpoints and snapshots: framing, version and checksum, and each part's state.
 
 Two kinds share one framing:
 
-* a **job checkpoint** (:func:`export_job_checkpoint`) is the quiescent cursor of one job (no group
+* a **job checkpoint** (:func:`job_checkpoint`) is the quiescent cursor of one job (no group
   LEASED..TRAINED) plus its groups, policy version, GC list, lost groups and the newest token, under the
   job's next checkpoint sequence number (also in the header: :func:`checkpoint_seq`); a job restarts
-  from it with a larger epoch;
-* a **ledger snapshot** (:func:`export_snapshot`) is the whole ledger, live leases included; hosts write
-  it to recover after a crash (together with their journal).
+  from it with a larger epoch (:func:`parse_job_checkpoint`, :func:`install_job_checkpoint`);
+* a **ledger snapshot** (:func:`export_snapshot`, :func:`import_snapshot`) is the whole ledger, live
+  leases included; hosts write it to recover after a crash (together with their journal).
 
 Framing: ``MAGIC``, one JSON header line ``{"format", "kind", "length", "sha256"}`` (plus ``"seq"`` for a
 job checkpoint), then ``length`` bytes of JSON; fields added since format 1 came out are optional.
 :func:`decode` refuses a wrong magic, a truncated body, a checksum mismatch, another kind or another
 format version, each with a :class:`~trajflight.errors.CheckpointError` that says what to do.
-Files are written atomically (temp file in the same directory, fsync, rename, fsync of the directory).
 
-It does not guarantee durability on file systems that ignore fsync, nor protect against a malicious
-file (the checksum catches accidents, not forgery).
+Bytes in, bytes out: the state is read and installed through the collaborators' own methods
+(:class:`~._parts.Parts`), and files are :mod:`._files`' business. It does not protect against a
+malicious file (the checksum catches accidents, not forgery).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
-from trajflight.errors import CheckpointError, InvalidStateError, NotFoundError
+from trajflight.errors import CheckpointError
 
-from ._entries import ALLOCATED, READY, _Group, _Job, _Lease, _Server, _Writer
+from ._entries import READY, _Group, _Job, _Lease, _Writer
+from ._groups import Groups
+from ._parts import Parts
 from ._records import LIVE_STATES, GroupState, JobConfig, Partition
-
-if TYPE_CHECKING:
-    from ._core import LedgerCore
 
 __all__ = [
     "FORMAT_VERSION",
     "KIND_JOB",
     "KIND_SNAPSHOT",
     "MAGIC",
+    "JobImport",
     "checkpoint_seq",
     "decode",
     "encode",
-    "export_job_checkpoint",
     "export_snapshot",
     "import_snapshot",
     "install_job_checkpoint",
+    "job_checkpoint",
     "parse_job_checkpoint",
-    "read_file",
-    "write_atomic",
 ]
 
 MAGIC = b"TRAJFLIGHT-LEDGER\n"
@@ -167,48 +163,6 @@ def decode(data: bytes, kind: str, *, source: str = "checkpoint") -> dict[str, A
     return payload
 
 
-def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically: temp file in the same directory, fsync, rename, dir fsync.
-
-    Raises:
-        CheckpointError: the file could not be written (the old file, if any, is untouched).
-    """
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-        dir_fd = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise CheckpointError(
-            f"could not write {target}: {exc}; check that the directory exists and is writable",
-            path=str(target),
-        ) from exc
-
-
-def read_file(path: str | os.PathLike[str]) -> bytes:
-    """Read a checkpoint file.
-
-    Raises:
-        NotFoundError: no such file.
-        CheckpointError: it could not be read.
-    """
-    try:
-        return Path(path).read_bytes()
-    except FileNotFoundError:
-        raise NotFoundError(f"no checkpoint at {path}") from None
-    except OSError as exc:
-        raise CheckpointError(f"could not read {path}: {exc}", path=str(path)) from exc
-
-
 # ---------------------------------------------------------------------- export / import
 def _key(key: Partition) -> list[Any]:
     return [key.job_id, key.epoch, key.group_id]
@@ -233,8 +187,7 @@ def _import_group(row: list[Any]) -> _Group:
     return g
 
 
-def _export_job(ledger: LedgerCore, job: _Job) -> dict[str, Any]:
-    groups = ledger._groups
+def _export_job(groups: Groups, job: _Job) -> dict[str, Any]:
     return {
         "job_id": job.job_id,
         "epoch": job.epoch,
@@ -244,7 +197,7 @@ def _export_job(ledger: LedgerCore, job: _Job) -> dict[str, Any]:
         "writers": {w: [writer.node, writer.acked] for w, writer in job.writers.items()},
         "committed": job.committed,
         "deleted": job.deleted,
-        "groups": [_export_group(groups[k]) for k in job.groups],
+        "groups": [_export_group(groups.table[k]) for k in job.groups],
         "gc": [[_key(e.key), e.attempts, e.last_error] for e in job.gc],
         "checkpoints": job.checkpoints,
         "durable": job.durable,
@@ -254,48 +207,17 @@ def _export_job(ledger: LedgerCore, job: _Job) -> dict[str, Any]:
     }
 
 
-def _export_servers(ledger: LedgerCore, only: set[str] | None = None) -> list[list[Any]]:
-    return [
-        [s.server_id, s.node, s.location, s.capacity_bytes, s.capacity_groups]
-        for s in ledger._servers.values()
-        if only is None or s.server_id in only
-    ]
-
-
-def _import_servers(ledger: LedgerCore, rows: list[list[Any]]) -> None:
-    for server_id, node, location, cap_b, cap_g in rows:
-        if server_id not in ledger._servers:
-            ledger._servers[server_id] = _Server(server_id, node, location, cap_b, cap_g)
-
-
-def export_job_checkpoint(ledger: LedgerCore, job_id: str, now: float) -> bytes:
-    """The job checkpoint of ``job_id`` as bytes (see the module docstring).
-
-    Raises:
-        NotFoundError: the job is not open.
-        InvalidStateError: some group is LEASED..TRAINED (the cursor is not quiescent).
-    """
-    ledger._advance(now)
-    job = ledger._job(job_id)
-    live = sum(job.counts[s] for s in LIVE_STATES)
-    if live:
-        raise InvalidStateError(
-            f"checkpoint of job {job_id!r} refused: {live} groups are LEASED..TRAINED; commit or release "
-            "them (or let their leases expire) and checkpoint between training steps",
-            live=live,
-        )
-    seq = job.checkpoints + 1
-    payload = _export_job(ledger, job)
-    # This checkpoint covers every commit kept so far: a restore from it deletes them.
+def job_checkpoint(parts: Parts, job: _Job, seq: int, now: float) -> bytes:
+    """The checkpoint ``seq`` of the quiescent ``job`` as bytes (see the module docstring); it covers
+    every commit kept so far (a restore from it deletes them). Changes nothing."""
+    payload = _export_job(parts.groups, job)
     payload["gc"] += [[_key(k), 0, None] for k in job.kept]
     payload["kept"] = []
     payload["checkpoints"] = payload["durable"] = seq
-    payload["last_token"] = ledger.last_token
-    payload["servers"] = _export_servers(ledger, {ledger._groups[k].server_id for k in job.groups})
-    payload["taken_at"] = ledger._now
-    data = encode(KIND_JOB, payload, seq=seq)
-    job.checkpoints = seq
-    return data
+    payload["last_token"] = parts.tokens.last
+    payload["servers"] = parts.servers.export({parts.groups.table[k].server_id for k in job.groups})
+    payload["taken_at"] = now
+    return encode(KIND_JOB, payload, seq=seq)
 
 
 _Parsed = tuple[dict[str, Any], list[_Group], list[tuple[Partition, int, Any]]]
@@ -309,13 +231,20 @@ class JobImport(NamedTuple):
     last_token: int
 
     @property
+    def job_id(self) -> str:
+        """The job the checkpoint is of."""
+        job_id: str = self.parsed[0]["job_id"]
+        return job_id
+
+    @property
     def server_ids(self) -> set[str]:
         """The storage servers the checkpoint lists."""
         return {row[0] for row in self.servers}
 
 
-def parse_job_checkpoint(ledger: LedgerCore, payload: dict[str, Any]) -> JobImport:
-    """Parse and check the payload of a decoded job checkpoint; the ledger is not changed.
+def parse_job_checkpoint(payload: dict[str, Any], registered: set[str]) -> JobImport:
+    """Parse and check the payload of a decoded job checkpoint (``registered``: the servers the ledger
+    knows besides those the checkpoint lists); nothing is changed.
 
     Raises:
         CheckpointError: the payload is malformed (or not quiescent).
@@ -324,7 +253,7 @@ def parse_job_checkpoint(ledger: LedgerCore, payload: dict[str, Any]) -> JobImpo
         parsed = _parse_job(payload)
         servers = [(str(a), str(b), str(c), int(d), int(e)) for a, b, c, d, e in payload["servers"]]
         last_token = int(payload["last_token"])
-        known = {row[0] for row in servers} | set(ledger._servers)
+        known = {row[0] for row in servers} | registered
         if any(g.server_id not in known for g in parsed[1]):
             raise ValueError("a group is placed on a server the checkpoint does not list")
         if any(g.state in LIVE_STATES for g in parsed[1]):
@@ -335,20 +264,17 @@ def parse_job_checkpoint(ledger: LedgerCore, payload: dict[str, Any]) -> JobImpo
 
 
 def install_job_checkpoint(
-    ledger: LedgerCore, imp: JobImport, epoch: int, config: JobConfig, now: float, *, min_token: int = 0
-) -> list[_Group]:
-    """Install a parsed job checkpoint at ``epoch`` and return its groups (not yet indexed).
+    parts: Parts, imp: JobImport, epoch: int, config: JobConfig, now: float, *, min_token: int = 0
+) -> tuple[_Job, list[_Group]]:
+    """Install a parsed job checkpoint at ``epoch``; return the job and its groups (not yet indexed).
 
     The caller has checked job, configuration and epoch. The returned groups are in the ledger with
     their checkpointed states, capacity is counted for each of them, and tokens issued from now on are
     larger than every token the checkpoint saw, and than ``min_token``.
     """
-    _import_servers(ledger, [list(row) for row in imp.servers])
-    floor = max(imp.last_token, min_token)
-    if ledger.last_token < floor:
-        ledger._incarnation = (floor >> 32) + 1
-        ledger._counter = 0
-    return _install_job(ledger, imp.parsed, epoch, config, now)
+    parts.servers.load(imp.servers)
+    parts.tokens.raise_above(max(imp.last_token, min_token))
+    return _install_job(parts, imp.parsed, epoch, config, now)
 
 
 def _parse_job(payload: dict[str, Any]) -> _Parsed:
@@ -372,10 +298,10 @@ def _parse_job(payload: dict[str, Any]) -> _Parsed:
 
 
 def _install_job(
-    ledger: LedgerCore, parsed: _Parsed, epoch: int, config: JobConfig, now: float
-) -> list[_Group]:
+    parts: Parts, parsed: _Parsed, epoch: int, config: JobConfig, now: float
+) -> tuple[_Job, list[_Group]]:
     fields, groups, gc = parsed
-    job = ledger._new_job(fields["job_id"], epoch, config)
+    job = parts.groups.new_job(fields["job_id"], epoch, config)
     job.next_group_id = 0 if epoch != fields["epoch"] else fields["next_group_id"]
     job.policy_version = fields["policy_version"]
     job.committed, job.deleted = fields["committed"], fields["deleted"]
@@ -383,76 +309,67 @@ def _install_job(
     job.kept, job.lost, job.purged = fields["kept"], fields["lost"], fields["purged"]
     for w, (node, acked) in fields["writers"].items():
         job.writers[w] = _Writer(node, acked)
-    ledger._jobs[job.job_id] = job
+    parts.jobs.add(job)
     for g in groups:
-        ledger._groups[g.key] = g
-        job.groups[g.key] = None
-        job.counts[g.state] += 1
-        server = ledger._servers[g.server_id]
-        server.used_bytes += g.nbytes
-        server.used_groups += 1
-        job.used_bytes += g.nbytes
-        job.used_groups += 1
+        parts.groups.add(job, g)
     for key, attempts, last_error in gc:
         job.gc.restore(key, attempts, last_error, now)
-    return groups
+    return job, groups
 
 
-def export_snapshot(ledger: LedgerCore) -> bytes:
-    """The whole ledger (live leases included) as bytes, for a host's crash recovery."""
+def export_snapshot(parts: Parts, now: float) -> bytes:
+    """The whole ledger (live leases included) as bytes, for a host's crash recovery; ``now`` is the
+    latest time the ledger has seen."""
     leases = [
         [lease.token, lease.job_id, lease.owner, lease.ttl, lease.expires_at, [_key(k) for k in lease.keys],
          [_key(k) for k in lease.live], {b: [_key(k) for k in ks] for b, ks in lease.batches.items()},
          {b: s.value for b, s in lease.stage.items()}]
-        for lease in ledger._leases.values()
+        for lease in parts.leases
     ]  # fmt: skip
     payload = {
-        "incarnation": ledger._incarnation,
-        "counter": ledger._counter,
-        "now": ledger._now if ledger._now != float("-inf") else None,
-        "servers": _export_servers(ledger),
-        "jobs": [_export_job(ledger, job) for job in ledger._jobs.values()],
+        "incarnation": parts.tokens.incarnation,
+        "counter": parts.tokens.counter,
+        "now": now if now != float("-inf") else None,
+        "servers": parts.servers.export(),
+        "jobs": [_export_job(parts.groups, job) for job in parts.jobs],
         "leases": leases,
-        "reach": ledger._reach.export(),
-        "fences": ledger._fences.export(),
+        "reach": parts.upkeep.reach.export(),
+        "fences": parts.upkeep.fences.export(),
     }
     return encode(KIND_SNAPSHOT, payload)
 
 
-def import_snapshot(ledger: LedgerCore, data: bytes, *, source: str = "snapshot") -> None:
-    """Load a snapshot into an empty ledger (every lease live again, every expiry where it was).
+def import_snapshot(parts: Parts, data: bytes, *, source: str = "snapshot") -> float:
+    """Load a snapshot into empty collaborators (every lease live again, every expiry where it was);
+    returns the latest time the snapshotted ledger had seen.
 
     Raises:
         CheckpointError: the snapshot is corrupt, truncated or of another format.
     """
     payload = decode(data, KIND_SNAPSHOT, source=source)
     try:
-        ledger._incarnation, ledger._counter = payload["incarnation"], payload["counter"]
-        now = payload["now"]
-        ledger._now = float("-inf") if now is None else now
-        _import_servers(ledger, payload["servers"])
-        ledger._reach.load(payload.get("reach", []))
-        parked = ledger._reach.parked_keys()  # READY, out of the index: keep their sequence numbers
+        parts.tokens.incarnation, parts.tokens.counter = payload["incarnation"], payload["counter"]
+        now = float("-inf") if payload["now"] is None else payload["now"]
+        parts.servers.load(payload["servers"])
+        reach = parts.upkeep.reach
+        reach.load(payload.get("reach", []))
+        parked = reach.parked_keys()  # READY, out of the index: keep their sequence numbers
         for jp in payload["jobs"]:
             cfg = JobConfig(**jp["config"])
-            groups = _install_job(ledger, _parse_job(jp), jp["epoch"], cfg, ledger._now)
-            job = ledger._jobs[jp["job_id"]]
+            job, groups = _install_job(parts, _parse_job(jp), jp["epoch"], cfg, now)
             ready = (g for g in groups if g.state is READY and g.key not in parked)
             for g in sorted(ready, key=lambda g: g.ready_seq):
-                g.ready_seq = job.ready.push(g.key, g.policy_version, g.colset)
-            for g in groups:
-                if g.state is ALLOCATED:
-                    ledger._grant_heap.append((g.expires_at, g.key))
-        ledger._grant_heap.sort()
+                parts.groups.index_ready(job, g)
+            parts.grants.load(groups)
         for token, job_id, owner, ttl, expires_at, keys, live, batches, stage in payload["leases"]:
             lease = _Lease(token, job_id, owner, ttl, expires_at)
             lease.keys = [Partition(*k) for k in keys]
             lease.live = {Partition(*k): None for k in live}
             lease.batches = {b: tuple(Partition(*k) for k in ks) for b, ks in batches.items()}
             lease.stage = {b: GroupState(s) for b, s in stage.items()}
-            ledger._leases[token] = lease
-            ledger._lease_heap.append((expires_at, token))
-        ledger._lease_heap.sort()
-        ledger._fences.load(payload.get("fences", []), ledger._now)  # snapshots before fences had none
+            parts.leases.install(lease)
+        parts.leases.loaded()
+        parts.upkeep.fences.load(payload.get("fences", []), now)  # snapshots before fences had none
     except (KeyError, ValueError, TypeError) as exc:
         raise CheckpointError(f"{source}: payload is malformed ({exc!r})", path=source) from None
+    return float(now)

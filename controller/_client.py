@@ -1,13 +1,14 @@
 """One client interface for both hosts: every call under a deadline, every failure a typed error.
 
-:class:`ControllerClient` has one method per controller operation; the ledger's docstrings
+:class:`ControllerClient` has one method per client operation (the commands of route ``CALL`` and ``OWN``
+in :mod:`._commands`); each builds its command and hands it to the transport. The ledger's docstrings
 (:class:`~trajflight.controller.Ledger`) state each contract, which holds unchanged through the client
-except that ``now`` is the host's clock. Two transports carry the calls: :class:`LocalTransport` (a
-:class:`~trajflight.controller.LocalController` in this process) and :class:`RayTransport` (the named
-Ray actor). Errors are the ledger's own classes on both, plus
-:class:`~trajflight.errors.DeadlineExceededError` (the call did not complete in time; it may still run
-on the Ray host) and :class:`~trajflight.errors.UnavailableError` (the host is gone or restarting; a
-call may have run although it failed, as with any Ray actor call).
+except that ``now`` is the host's clock. Two transports carry the calls (:mod:`._transports`):
+:class:`~._transports.LocalTransport` (a :class:`~trajflight.controller.LocalController` in this process)
+and :class:`~._transports.RayTransport` (the named Ray actor). Errors are the ledger's own classes on
+both, plus :class:`~trajflight.errors.DeadlineExceededError` (the call did not complete in time; it may
+still run on the Ray host) and :class:`~trajflight.errors.UnavailableError` (the host is gone or
+restarting; a call may have run although it failed, as with any Ray actor call).
 
 It does not retry: every operation except ``acquire`` is idempotent when repeated identically, so the
 caller may retry after a deadline or an unavailable host; a retried ``acquire`` may lease other groups
@@ -19,13 +20,45 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, TypeVar
 
-from trajflight.errors import DeadlineExceededError, NotFoundError, UnavailableError
+from trajflight.errors import NotFoundError
 
 from ._checkpoint import checkpoint_seq
+from ._commands import (
+    AckPolicy,
+    Acquire,
+    Allocate,
+    AllocateMany,
+    AnnouncePolicy,
+    Command,
+    Commit,
+    ConfirmCheckpoint,
+    Counts,
+    FenceList,
+    FinishTraining,
+    GcList,
+    Group,
+    LeaseGroups,
+    Lost,
+    OpenJob,
+    Prepare,
+    Publish,
+    PublishMany,
+    RegisterServer,
+    RegisterWriter,
+    Release,
+    Renew,
+    ReportUnusable,
+    Resolve,
+    Servers,
+    StartTraining,
+    Usage,
+)
+from ._commands import PolicyStatus as GetPolicyStatus
 from ._entries import check_seconds
 from ._host import MAX_WAIT, LocalController
+from ._ray_host import import_ray, start_ray_actor
 from ._records import (
     DeleteWork,
     FenceWork,
@@ -41,143 +74,11 @@ from ._records import (
     PutGrant,
     ServerInfo,
 )
+from ._transports import LocalTransport, RayTransport, Transport
 
-__all__ = [
-    "ControllerClient",
-    "LocalTransport",
-    "RayTransport",
-    "Transport",
-    "connect_ray",
-    "import_ray",
-    "start_ray_controller",
-]
+__all__ = ["ControllerClient", "connect_ray", "start_ray_controller"]
 
-
-def import_ray() -> Any:
-    """Import ray, or fail with an install hint."""
-    try:
-        import ray
-    except ImportError:
-        raise UnavailableError("the Ray host needs ray: pip install 'trajflight[ray]'") from None
-    return ray
-
-
-class Transport(Protocol):
-    """How a :class:`ControllerClient` reaches its host."""
-
-    def invoke(self, method: str, kwargs: dict[str, Any], timeout: float) -> Any:
-        """Run one ledger call; raise typed errors."""
-        ...
-
-    def acquire(self, kwargs: dict[str, Any], wait: float, timeout: float) -> Lease | None:
-        """Long-poll acquire."""
-        ...
-
-    def checkpoint(self, job_id: str, path: str | None, timeout: float) -> bytes:
-        """Take (and maybe write) a job checkpoint."""
-        ...
-
-    def restore(self, source: bytes | str, kwargs: dict[str, Any], timeout: float) -> dict[str, int]:
-        """Restore a job from checkpoint bytes or a file."""
-        ...
-
-
-class LocalTransport:
-    """Calls into a :class:`LocalController` of this process."""
-
-    def __init__(self, host: LocalController) -> None:
-        self.host = host
-
-    def invoke(self, method: str, kwargs: dict[str, Any], timeout: float) -> Any:
-        """Run one ledger call on the local host (see :class:`Transport`)."""
-        return self.host.call(method, kwargs, timeout=timeout)
-
-    def acquire(self, kwargs: dict[str, Any], wait: float, timeout: float) -> Lease | None:
-        """Long-poll acquire on the local host; ``wait`` is cut to ``timeout``."""
-        return self.host.acquire(kwargs, wait=wait, timeout=timeout)
-
-    def checkpoint(self, job_id: str, path: str | None, timeout: float) -> bytes:
-        """Take (and maybe write) a job checkpoint on the local host."""
-        return self.host.checkpoint(job_id, path, timeout=timeout)
-
-    def restore(self, source: bytes | str, kwargs: dict[str, Any], timeout: float) -> dict[str, int]:
-        """Restore a job on the local host from checkpoint bytes or a file."""
-        return self.host.restore(source, timeout=timeout, **kwargs)
-
-
-class RayTransport:
-    """Calls into the controller actor through its handle."""
-
-    def __init__(self, actor: Any) -> None:
-        self.actor = actor
-        self._ray = import_ray()
-
-    def _get(self, ref: Any, timeout: float) -> Any:
-        ray = self._ray
-        try:
-            status, value = ray.get(ref, timeout=timeout)
-        except ray.exceptions.GetTimeoutError:
-            ray.cancel(ref)
-            raise DeadlineExceededError(
-                f"the controller actor did not answer within {timeout:.3g}s; the call may still run; retry "
-                "(every call but acquire is idempotent)"
-            ) from None
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
-            raise UnavailableError(
-                f"the controller actor is unavailable ({type(exc).__name__}); it may be restarting: retry "
-                "after a moment"
-            ) from None
-        if status == "err":
-            raise value
-        return value
-
-    def invoke(self, method: str, kwargs: dict[str, Any], timeout: float) -> Any:
-        """Run one ledger call in the actor; raise the ledger's error, a deadline or an unavailable host."""
-        return self._get(self.actor.invoke.remote(method, kwargs), timeout)
-
-    def invoke_many(self, calls: list[tuple[str, dict[str, Any]]], timeout: float) -> list[Any]:
-        """Run several calls in one actor round trip; return each result, or raise the first error."""
-        out = []
-        for status, value in self._get_raw(self.actor.invoke_many.remote(calls), timeout):
-            if status == "err":
-                raise value
-            out.append(value)
-        return out
-
-    def _get_raw(self, ref: Any, timeout: float) -> Any:
-        ray = self._ray
-        try:
-            return ray.get(ref, timeout=timeout)
-        except ray.exceptions.GetTimeoutError:
-            raise DeadlineExceededError(
-                f"the controller actor did not answer within {timeout:.3g}s"
-            ) from None
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
-            raise UnavailableError(
-                f"the controller actor is unavailable ({type(exc).__name__}); retry"
-            ) from None
-
-    def acquire(self, kwargs: dict[str, Any], wait: float, timeout: float) -> Lease | None:
-        """Long-poll acquire in the actor (other callers proceed while it waits)."""
-        # Leave the reply time to arrive before the deadline, so that "nothing came" is None, not a timeout.
-        wait = min(wait, max(0.0, timeout - min(1.0, timeout / 4)))
-        result: Lease | None = self._get(self.actor.acquire.remote(kwargs, wait), timeout)
-        return result
-
-    def checkpoint(self, job_id: str, path: str | None, timeout: float) -> bytes:
-        """Take (and maybe write, on the actor's node) a job checkpoint."""
-        data: bytes = self._get(self.actor.checkpoint.remote(job_id, path), timeout)
-        return data
-
-    def restore(self, source: bytes | str, kwargs: dict[str, Any], timeout: float) -> dict[str, int]:
-        """Restore a job in the actor from checkpoint bytes or a file on the actor's node."""
-        out: dict[str, int] = self._get(self.actor.restore.remote(source, kwargs), timeout)
-        return out
-
-    def info(self, timeout: float) -> dict[str, Any]:
-        """The actor's incarnation, pid and last recovery count."""
-        out: dict[str, Any] = self._get_raw(self.actor.info.remote(), timeout)
-        return out
+R = TypeVar("R")
 
 
 def connect_ray(
@@ -203,8 +104,6 @@ def start_ray_controller(*, timeout: float = 30.0, **kwargs: Any) -> ControllerC
     """Start the named controller actor (see ``start_ray_actor`` for ``kwargs``: ``name``, ``namespace``,
     ``state_dir``, ``deleter``, ``max_restarts``, ...) and return a client of it. Ray must be initialised.
     """
-    from ._ray_host import start_ray_actor
-
     return ControllerClient(RayTransport(start_ray_actor(**kwargs)), timeout=timeout)
 
 
@@ -229,8 +128,9 @@ class ControllerClient:
     def _t(self, timeout: float | None) -> float:
         return self.timeout if timeout is None else timeout
 
-    def _call(self, method: str, timeout: float | None, **kwargs: Any) -> Any:
-        return self.transport.invoke(method, kwargs, self._t(timeout))
+    def _run(self, command: Command[R], timeout: float | None) -> R:
+        out: R = self.transport.invoke(command.name, command.arguments(), self._t(timeout))
+        return out
 
     def call_many(
         self, calls: Sequence[tuple[str, dict[str, Any]]], *, timeout: float | None = None
@@ -259,16 +159,16 @@ class ControllerClient:
         timeout: float | None = None,
     ) -> ServerInfo:
         """Register or update a storage server (``Ledger.register_server``)."""
-        out: ServerInfo = self._call(
-            "register_server",
+        return self._run(
+            RegisterServer(
+                server_id=server_id,
+                node=node,
+                location=location,
+                capacity_bytes=capacity_bytes,
+                capacity_groups=capacity_groups,
+            ),
             timeout,
-            server_id=server_id,
-            node=node,
-            location=location,
-            capacity_bytes=capacity_bytes,
-            capacity_groups=capacity_groups,
         )
-        return out
 
     def open_job(
         self,
@@ -281,10 +181,7 @@ class ControllerClient:
     ) -> JobConfig:
         """Open a job at an epoch, fencing older ones (``Ledger.open_job``); ConfigError names the setting."""
         cfg = dict(config) if isinstance(config, Mapping) else config
-        out: JobConfig = self._call(
-            "open_job", timeout, job_id=job_id, epoch=epoch, config=cfg, old_ready=old_ready
-        )
-        return out
+        return self._run(OpenJob(job_id=job_id, epoch=epoch, config=cfg, old_ready=old_ready), timeout)
 
     def register_writer(
         self,
@@ -297,40 +194,33 @@ class ControllerClient:
         timeout: float | None = None,
     ) -> PolicyStatus:
         """Register a rollout worker of the current epoch (``Ledger.register_writer``)."""
-        out: PolicyStatus = self._call(
-            "register_writer", timeout, job_id=job_id, epoch=epoch, writer_id=writer_id, node=node,
-            policy_version=policy_version,
-        )  # fmt: skip
-        return out
+        return self._run(
+            RegisterWriter(
+                job_id=job_id, epoch=epoch, writer_id=writer_id, node=node, policy_version=policy_version
+            ),
+            timeout,
+        )
 
     def announce_policy(self, job_id: str, version: int, *, timeout: float | None = None) -> PolicyStatus:
         """Announce new weights (``Ledger.announce_policy``)."""
-        out: PolicyStatus = self._call("announce_policy", timeout, job_id=job_id, version=version)
-        return out
+        return self._run(AnnouncePolicy(job_id=job_id, version=version), timeout)
 
     def ack_policy(
         self, job_id: str, epoch: int, writer_id: str, version: int, *, timeout: float | None = None
     ) -> PolicyStatus:
         """A writer acknowledges a policy version (``Ledger.ack_policy``)."""
-        out: PolicyStatus = self._call(
-            "ack_policy", timeout, job_id=job_id, epoch=epoch, writer_id=writer_id, version=version
-        )
-        return out
+        return self._run(AckPolicy(job_id=job_id, epoch=epoch, writer_id=writer_id, version=version), timeout)
 
     def policy_status(self, job_id: str, *, timeout: float | None = None) -> PolicyStatus:
         """The announced version and who acknowledged it (``Ledger.policy_status``)."""
-        out: PolicyStatus = self._call("policy_status", timeout, job_id=job_id)
-        return out
+        return self._run(GetPolicyStatus(job_id=job_id), timeout)
 
     # ------------------------------------------------------------------ partitions
     def allocate(
         self, job_id: str, epoch: int, writer_id: str, *, nbytes: int, timeout: float | None = None
     ) -> PutGrant:
         """Next partition, placed, with capacity reserved; CapacityExceededError carries ``retry_after``."""
-        out: PutGrant = self._call(
-            "allocate", timeout, job_id=job_id, epoch=epoch, writer_id=writer_id, nbytes=nbytes
-        )
-        return out
+        return self._run(Allocate(job_id=job_id, epoch=epoch, writer_id=writer_id, nbytes=nbytes), timeout)
 
     def allocate_many(
         self,
@@ -361,10 +251,9 @@ class ControllerClient:
                 ``max_group_bytes``; nothing was granted.
             StaleFenceError, NotFoundError, InvalidStateError: as for :meth:`allocate`.
         """
-        out: list[PutGrant] = self._call(
-            "allocate_many", timeout, job_id=job_id, epoch=epoch, writer_id=writer_id, nbytes=nbytes
+        return self._run(
+            AllocateMany(job_id=job_id, epoch=epoch, writer_id=writer_id, nbytes=nbytes), timeout
         )
-        return out
 
     def publish(
         self,
@@ -379,11 +268,18 @@ class ControllerClient:
         timeout: float | None = None,
     ) -> GroupInfo:
         """Make a stored group READY (``Ledger.publish``)."""
-        out: GroupInfo = self._call(
-            "publish", timeout, partition=partition, token=token, rows=rows, nbytes=nbytes, tokens=tokens,
-            policy_version=policy_version, columns=tuple(columns),
-        )  # fmt: skip
-        return out
+        return self._run(
+            Publish(
+                partition=partition,
+                token=token,
+                rows=rows,
+                nbytes=nbytes,
+                tokens=tokens,
+                policy_version=policy_version,
+                columns=tuple(columns),
+            ),
+            timeout,
+        )
 
     def publish_many(self, items: Sequence[Publication], *, timeout: float | None = None) -> list[GroupInfo]:
         """Make several stored groups READY in one controller operation (``Ledger.publish_many``).
@@ -403,13 +299,11 @@ class ControllerClient:
             StaleFenceError, NotFoundError, LeaseExpiredError, AlreadyExistsError: as :meth:`publish`;
                 nothing was published.
         """
-        out: list[GroupInfo] = self._call("publish_many", timeout, items=items)
-        return out
+        return self._run(PublishMany(items=items), timeout)
 
     def group(self, partition: Partition, *, timeout: float | None = None) -> GroupInfo:
         """What the controller knows of one group (``Ledger.group``)."""
-        out: GroupInfo = self._call("group", timeout, partition=partition)
-        return out
+        return self._run(Group(partition=partition), timeout)
 
     # ------------------------------------------------------------------ leases
     def acquire(
@@ -440,16 +334,10 @@ class ControllerClient:
         """
         check_seconds(wait, "wait")
         t = self._t(timeout)
-        kwargs = {
-            "job_id": job_id,
-            "owner": owner,
-            "max_groups": max_groups,
-            "ttl": ttl,
-            "max_tokens": max_tokens,
-            "max_staleness": max_staleness,
-            "require": tuple(require),
-            "lack": tuple(lack),
-        }
+        kwargs = Acquire(
+            job_id=job_id, owner=owner, max_groups=max_groups, ttl=ttl, max_tokens=max_tokens,
+            max_staleness=max_staleness, require=tuple(require), lack=tuple(lack),
+        ).arguments()  # fmt: skip
         start, total, covered = time.monotonic(), min(wait, t), 0.0
         left = t  # the whole call's deadline bounds every poll
         while True:
@@ -462,8 +350,7 @@ class ControllerClient:
 
     def renew(self, token: int, *, ttl: float | None = None, timeout: float | None = None) -> float:
         """Heartbeat: extend the whole lease; returns the new expiry (host clock)."""
-        out: float = self._call("renew", timeout, token=token, ttl=ttl)
-        return out
+        return self._run(Renew(token=token, ttl=ttl), timeout)
 
     def prepare(
         self,
@@ -475,29 +362,23 @@ class ControllerClient:
     ) -> tuple[Partition, ...]:
         """LEASED -> PREPARED for a batch of the lease (``Ledger.prepare``)."""
         parts = None if partitions is None else tuple(Partition(*p) for p in partitions)
-        out: tuple[Partition, ...] = self._call(
-            "prepare", timeout, token=token, batch_id=batch_id, partitions=parts
-        )
-        return out
+        return self._run(Prepare(token=token, batch_id=batch_id, partitions=parts), timeout)
 
     def start_training(
         self, token: int, batch_id: str, *, timeout: float | None = None
     ) -> tuple[Partition, ...]:
         """PREPARED -> TRAINING for the batch (``Ledger.start_training``)."""
-        out: tuple[Partition, ...] = self._call("start_training", timeout, token=token, batch_id=batch_id)
-        return out
+        return self._run(StartTraining(token=token, batch_id=batch_id), timeout)
 
     def finish_training(
         self, token: int, batch_id: str, *, timeout: float | None = None
     ) -> tuple[Partition, ...]:
         """TRAINING -> TRAINED for the batch (``Ledger.finish_training``)."""
-        out: tuple[Partition, ...] = self._call("finish_training", timeout, token=token, batch_id=batch_id)
-        return out
+        return self._run(FinishTraining(token=token, batch_id=batch_id), timeout)
 
     def commit(self, token: int, batch_id: str, *, timeout: float | None = None) -> tuple[Partition, ...]:
         """TRAINED -> COMMITTED for the batch; its groups go to the GC list (``Ledger.commit``)."""
-        out: tuple[Partition, ...] = self._call("commit", timeout, token=token, batch_id=batch_id)
-        return out
+        return self._run(Commit(token=token, batch_id=batch_id), timeout)
 
     def release(
         self,
@@ -509,10 +390,7 @@ class ControllerClient:
     ) -> tuple[Partition, ...]:
         """Give LEASED/PREPARED groups back to READY, recording appended columns (``Ledger.release``)."""
         parts = None if partitions is None else tuple(Partition(*p) for p in partitions)
-        out: tuple[Partition, ...] = self._call(
-            "release", timeout, token=token, partitions=parts, columns=tuple(columns)
-        )
-        return out
+        return self._run(Release(token=token, partitions=parts, columns=tuple(columns)), timeout)
 
     def report_unusable(
         self,
@@ -526,51 +404,39 @@ class ControllerClient:
         hold them) are recorded lost, those on ``unreachable`` servers go back to READY while the servers
         back off (``Ledger.report_unusable``). Returns the partitions that left the lease."""
         parts = tuple(Partition(*p) for p in missing)
-        out: tuple[Partition, ...] = self._call(
-            "report_unusable", timeout, token=token, missing=parts, unreachable=tuple(unreachable)
-        )
-        return out
+        return self._run(ReportUnusable(token=token, missing=parts, unreachable=tuple(unreachable)), timeout)
 
     def resolve(
         self, job_id: str, partitions: Sequence[Partition], action: str, *, timeout: float | None = None
     ) -> tuple[Partition, ...]:
         """Operator: requeue or drop UNKNOWN groups (``Ledger.resolve``)."""
         parts = tuple(Partition(*p) for p in partitions)
-        out: tuple[Partition, ...] = self._call(
-            "resolve", timeout, job_id=job_id, partitions=parts, action=action
-        )
-        return out
+        return self._run(Resolve(job_id=job_id, partitions=parts, action=action), timeout)
 
     # ------------------------------------------------------------------ queries
     def counts(self, job_id: str, *, timeout: float | None = None) -> dict[str, int]:
         """Groups per state of the job (``Ledger.counts``)."""
-        out: dict[str, int] = self._call("counts", timeout, job_id=job_id)
-        return out
+        return self._run(Counts(job_id=job_id), timeout)
 
     def usage(self, job_id: str, *, timeout: float | None = None) -> tuple[int, int]:
         """``(bytes, groups)`` the job holds (``Ledger.usage``)."""
-        out: tuple[int, int] = self._call("usage", timeout, job_id=job_id)
-        return out
+        return self._run(Usage(job_id=job_id), timeout)
 
     def lease_groups(self, token: int, *, timeout: float | None = None) -> tuple[GroupInfo, ...]:
         """The groups of a lease, as they are now (``Ledger.lease_groups``)."""
-        out: tuple[GroupInfo, ...] = self._call("lease_groups", timeout, token=token)
-        return out
+        return self._run(LeaseGroups(token=token), timeout)
 
     def gc_list(self, job_id: str | None = None, *, timeout: float | None = None) -> tuple[DeleteWork, ...]:
         """What waits for a confirmed delete (``Ledger.gc_list``)."""
-        out: tuple[DeleteWork, ...] = self._call("gc_list", timeout, job_id=job_id)
-        return out
+        return self._run(GcList(job_id=job_id), timeout)
 
     def fence_list(self, *, timeout: float | None = None) -> tuple[FenceWork, ...]:
         """Fences that wait for their storage servers to confirm them (``Ledger.fence_list``)."""
-        out: tuple[FenceWork, ...] = self._call("fence_list", timeout)
-        return out
+        return self._run(FenceList(), timeout)
 
     def servers(self, *, timeout: float | None = None) -> tuple[ServerInfo, ...]:
         """Registered storage servers and their reservations."""
-        out: tuple[ServerInfo, ...] = self._call("servers", timeout)
-        return out
+        return self._run(Servers(), timeout)
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint(
@@ -589,13 +455,11 @@ class ControllerClient:
         """The checkpoint (its bytes, or its sequence number) is stored safely: the commits it covers
         are deleted from now on (``Ledger.confirm_checkpoint``). Returns how many were released."""
         seq = checkpoint if isinstance(checkpoint, int) else checkpoint_seq(checkpoint)
-        out: int = self._call("confirm_checkpoint", timeout, job_id=job_id, seq=seq)
-        return out
+        return self._run(ConfirmCheckpoint(job_id=job_id, seq=seq), timeout)
 
     def lost(self, job_id: str, *, timeout: float | None = None) -> tuple[LostGroup, ...]:
         """Groups of the job that can never be offered again, with why (``Ledger.lost``)."""
-        out: tuple[LostGroup, ...] = self._call("lost", timeout, job_id=job_id)
-        return out
+        return self._run(Lost(job_id=job_id), timeout)
 
     def restore(
         self,

@@ -1,102 +1,50 @@
-"""What both hosts share: applying calls to the ledger with the host's clock, the journal, and recovery.
+"""What both hosts share: running commands on the ledger with the host's clock, the journal, and recovery.
 
-A host with a state directory survives its own crash: every state-changing call is appended to
-``journal-N.log`` (length, CRC-32, pickled ``(method, kwargs, now)``) after it ran, and every
-``compact_every`` records the whole ledger is written to ``snapshot-(N+1).ckpt`` (atomically) and a new
-journal started (the pair of files of one generation ``N`` always belong together). On start,
+A host with a state directory survives its own crash: every state-changing command is appended to
+``journal-N.log`` (one versioned, checksummed JSON record each, see :mod:`._journal`) after it ran, and
+every ``compact_every`` records the whole ledger is written to ``snapshot-(N+1).ckpt`` (atomically) and a
+new journal started (the pair of files of one generation ``N`` always belong together). On start,
 :class:`HostCore` loads the newest snapshot, replays its journal (the ledger is deterministic, so
-replaying the same calls at the same ``now`` rebuilds the same state; a torn last record is ignored,
+replaying the same commands at the same ``now`` rebuilds the same state; a torn last record is ignored,
 while a record that fails on replay, or a corrupt one before the last, stops the start with a
-:class:`~trajflight.errors.RecoveryError`: only calls that succeeded are journaled, so either means the
-replay diverged),
-then starts a new incarnation so that new tokens exceed every old one, and ends every lease
-that was live: LEASED/PREPARED groups go back to READY, TRAINING/TRAINED groups come back UNKNOWN.
+:class:`~trajflight.errors.RecoveryError`: only commands that succeeded are journaled, so either means the
+replay diverged), then starts a new incarnation so that new tokens exceed every old one, and ends every
+lease that was live: LEASED/PREPARED groups go back to READY, TRAINING/TRAINED groups come back UNKNOWN.
 
-Not journaled: queries, sweeper ticks, delete and fence hand-outs, refused calls and empty acquires (a job
-checkpoint is journaled: it numbers the checkpoint and decides which commits are kept; so is an empty
-acquire that parked groups of a storage server in back-off). None of
-them changes state except by lazy expiry, and expiry is decided by the recorded deadlines: the next
-journaled call applies every expiry due by its own ``now`` before acting, in the original order, so
-replay reaches the same states (only the retry timing of deletes may differ). The ledger checks every
-argument before it changes anything, so a refused call has no other effect. The journal is flushed to
-the OS after each record, which survives a crash of the host process; set ``fsync=True`` to survive a
-crash of the machine, at the cost of one fsync per call. It does not protect against two hosts sharing
-one state directory.
+What is journaled follows each command's declared kind (:mod:`._commands`): ``MUTATING`` commands are,
+queries and ``TIMED`` ones (sweeper ticks, delete and fence hand-outs) are not, nor are refused commands
+and empty acquires (a job checkpoint is journaled: it numbers the checkpoint and decides which commits
+are kept; so is an empty acquire that parked groups of a storage server in back-off). None of the
+unjournaled ones changes state except by lazy expiry, and expiry is decided by the recorded deadlines:
+the next journaled command applies every expiry due by its own ``now`` before acting, in the original
+order, so replay reaches the same states (only the retry timing of deletes may differ). The ledger checks
+every argument before it changes anything, so a refused command has no other effect; a command whose
+arguments the journal cannot record is refused before it runs. The journal is flushed to the OS after
+each record, which survives a crash of the host process; set ``fsync=True`` to survive a crash of the
+machine, at the cost of one fsync per command. It does not protect against two hosts sharing one state
+directory.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import pickle
-import struct
 import time
-import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
-from trajflight.errors import InvalidRequestError, RecoveryError
+from trajflight.errors import InvalidRequestError, brief
 
-from ._checkpoint import write_atomic
+from . import _journal
+from ._commands import Acquire, Command, Kind, parse
+from ._files import write_atomic
 from ._ledger import Ledger
 from ._records import DeleteWork
 
-__all__ = ["MUTATING", "QUERIES", "HostCore", "run_deletes"]
+__all__ = ["HostCore", "run_deletes"]
 
-MUTATING = frozenset(
-    {
-        "register_server",
-        "open_job",
-        "register_writer",
-        "announce_policy",
-        "ack_policy",
-        "allocate",
-        "allocate_many",
-        "publish",
-        "publish_many",
-        "acquire",
-        "renew",
-        "prepare",
-        "start_training",
-        "finish_training",
-        "commit",
-        "release",
-        "resolve",
-        "delete_done",
-        "fence_done",
-        "restore",
-        "recover",
-        "checkpoint",
-        "confirm_checkpoint",
-        "report_unusable",
-    }
-)
-"""Ledger methods that change state and take ``now``: journaled."""
-
-TIMED_UNJOURNALED = frozenset({"tick", "take_deletes", "take_fences"})
-"""Ledger methods that take ``now`` but are not journaled (see the module docstring)."""
-
-QUERIES = frozenset(
-    {
-        "counts",
-        "usage",
-        "lease_groups",
-        "live_leases",
-        "gc_list",
-        "fence_list",
-        "groups_in",
-        "group",
-        "servers",
-        "policy_status",
-        "is_quiescent",
-        "next_deadline",
-        "lost",
-    }
-)
-"""Ledger methods that only read: no ``now``, not journaled."""
-
-_RECORD = struct.Struct("<II")  # length, crc32
+R = TypeVar("R")
 
 
 class HostCore:
@@ -150,35 +98,19 @@ class HostCore:
         """Replay the journal at ``path`` onto the ledger loaded from its snapshot.
 
         Raises:
-            RecoveryError: a record that is not the last is corrupt, or a record fails on replay (only
-                calls that succeeded are journaled, so the replay diverged from what happened).
+            RecoveryError: a record that is not the last is corrupt, a record does not decode (or is of
+                the pickle format of older releases), or a record fails on replay (only commands that
+                succeeded are journaled, so the replay diverged from what happened).
         """
         if not path.exists():
             return
-        data = path.read_bytes()
-        pos, number = 0, 0
-        while pos + _RECORD.size <= len(data):
-            length, crc = _RECORD.unpack_from(data, pos)
-            end = pos + _RECORD.size + length
-            body = data[pos + _RECORD.size : end]
-            number += 1
-            if len(body) < length:
-                break  # a torn last record: the call it describes never returned to its caller
-            if zlib.crc32(body) != crc:
-                if end == len(data):
-                    break  # the last record, torn mid-write: its call never returned either
-                raise _diverged(path, number, None, "its checksum does not match (the journal is corrupt)")
-            pos = end
+        for number, command, now in _journal.records(path.read_bytes(), str(path)):
             try:
-                method, kwargs, now = pickle.loads(body)
-            except Exception as exc:  # a record with a valid checksum that does not decode
-                raise _diverged(path, number, None, f"it does not decode ({_cut(exc)})") from exc
-            if method not in MUTATING or not isinstance(kwargs, dict):
-                raise _diverged(path, number, None, f"it names no journaled operation ({_cut(method)})")
-            try:
-                getattr(self.ledger, method)(now=now, **kwargs)
-            except Exception as exc:  # journaled calls succeeded once: failing now means divergence
-                raise _diverged(path, number, method, f"it raised {_cut(exc)}") from exc
+                command.apply(self.ledger, now)
+            except Exception as exc:  # journaled commands succeeded once: failing now means divergence
+                raise _journal.diverged(
+                    str(path), number, command.name, f"it raised {type(exc).__name__}: {brief(str(exc))}"
+                ) from exc
 
     def compact(self) -> None:
         """Write a snapshot of the ledger and start an empty journal (no-op without a state directory).
@@ -206,63 +138,46 @@ class HostCore:
             self._journal = None
 
     def apply(self, method: str, kwargs: dict[str, Any]) -> Any:
-        """Run ledger ``method`` with ``kwargs`` (``now`` added for timed methods) and journal it.
+        """Run the operation ``method`` with ``kwargs`` (see :meth:`run`).
 
         Raises:
-            InvalidRequestError: ``method`` is not a ledger call.
-            InvalidRequestError: also for arguments the method does not take.
+            InvalidRequestError: ``method`` is not a controller operation, or does not take ``kwargs``.
             TrajflightError: whatever the ledger raised (not journaled; see the module docstring).
         """
+        return self.run(parse(method, kwargs))
+
+    def run(self, command: Command[R]) -> R:
+        """Run ``command`` on the ledger (``now`` from the host's clock for timed and mutating ones) and
+        journal it when it changed state.
+
+        Raises:
+            InvalidRequestError: an argument the command does not take, or that the journal cannot record.
+            TrajflightError: whatever the ledger raised (not journaled; see the module docstring).
+        """
+        kind = command.kind
+        now = 0.0 if kind is Kind.QUERY else self.clock()
+        record = None if kind is not Kind.MUTATING or self._journal is None else _journal.encode(command, now)
+        acquire = record is not None and isinstance(command, Acquire)
+        parks = self.ledger.parks if acquire else 0
         try:
-            if method in QUERIES:
-                return getattr(self.ledger, method)(**kwargs)
-            if method in TIMED_UNJOURNALED:
-                return getattr(self.ledger, method)(now=self.clock(), **kwargs)
-        except TypeError as exc:
-            raise InvalidRequestError(f"bad arguments for {method}: {exc}") from exc
-        if method not in MUTATING:
-            raise InvalidRequestError(f"{method!r} is not a controller call")
-        now = self.clock()
-        parks = self.ledger.parks
-        try:
-            result = getattr(self.ledger, method)(now=now, **kwargs)
-        except TypeError as exc:
-            raise InvalidRequestError(f"bad arguments for {method}: {exc}") from exc
+            result = command.apply(self.ledger, now)
+        except TypeError as exc:  # a value of a type the ledger cannot even compare: the caller's mistake
+            raise InvalidRequestError(f"bad arguments for {command.name}: {brief(str(exc))}") from exc
         # An empty acquire changed nothing, unless it parked groups of a server in back-off.
-        if result is not None or method != "acquire" or self.ledger.parks != parks:
-            self._record(method, kwargs, now)
+        if record is not None and (not acquire or result is not None or self.ledger.parks != parks):
+            self._record(record)
         return result
 
-    def _record(self, method: str, kwargs: dict[str, Any], now: float) -> None:
+    def _record(self, record: bytes) -> None:
         if self._journal is None:
             return
-        body = pickle.dumps((method, kwargs, now), protocol=pickle.HIGHEST_PROTOCOL)
-        self._journal.write(_RECORD.pack(len(body), zlib.crc32(body)) + body)
+        self._journal.write(record)
         self._journal.flush()
         if self._fsync:
             os.fsync(self._journal.fileno())
         self._records += 1
         if self._records >= self._compact_every:
             self.compact()
-
-
-def _cut(value: object, limit: int = 200) -> str:
-    """``value`` for an error message, cut to ``limit`` characters (an exception's text, or a name)."""
-    text = f"{type(value).__name__}: {value}" if isinstance(value, BaseException) else repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _diverged(path: Path, number: int, method: str | None, why: str) -> RecoveryError:
-    """The error of a journal that cannot be replayed: the host must not start on it."""
-    what = f"record {number}" + (f" ({method})" if method else "")
-    return RecoveryError(
-        f"journal {path}: {what} cannot be replayed: {why}. The ledger would diverge from what happened, "
-        "so the controller refuses to start: move the state directory aside and restore the jobs from "
-        "their checkpoints into a fresh one",
-        path=str(path),
-        record=number,
-        method=method,
-    )
 
 
 def _latest_seq(state_dir: Path) -> int:

@@ -1,8 +1,8 @@
 """The ledger's internal, mutable records: groups, leases, writers, servers, jobs; and argument checks.
 
 These are owned by the ledger and never handed out: callers get the frozen records of
-:mod:`._records` instead. Nothing here validates invariants across records; :mod:`._core` and
-:mod:`._ledger` keep them.
+:mod:`._records` instead. Nothing here validates invariants across records; the collaborators of
+:mod:`._parts` keep them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from trajflight.errors import InvalidRequestError, brief
 
 from ._gc import GcList
 from ._index import ReadyIndex
-from ._records import GroupState, JobConfig, OldReady, Partition, ServerInfo
+from ._records import INT64_MAX, GroupState, JobConfig, OldReady, Partition, ServerInfo
 
 __all__ = [
     "ALLOCATED",
@@ -30,7 +30,6 @@ __all__ = [
     "TRAINED",
     "TRAINING",
     "UNKNOWN",
-    "brief",
     "check_columns",
     "check_int",
     "check_name",
@@ -41,13 +40,8 @@ __all__ = [
     "check_state",
 ]
 
-INT64_MAX = (1 << 63) - 1
-"""Largest int the ledger accepts anywhere: storage servers and Arrow key columns hold int64."""
-
 MAX_NAME_CHARS = 1024
 """Longest name (job, writer, owner, server, node, location, batch, column) the ledger accepts."""
-
-"""Most characters of a caller's value an error message repeats (see :func:`brief`)."""
 
 
 READY = GroupState.READY

@@ -22,18 +22,32 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from trajflight.errors import DeadlineExceededError, TrajflightError, UnavailableError
 
-from ._checkpoint import checkpoint_seq, read_file, write_atomic
+from ._checkpoint import checkpoint_seq
+from ._commands import (
+    Checkpoint,
+    Command,
+    ConfirmCheckpoint,
+    DeleteDone,
+    FenceDone,
+    Release,
+    TakeDeletes,
+    TakeFences,
+    Tick,
+    parse,
+)
 from ._durable import HostCore, run_deletes
 from ._entries import check_seconds
 from ._fences import run_fences
+from ._files import read_file, write_atomic
 from ._records import DeleteWork, FenceWork, Lease
 
 __all__ = ["MAX_WAIT", "POLL_CHECK", "LocalController", "check_timeout"]
 
+R = TypeVar("R")
 Deleter = Callable[[DeleteWork], None]
 Fencer = Callable[[Sequence[FenceWork]], None]
 
@@ -151,7 +165,17 @@ class LocalController:
             raise UnavailableError("the controller is closed; start a new one")
 
     def call(self, method: str, kwargs: dict[str, Any] | None = None, *, timeout: float | None = None) -> Any:
-        """Run one ledger call (``now`` is supplied by the host) before ``timeout`` seconds.
+        """Run the operation ``method`` with ``kwargs`` (any command of :mod:`._commands`, the hosts' own
+        included); see :meth:`run`.
+
+        Raises:
+            InvalidRequestError: ``method`` is not an operation, or does not take ``kwargs``.
+            DeadlineExceededError, UnavailableError, TrajflightError: as :meth:`run`.
+        """
+        return self.run(parse(method, kwargs or {}), timeout=timeout)
+
+    def run(self, command: Command[R], *, timeout: float | None = None) -> R:
+        """Run one command (``now`` is supplied by the host) before ``timeout`` seconds.
 
         Raises:
             DeadlineExceededError: the lock was not obtained in time (the call did not run).
@@ -165,7 +189,7 @@ class LocalController:
         try:
             before = self._core.ledger.ready_version
             try:
-                return self._core.apply(method, kwargs or {})
+                return self._core.run(command)
             finally:
                 if self._core.ledger.ready_version != before:
                     self._cond.notify_all()
@@ -203,6 +227,7 @@ class LocalController:
         end = start + (wait if timeout is None else min(wait, timeout))
         self._lock(deadline)
         self._parked += 1
+        command: Command[Lease | None] | None = None
         try:
             while True:
                 if self._closed:
@@ -211,7 +236,9 @@ class LocalController:
                     )
                 if abandoned is not None and abandoned():
                     return None
-                lease: Lease | None = self._core.apply("acquire", kwargs)
+                if command is None:
+                    command = parse("acquire", kwargs)
+                lease = self._core.run(command)
                 if lease is not None and abandoned is not None and abandoned():
                     self._give_back(lease)
                     return None
@@ -230,7 +257,7 @@ class LocalController:
 
     def _give_back(self, lease: Lease) -> None:
         """Release a lease nobody will hold (its caller left); call with the lock held."""
-        self._core.apply("release", {"token": lease.token})
+        self._core.run(Release(token=lease.token))
         self._cond.notify_all()
 
     def release_abandoned(self, lease: Lease, *, timeout: float | None = None) -> None:
@@ -238,7 +265,7 @@ class LocalController:
         long poll whose reply could not be delivered). A lease already moved on is left alone."""
         # Ended, committed or released meanwhile: nothing left to give back.
         with contextlib.suppress(TrajflightError):
-            self.call("release", {"token": lease.token}, timeout=timeout)
+            self.run(Release(token=lease.token), timeout=timeout)
 
     def checkpoint(
         self, job_id: str, path: str | os.PathLike[str] | None = None, *, timeout: float | None = None
@@ -252,10 +279,10 @@ class LocalController:
             InvalidStateError: a group is LEASED..TRAINED. CheckpointError: the file could not be written
                 (nothing is confirmed: kept commits stay kept).
         """
-        data: bytes = self.call("checkpoint", {"job_id": job_id}, timeout=timeout)
+        data = self.run(Checkpoint(job_id=job_id), timeout=timeout)
         if path is not None:
             write_atomic(path, data)
-            self.call("confirm_checkpoint", {"job_id": job_id, "seq": checkpoint_seq(data)}, timeout=timeout)
+            self.run(ConfirmCheckpoint(job_id=job_id, seq=checkpoint_seq(data)), timeout=timeout)
         return data
 
     def restore(
@@ -278,9 +305,9 @@ class LocalController:
             if self._closed:
                 return 0
             before = self._core.ledger.ready_version
-            self._core.apply("tick", {})
-            work = self._core.apply("take_deletes", {"limit": self._delete_batch})
-            fences = self._core.apply("take_fences", {"limit": self._delete_batch})
+            self._core.run(Tick())
+            work = self._core.run(TakeDeletes(limit=self._delete_batch))
+            fences = self._core.run(TakeFences(limit=self._delete_batch))
             if self._core.ledger.ready_version != before:
                 self._cond.notify_all()
         if not work and not fences:
@@ -293,11 +320,10 @@ class LocalController:
                     0  # closed meanwhile: the journal is gone; the work is handed out again after a restart
                 )
             for item, ok, error in results:
-                self._core.apply("delete_done", {"partition": item.partition, "ok": ok, "error": error})
+                self._core.run(DeleteDone(partition=item.partition, ok=ok, error=error))
             for fence, ok, error in fenced:
-                self._core.apply(
-                    "fence_done",
-                    {"partition": fence.partition, "generation": fence.generation, "ok": ok, "error": error},
+                self._core.run(
+                    FenceDone(partition=fence.partition, generation=fence.generation, ok=ok, error=error)
                 )
         return len(work) + len(fences)
 

@@ -1,5 +1,4 @@
-"""The lease state machine on top of :class:`~._partitions.PartitionLedger`: acquire, the forward steps,
-release, and the operator's resolve.
+"""The lease state machine: acquire, the forward steps, release, and leases that end without their holder.
 
 Per group: ``READY -> LEASED -> PREPARED -> TRAINING -> TRAINED -> COMMITTED``, plus ``UNKNOWN``.
 ``acquire`` leases READY groups under one fencing token; ``prepare`` gathers some LEASED groups of the
@@ -9,18 +8,24 @@ when repeated identically. ``release`` gives LEASED/PREPARED groups back to READ
 the columns they appended). Expiry (lazy, on every call) sends LEASED/PREPARED groups to READY and
 TRAINING/TRAINED groups to UNKNOWN, where only an operator's ``resolve`` moves them.
 
-It does not retry anything by itself and never replays an UNKNOWN group.
+A lease that ends without its holder (expiry, a newer epoch, a restart) gives its groups a fresh
+generation and puts them on the fence list, so that the old holder's token is refused on their storage
+servers too. Ended leases are remembered (oldest forgotten first) for idempotent repeats and precise
+errors; a forgotten token is still refused, as stale.
+
+It does not retry anything by itself, never replays an UNKNOWN group, and reads no clock.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from trajflight.errors import (
     AlreadyExistsError,
     InvalidRequestError,
     InvalidStateError,
+    LeaseExpiredError,
     NotFoundError,
     StaleFenceError,
     brief,
@@ -29,6 +34,7 @@ from trajflight.errors import (
 from ._entries import (
     COMMITTED,
     DROPPED,
+    INT64_MAX,
     LEASED,
     PREPARED,
     READY,
@@ -43,63 +49,199 @@ from ._entries import (
     check_names,
     check_partitions,
 )
-from ._partitions import PartitionLedger
-from ._records import (
-    GroupState,
-    Lease,
-    Partition,
-    ResolveAction,
-)
+from ._groups import Groups
+from ._jobs import Jobs
+from ._records import GroupInfo, GroupState, Lease, Partition
+from ._servers import Servers
+from ._tokens import Tokens
+from ._upkeep import Upkeep
 
-__all__ = ["LeaseMachine"]
+__all__ = ["Leases"]
+
+_ENDED_KEPT = 65536
+_ENDED_GROUPS_KEPT = 1 << 20
 
 
-class LeaseMachine(PartitionLedger):
-    """Leases, batches, release and resolve; :class:`~._ledger.Ledger` adds GC, queries and checkpoints."""
+class Leases:
+    """Live leases with their expiries, and the leases that ended.
 
-    # ------------------------------------------------------------------ leases
+    Args:
+        jobs, groups, servers, tokens, upkeep: The ledger's collaborators a lease touches.
+    """
+
+    __slots__ = (
+        "_ended",
+        "_ended_groups",
+        "_groups",
+        "_heap",
+        "_jobs",
+        "_live",
+        "_servers",
+        "_tokens",
+        "_upkeep",
+    )
+
+    def __init__(self, jobs: Jobs, groups: Groups, servers: Servers, tokens: Tokens, upkeep: Upkeep) -> None:
+        self._jobs = jobs
+        self._groups = groups
+        self._servers = servers
+        self._tokens = tokens
+        self._upkeep = upkeep
+        self._live: dict[int, _Lease] = {}
+        self._ended: dict[int, _Lease] = {}
+        self._ended_groups = 0
+        self._heap: list[tuple[float, int]] = []
+
+    def __iter__(self) -> Iterator[_Lease]:
+        """The live leases, oldest first."""
+        return iter(list(self._live.values()))
+
+    def ended(self, token: int) -> _Lease | None:
+        """The ended (and still remembered) lease of ``token``, or ``None``."""
+        return self._ended.get(token)
+
+    def forget_ended(self) -> None:
+        """Forget every ended lease (their tokens are refused as stale from now on)."""
+        self._ended.clear()
+        self._ended_groups = 0
+
+    # ------------------------------------------------------------------ expiry
+    def next_due(self) -> float | None:
+        """The earliest scheduled expiry (possibly of a lease renewed or ended since: then a no-op)."""
+        return self._heap[0][0] if self._heap else None
+
+    def expire(self, now: float) -> None:
+        """End every lease due to expire by ``now``, and the back-offs of storage servers due by then."""
+        heap, reach, live = self._heap, self._upkeep.reach, self._live
+        while True:
+            # Lease expiries and ends of server back-offs both put groups at the front of the READY index:
+            # apply them in the order they fell due, whenever the call comes (a replay comes later).
+            lease_due = heap[0][0] if heap else None
+            reach_due = reach.next_due()
+            if reach_due is not None and reach_due <= now and (lease_due is None or reach_due < lease_due):
+                self._groups.unpark(reach.expire_next())
+                continue
+            if lease_due is None or lease_due > now:
+                return
+            expires_at, token = heapq.heappop(heap)
+            lease = live.get(token)
+            if lease is not None and lease.expires_at == expires_at:
+                self.end(lease, "expired", now)
+
+    def end(self, lease: _Lease, reason: str, now: float) -> None:
+        """End a live lease without its holder: LEASED/PREPARED groups go back to READY, TRAINING/TRAINED
+        to UNKNOWN, and every one of them gets a fresh generation that its storage server is told about
+        (the fence list), so that the holder, if it still runs, is refused there too."""
+        fresh = self._tokens.next() if lease.live else 0
+        groups, table = self._groups, self._groups.table
+        for key in lease.live:
+            g = table[key]
+            if g.state is LEASED or g.state is PREPARED:
+                groups.make_ready(g, front=True)
+            elif g.state is TRAINING or g.state is TRAINED:
+                groups.set_state(g, UNKNOWN)
+                g.lease = None
+            else:
+                continue
+            g.generation = fresh
+            self._upkeep.fence(g, fresh, now)
+        lease.live.clear()
+        self._retire(lease, reason)
+
+    def end_job(self, job_id: str, now: float) -> None:
+        """End every live lease of ``job_id``: a newer epoch fenced it."""
+        for lease in [lease for lease in self._live.values() if lease.job_id == job_id]:
+            self.end(lease, "fenced", now)
+
+    def end_all(self, now: float) -> int:
+        """End every live lease (a host restarted); returns how many."""
+        leases = list(self._live.values())
+        for lease in leases:
+            self.end(lease, "restart", now)
+        return len(leases)
+
+    def _retire(self, lease: _Lease, reason: str) -> None:
+        lease.ended = reason
+        del self._live[lease.token]
+        self._ended[lease.token] = lease
+        self._ended_groups += len(lease.keys)
+        while len(self._ended) > _ENDED_KEPT or self._ended_groups > _ENDED_GROUPS_KEPT:
+            oldest = self._ended.pop(next(iter(self._ended)))
+            self._ended_groups -= len(oldest.keys)
+
+    # ------------------------------------------------------------------ lookups
+    def lookup(self, token: int) -> _Lease:
+        """The lease of ``token``, live or ended; raise if the token was never a lease or is forgotten."""
+        if type(token) is not int or token < 0 or token > INT64_MAX:
+            check_int(token, "token")
+        lease = self._live.get(token)
+        if lease is None:
+            lease = self._ended.get(token)
+        if lease is not None:
+            return lease
+        if 0 < token <= self._tokens.last:
+            raise StaleFenceError(
+                f"token {token} belongs to a lease that ended long ago; stop and acquire a new lease",
+                token=token,
+            )
+        raise NotFoundError(f"no lease has token {token}; use the token returned by acquire", token=token)
+
+    @staticmethod
+    def ended_error(lease: _Lease) -> Exception:
+        """The error a call on the ended ``lease`` raises."""
+        if lease.ended == "expired":
+            return LeaseExpiredError(
+                f"lease {lease.token} expired; its LEASED/PREPARED groups went back to READY and its "
+                "TRAINING/TRAINED groups to UNKNOWN; acquire a new lease (do not commit this work)",
+                token=lease.token,
+            )
+        if lease.ended == "restart":
+            return LeaseExpiredError(
+                f"lease {lease.token} ended when the controller restarted; acquire a new lease",
+                token=lease.token,
+            )
+        if lease.ended == "fenced":
+            return StaleFenceError(
+                f"lease {lease.token} belongs to an epoch of job {lease.job_id!r} that a newer epoch fenced; "
+                "stop this trainer",
+                token=lease.token,
+            )
+        return InvalidStateError(
+            f"lease {lease.token} is finished (every group was committed or released); acquire a new lease",
+            token=lease.token,
+        )
+
+    def _live_lease(self, token: int) -> _Lease:
+        lease = self.lookup(token)
+        if lease.ended is not None:
+            raise self.ended_error(lease)
+        return lease
+
+    def live_tokens(self, job_id: str | None) -> tuple[int, ...]:
+        """See :meth:`~._ledger.Ledger.live_leases`."""
+        return tuple(t for t, lease in self._live.items() if job_id is None or lease.job_id == job_id)
+
+    def lease_groups(self, token: int) -> tuple[GroupInfo, ...]:
+        """See :meth:`~._ledger.Ledger.lease_groups`."""
+        lease = self.lookup(token)
+        groups, table = self._groups, self._groups.table
+        return tuple(groups.info(table[k]) for k in lease.keys if k in table)
+
+    # ------------------------------------------------------------------ acquire and renew
     def acquire(
         self,
         job_id: str,
         owner: str,
-        *,
         max_groups: int,
         now: float,
-        ttl: float | None = None,
-        max_tokens: int | None = None,
-        max_staleness: int | None = None,
-        require: Iterable[str] = (),
-        lack: Iterable[str] = (),
+        ttl: float | None,
+        max_tokens: int | None,
+        max_staleness: int | None,
+        require: Iterable[str],
+        lack: Iterable[str],
     ) -> Lease | None:
-        """Lease up to ``max_groups`` READY groups of the job under one new fencing token.
-
-        Cost is proportional to the groups taken (plus the number of distinct policy versions and column
-        sets), not to the number of READY groups. Groups on a storage server in back-off (see
-        :meth:`report_unusable`) are not leased: they wait, out of the READY index, until it ends.
-
-        Args:
-            job_id: The job.
-            owner: Who leases (free text for operators).
-            max_groups: Most groups to lease, at most the job's ``max_groups_per_lease``.
-            now: Ledger time.
-            ttl: Seconds until the lease expires unless renewed; default the job's ``default_lease_ttl``.
-            max_tokens: Token budget: stop before the total token count would exceed it (a single group
-                larger than the budget is leased alone).
-            max_staleness: Only groups with policy version >= current - ``max_staleness``; the tighter of
-                this and the job's ``max_staleness`` applies.
-            require: Only groups that carry all these columns (a pipeline stage's inputs).
-            lack: Only groups that carry none of these columns (a stage's outputs, not yet written).
-
-        Returns:
-            The lease, or ``None`` when no eligible group is READY (or strict on-policy mode holds the
-            round until every registered writer acknowledged the announced version).
-
-        Raises:
-            NotFoundError: the job is not open.
-            InvalidRequestError: a limit is out of range.
-        """
-        now = self._advance(now)
-        job = self._job(job_id)
+        """See :meth:`~._ledger.Ledger.acquire`."""
+        job = self._jobs.job(job_id)
         cfg = job.config
         check_name(owner, "owner")
         check_int(max_groups, "max_groups", minimum=1)
@@ -108,7 +250,7 @@ class LeaseMachine(PartitionLedger):
                 f"max_groups={max_groups} exceeds max_groups_per_lease={cfg.max_groups_per_lease}; "
                 "ask for fewer"
             )
-        ttl = self._ttl(ttl, cfg.default_lease_ttl, cfg.max_lease_ttl)
+        ttl = _ttl(ttl, cfg.default_lease_ttl, cfg.max_lease_ttl)
         if max_tokens is not None:
             check_int(max_tokens, "max_tokens", minimum=1)
         staleness = cfg.max_staleness
@@ -122,11 +264,11 @@ class LeaseMachine(PartitionLedger):
             if job.pending_writers():
                 return None
             exact = job.policy_version
-        groups = self._groups
-        reach = self._reach
+        groups, table = self._groups, self._groups.table
+        reach = self._upkeep.reach
 
         def parked(key: Partition) -> bool:  # a group of a server in back-off waits for it
-            g = groups[key]
+            g = table[key]
             if reach.unreachable(g.server_id):
                 reach.park(g.server_id, key, g.ready_seq)
                 return True
@@ -139,76 +281,45 @@ class LeaseMachine(PartitionLedger):
             require=require_set,
             lack=lack_set,
             max_tokens=max_tokens,
-            tokens_of=lambda key: groups[key].tokens,
+            tokens_of=lambda key: table[key].tokens,
             skip=parked if reach else None,
         )
         if not keys:
             return None
-        token = self._next_token()
+        token = self._tokens.next()
         lease = _Lease(token, job_id, owner, ttl, now + ttl)
         counts = job.counts
         infos = []
+        info = groups.info
         for key in keys:
-            g = groups[key]
+            g = table[key]
             g.state = LEASED
             g.generation = token
             g.lease = token
             lease.live[key] = None
-            infos.append(self._info(g))
+            infos.append(info(g))
         counts[READY] -= len(keys)
         counts[LEASED] += len(keys)
         lease.keys = keys
-        self._leases[token] = lease
-        heapq.heappush(self._lease_heap, (lease.expires_at, token))
+        self._live[token] = lease
+        heapq.heappush(self._heap, (lease.expires_at, token))
         return Lease(token, job_id, owner, lease.expires_at, tuple(infos))
 
-    @staticmethod
-    def _ttl(ttl: float | None, default: float, maximum: float) -> float:
-        if ttl is None:
-            return default
-        if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= maximum:
-            raise InvalidRequestError(
-                f"ttl must be a number of seconds in (0, {maximum}] (max_lease_ttl), got {brief(ttl)}"
-            )
-        return float(ttl)
-
-    def renew(self, token: int, *, now: float, ttl: float | None = None) -> float:
-        """Extend the lease (all its groups) to ``now + ttl``; return the new expiry.
-
-        Raises:
-            LeaseExpiredError: the lease already expired (its groups moved on; do not commit them).
-            StaleFenceError: the token is older than the groups' generation, or its epoch is fenced.
-            InvalidStateError: the lease is finished.
-        """
-        now = self._advance(now)
+    def renew(self, token: int, now: float, ttl: float | None) -> float:
+        """See :meth:`~._ledger.Ledger.renew`."""
         lease = self._live_lease(token)
         cfg = self._jobs[lease.job_id].config
-        lease.ttl = self._ttl(ttl, lease.ttl, cfg.max_lease_ttl)
+        lease.ttl = _ttl(ttl, lease.ttl, cfg.max_lease_ttl)
         lease.expires_at = now + lease.ttl
-        heapq.heappush(self._lease_heap, (lease.expires_at, token))
+        heapq.heappush(self._heap, (lease.expires_at, token))
         return lease.expires_at
 
+    # ------------------------------------------------------------------ batches
     def prepare(
-        self, token: int, batch_id: str, *, now: float, partitions: Sequence[Partition] | None = None
+        self, token: int, batch_id: str, partitions: Sequence[Partition] | None
     ) -> tuple[Partition, ...]:
-        """Gather LEASED groups of the lease into batch ``batch_id`` (LEASED -> PREPARED).
-
-        Args:
-            token: The lease's token.
-            batch_id: A name for the batch, unique within the lease.
-            now: Ledger time.
-            partitions: The groups; default every group of the lease still LEASED.
-
-        Returns:
-            The batch's partitions (the same on an identical repeat).
-
-        Raises:
-            LeaseExpiredError, StaleFenceError: the lease is gone (see :meth:`renew`).
-            InvalidStateError: a group is not LEASED under this lease, the batch exists with other
-                groups, or no group is left to prepare.
-        """
-        self._advance(now)
-        lease = self._lease(token)
+        """See :meth:`~._ledger.Ledger.prepare`."""
+        lease = self.lookup(token)
         check_name(batch_id, "batch_id")
         existing = lease.batches.get(batch_id)
         if existing is not None:
@@ -216,16 +327,17 @@ class LeaseMachine(PartitionLedger):
                 partitions is None or set(check_partitions(partitions)) == set(existing)
             ):
                 if lease.ended is not None:
-                    raise self._ended_error(lease)
+                    raise self.ended_error(lease)
                 return existing
             raise InvalidStateError(
                 f"batch {batch_id!r} of lease {token} already exists ({lease.stage[batch_id]}) with other "
                 "groups or further on; use a new batch id",
             )
         if lease.ended is not None:
-            raise self._ended_error(lease)
+            raise self.ended_error(lease)
+        table = self._groups.table
         if partitions is None:
-            keys = tuple(k for k in lease.live if self._groups[k].state is LEASED)
+            keys = tuple(k for k in lease.live if table[k].state is LEASED)
             if not keys:
                 raise InvalidStateError(f"lease {token} has no LEASED group left to prepare")
         else:
@@ -235,7 +347,7 @@ class LeaseMachine(PartitionLedger):
             for key in keys:
                 self._check_member(lease, key, (LEASED,))
         for key in keys:
-            g = self._groups[key]
+            g = table[key]
             g.state = PREPARED
             g.batch_id = batch_id
         counts = self._jobs[lease.job_id].counts
@@ -246,7 +358,7 @@ class LeaseMachine(PartitionLedger):
         return keys
 
     def _check_member(self, lease: _Lease, key: Partition, states: tuple[GroupState, ...]) -> _Group:
-        g = self._groups.get(key)
+        g = self._groups.table.get(key)
         # Tokens are unique per lease and only grow: a generation below the token means the group was
         # never granted to this lease; above it, the group was granted again since (O(1), no scan).
         if g is None or g.generation < lease.token or g.key.job_id != lease.job_id:
@@ -264,123 +376,69 @@ class LeaseMachine(PartitionLedger):
             )
         return g
 
-    def _step(
-        self, token: int, batch_id: str, prior: GroupState, target: GroupState, now: float
-    ) -> tuple[Partition, ...]:
-        self._advance(now)
-        lease = self._lease(token)
+    def step(self, token: int, batch_id: str, prior: GroupState, target: GroupState) -> tuple[Partition, ...]:
+        """Move batch ``batch_id`` of the lease from ``prior`` to ``target`` (the same answer on an
+        identical repeat); see :meth:`~._ledger.Ledger.start_training`."""
+        lease = self.lookup(token)
         keys = lease.batches.get(check_name(batch_id, "batch_id"))
         if keys is None:
             if lease.ended is not None:
-                raise self._ended_error(lease)
+                raise self.ended_error(lease)
             raise NotFoundError(f"lease {token} has no batch {batch_id!r}; call prepare first")
         stage = lease.stage[batch_id]
         if stage is target:
             return keys  # an identical repeat
         if lease.ended is not None:
-            raise self._ended_error(lease)
+            raise self.ended_error(lease)
         if stage is not prior:
             raise InvalidStateError(
                 f"batch {batch_id!r} of lease {token} is {stage.value}; this step needs {prior.value}",
                 token=token,
             )
-        groups = self._groups
+        table = self._groups.table
         for key in keys:
-            groups[key].state = target
+            table[key].state = target
         counts = self._jobs[lease.job_id].counts
         counts[prior] -= len(keys)
         counts[target] += len(keys)
         lease.stage[batch_id] = target
         return keys
 
-    def start_training(self, token: int, batch_id: str, *, now: float) -> tuple[Partition, ...]:
-        """PREPARED -> TRAINING for the batch. From here an expiry sends its groups to UNKNOWN.
-
-        Raises:
-            NotFoundError: no such batch. InvalidStateError: the batch is not PREPARED.
-            LeaseExpiredError, StaleFenceError: the lease is gone.
-        """
-        return self._step(token, batch_id, PREPARED, TRAINING, now)
-
-    def finish_training(self, token: int, batch_id: str, *, now: float) -> tuple[Partition, ...]:
-        """TRAINING -> TRAINED for the batch (the optimizer step is done, not yet recorded as committed).
-
-        Raises:
-            NotFoundError: no such batch. InvalidStateError: the batch is not TRAINING.
-            LeaseExpiredError, StaleFenceError: the lease is gone.
-        """
-        return self._step(token, batch_id, TRAINING, TRAINED, now)
-
-    def commit(self, token: int, batch_id: str, *, now: float) -> tuple[Partition, ...]:
-        """TRAINED -> COMMITTED for the batch: each group is trained once, for good, and put on the GC list,
-        or, once the job has taken a checkpoint, kept (stored, holding capacity) until a later checkpoint
-        is confirmed durable (:meth:`~._ledger.Ledger.confirm_checkpoint`).
-
-        The lease ends when none of its groups is left LEASED..TRAINED.
-
-        Raises:
-            NotFoundError: no such batch. InvalidStateError: the batch is not TRAINED.
-            LeaseExpiredError, StaleFenceError: the lease is gone (its groups went to UNKNOWN; an
-                operator decides).
-        """
-        lease = self._leases.get(token)
-        keys = self._step(token, batch_id, TRAINED, COMMITTED, now)
+    def commit(self, token: int, batch_id: str, now: float) -> tuple[Partition, ...]:
+        """See :meth:`~._ledger.Ledger.commit`."""
+        lease = self._live.get(token)
+        keys = self.step(token, batch_id, TRAINED, COMMITTED)
         if lease is not None and lease.ended is None and keys[0] in lease.live:
             job = self._jobs[lease.job_id]
             job.committed += len(keys)
             for key in keys:
                 del lease.live[key]
-                self._groups[key].lease = None
+                self._groups.table[key].lease = None
                 if job.checkpoints:  # a restore from the newest checkpoint must find it again
                     job.kept[key] = job.checkpoints
                 else:
-                    job.gc.add(key, self._now)
+                    job.gc.add(key, now)
             if not lease.live:
                 self._retire(lease, "done")
         return keys
 
+    # ------------------------------------------------------------------ giving groups back
     def release(
-        self,
-        token: int,
-        *,
-        now: float,
-        partitions: Sequence[Partition] | None = None,
-        columns: Iterable[str] = (),
+        self, token: int, partitions: Sequence[Partition] | None, columns: Iterable[str]
     ) -> tuple[Partition, ...]:
-        """Give LEASED or PREPARED groups back to READY, recording ``columns`` as appended to them.
-
-        Enrichment stages (reference logprobs, rewards, advantages) lease groups lacking their output,
-        append it through the storage server, then release with ``columns`` naming what they wrote. A
-        trainer that gives up releases without columns. Prepared groups leave their batch.
-
-        Args:
-            token: The lease's token.
-            now: Ledger time.
-            partitions: The groups; default every LEASED or PREPARED group of the lease.
-            columns: Columns appended to these groups.
-
-        Returns:
-            The partitions released (the same on an identical repeat).
-
-        Raises:
-            InvalidStateError: a group is TRAINING or TRAINED (finish and commit it, or let the lease
-                expire), or is not in this lease.
-            AlreadyExistsError: a group already carries one of ``columns`` (each column is written once);
-                nothing is released.
-            LeaseExpiredError, StaleFenceError: the lease is gone.
-        """
-        self._advance(now)
-        lease = self._lease(token)
+        """See :meth:`~._ledger.Ledger.release`."""
+        lease = self.lookup(token)
         added = check_columns(columns, "columns")
+        groups, table = self._groups, self._groups.table
         if partitions is None:
             if lease.ended is not None and lease.ended != "done":
-                raise self._ended_error(lease)
-            keys = tuple(k for k in lease.live if self._groups[k].state in (LEASED, PREPARED))
+                raise self.ended_error(lease)
+            keys = tuple(k for k in lease.live if table[k].state in (LEASED, PREPARED))
         else:
             keys = check_partitions(partitions)
         todo = []
         for key in keys:
-            g = self._groups.get(key)
+            g = table.get(key)
             if (
                 g is not None
                 and key not in lease.live
@@ -392,7 +450,7 @@ class LeaseMachine(PartitionLedger):
             if g is not None and g.generation > token:
                 self._check_member(lease, key, (LEASED, PREPARED))  # raises StaleFenceError
             if lease.ended is not None:
-                raise self._ended_error(lease)
+                raise self.ended_error(lease)
             todo.append(self._check_member(lease, key, (LEASED, PREPARED)))
         for g in todo:
             twice = added & g.colset
@@ -402,140 +460,94 @@ class LeaseMachine(PartitionLedger):
                     "(lease with lack=... to skip groups that have it)",
                     columns=sorted(twice),
                 )
-        self._leave_batches(lease, todo)
+        _leave_batches(lease, todo)
         for g in todo:
             if added:
                 g.colset = g.colset | added
-                g.columns = self._columns(g.colset)
+                g.columns = groups.columns(g.colset)
             del lease.live[g.key]
-            self._make_ready(g, front=True)
+            groups.make_ready(g, front=True)
         if lease.ended is None and not lease.live:
             self._retire(lease, "done")
         return keys
 
-    @staticmethod
-    def _leave_batches(lease: _Lease, groups: Iterable[_Group]) -> None:
-        """Take prepared ``groups`` out of their batches (a batch left empty is forgotten)."""
-        leaving: dict[str, set[Partition]] = {}
-        for g in groups:
-            if g.batch_id is not None:
-                leaving.setdefault(g.batch_id, set()).add(g.key)
-        for batch, keys_out in leaving.items():
-            rest = tuple(k for k in lease.batches[batch] if k not in keys_out)
-            if rest:
-                lease.batches[batch] = rest
-            else:
-                del lease.batches[batch]
-                del lease.stage[batch]
-
     def report_unusable(
-        self,
-        token: int,
-        *,
-        now: float,
-        missing: Sequence[Partition] = (),
-        unreachable: Sequence[str] = (),
+        self, token: int, now: float, missing: Sequence[Partition], unreachable: Sequence[str]
     ) -> tuple[Partition, ...]:
-        """A trainer could not open some groups of its lease on their storage servers: take them out.
-
-        Args:
-            token: The lease's token.
-            now: Ledger time.
-            missing: LEASED/PREPARED groups of the lease whose server answered that it does not hold
-                them. Each leaves the lease, is recorded lost (``"missing on server <id>"``, see
-                ``Ledger.lost``) and goes to the GC list as DROPPED, so that its capacity comes back;
-                it is never offered again.
-            unreachable: Storage servers that did not answer (dead or stopped). Each goes into back-off
-                (the job's ``server_retry_initial``, doubling per report up to ``server_retry_max``;
-                a report during a back-off changes nothing): ``acquire`` leases none of its groups until
-                the back-off ends, the server registers again or a delete on it is confirmed. The
-                lease's LEASED/PREPARED groups on it go back to READY.
-
-        The lease ends when nothing is left in it. Checks everything before changing anything; a
-        repeat changes nothing more.
-
-        Returns:
-            The partitions that left the lease, in lease order.
-
-        Raises:
-            LeaseExpiredError, StaleFenceError: the lease is gone (its groups moved on).
-            NotFoundError: a server is not registered, or a group is not part of the lease.
-            InvalidStateError: a missing group is not LEASED/PREPARED under this lease.
-        """
-        self._advance(now)
-        lease = self._lease(token)
+        """See :meth:`~._ledger.Ledger.report_unusable`."""
+        lease = self.lookup(token)
         job = self._jobs[lease.job_id]
         keys = check_partitions(missing)
         servers = check_names(unreachable, "unreachable")
         for server_id in servers:
-            if server_id not in self._servers:
-                raise NotFoundError(f"no storage server {server_id!r:.100} is registered")
+            if server_id not in self._servers.by_id:
+                raise NotFoundError(f"no storage server {brief(server_id)} is registered")
         lost = []
         for key in keys:
             if job.lost.get(key, "").startswith("missing on server") and key not in lease.live:
                 continue  # an identical repeat
             if lease.ended is not None:
-                raise self._ended_error(lease)
+                raise self.ended_error(lease)
             lost.append(self._check_member(lease, key, (LEASED, PREPARED)))
         if lease.ended is not None:
             if servers and lease.ended != "done":
-                raise self._ended_error(lease)
+                raise self.ended_error(lease)
             return ()
         cfg = job.config
+        reach = self._upkeep.reach
         for server_id in servers:
-            self._reach.mark(server_id, self._now, cfg.server_retry_initial, cfg.server_retry_max)
+            reach.mark(server_id, now, cfg.server_retry_initial, cfg.server_retry_max)
         lost_keys = {g.key for g in lost}
+        groups, table = self._groups, self._groups.table
         waiting = [
             g
             for k in lease.live
-            if k not in lost_keys
-            and (g := self._groups[k]).server_id in servers
-            and g.state in (LEASED, PREPARED)
+            if k not in lost_keys and (g := table[k]).server_id in servers and g.state in (LEASED, PREPARED)
         ]
-        self._leave_batches(lease, [*lost, *waiting])
+        _leave_batches(lease, [*lost, *waiting])
         for g in lost:
             del lease.live[g.key]
             job.lost[g.key] = f"missing on server {g.server_id[:100]}"
-            self._to_gc(g, DROPPED)
+            groups.to_gc(g, DROPPED, now)
         for g in waiting:
             del lease.live[g.key]
-            self._make_ready(g, front=True)  # parked by the next acquire that meets it
+            groups.make_ready(g, front=True)  # parked by the next acquire that meets it
         if not lease.live:
             self._retire(lease, "done")
         gone = lost_keys | {g.key for g in waiting}
         return tuple(k for k in lease.keys if k in gone)
 
-    def resolve(
-        self, job_id: str, partitions: Sequence[Partition], action: ResolveAction | str, *, now: float
-    ) -> tuple[Partition, ...]:
-        """Operator decision for UNKNOWN groups: ``requeue`` (READY again, new token on the next acquire)
-        or ``drop`` (deleted, never trained). All-or-nothing; a repeat of an applied drop is a no-op.
+    # ------------------------------------------------------------------ snapshots
+    def install(self, lease: _Lease) -> None:
+        """Add a live lease read from a snapshot (its expiry scheduled; call :meth:`loaded` after all)."""
+        self._live[lease.token] = lease
+        self._heap.append((lease.expires_at, lease.token))
 
-        Raises:
-            InvalidRequestError: unknown action. NotFoundError: a group is not in the job.
-            InvalidStateError: a group is not UNKNOWN (nothing is changed).
-        """
-        self._advance(now)
-        self._job(job_id)
-        try:
-            act = ResolveAction(action)
-        except (ValueError, TypeError):
-            raise InvalidRequestError(f"action must be 'requeue' or 'drop', got {brief(action)}") from None
-        keys = check_partitions(partitions)
-        todo = []
-        for key in keys:
-            g = self._groups.get(key)
-            if g is None or key.job_id != job_id:
-                raise NotFoundError(f"group {tuple(key)} is not a live group of job {job_id!r}")
-            if g.state is UNKNOWN:
-                todo.append(g)
-            elif not (act is ResolveAction.DROP and g.state is DROPPED):
-                raise InvalidStateError(
-                    f"group {tuple(key)} is {g.state.value}; only UNKNOWN groups are resolved"
-                )
-        for g in todo:
-            if act is ResolveAction.REQUEUE:
-                self._make_ready(g, front=True)
-            else:
-                self._to_gc(g, DROPPED)
-        return keys
+    def loaded(self) -> None:
+        """Order the expiries of the leases installed from a snapshot."""
+        self._heap.sort()
+
+
+def _ttl(ttl: float | None, default: float, maximum: float) -> float:
+    if ttl is None:
+        return default
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl <= maximum:
+        raise InvalidRequestError(
+            f"ttl must be a number of seconds in (0, {maximum}] (max_lease_ttl), got {brief(ttl)}"
+        )
+    return float(ttl)
+
+
+def _leave_batches(lease: _Lease, groups: Iterable[_Group]) -> None:
+    """Take prepared ``groups`` out of their batches (a batch left empty is forgotten)."""
+    leaving: dict[str, set[Partition]] = {}
+    for g in groups:
+        if g.batch_id is not None:
+            leaving.setdefault(g.batch_id, set()).add(g.key)
+    for batch, keys_out in leaving.items():
+        rest = tuple(k for k in lease.batches[batch] if k not in keys_out)
+        if rest:
+            lease.batches[batch] = rest
+        else:
+            del lease.batches[batch]
+            del lease.stage[batch]

@@ -1,56 +1,70 @@
-"""The ledger: the public state machine. Layers, bottom up:
+"""The ledger: the controller's state machine, a surface over the collaborators of :mod:`._parts`.
 
-* :mod:`._core` — jobs and epochs, storage servers, policy versions;
-* :mod:`._partitions` — placement and capacity, put grants, publishing;
-* :mod:`._leases` — the lease path ``READY -> LEASED -> PREPARED -> TRAINING -> TRAINED -> COMMITTED``
-  (+ ``UNKNOWN``), release for pipeline stages, the operator's resolve;
-* this module — the GC list (commit and drop put groups on it; capacity comes back only when the host
-  confirms the delete; a job that checkpoints keeps its commits until a later checkpoint is confirmed
-  durable), queries, job checkpoints, snapshots and crash recovery; :mod:`._restore` decides what a
-  restore offers again, purges or reports lost.
+Events in, decisions out, time passed in. No method reads a clock, opens a file or a socket, or starts a
+thread: every call gets ``now`` (seconds, any monotonic-enough origin) and first applies what time has
+done since the last call (lazy expiry of leases, put grants and server back-offs, in the order they fell
+due). The ledger never goes back in time: a ``now`` smaller than one already seen is treated as the latest
+one seen. Given the same calls with the same arguments, it makes the same decisions, so a host can
+journal the calls and replay them.
 
-Sans-IO: every call gets ``now``; see :mod:`._core` for what that guarantees. It does not retry anything
-by itself and never replays an UNKNOWN group.
+Each public method checks its arguments, applies expiries and hands the work to the collaborator that owns
+the state: jobs and epochs (:mod:`._jobs`), servers and placement (:mod:`._servers`), the group table
+(:mod:`._groups`), put grants and publishing (:mod:`._grants`), leases (:mod:`._leases`), deletes, fences
+and back-off (:mod:`._upkeep`); checkpoints and snapshots are :mod:`._checkpoint`'s format, restores
+:mod:`._restore`'s rules.
+
+It does not guarantee anything about the storage servers: it tells the host what to delete
+(``take_deletes``) and to fence (``take_fences``) and believes what the host reports (``delete_done``,
+``fence_done``). It is not thread-safe (hosts serialise calls), does not retry anything by itself and
+never replays an UNKNOWN group.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from trajflight.errors import (
-    AlreadyExistsError,
-    CheckpointError,
-    ConfigError,
     InvalidRequestError,
-    StaleFenceError,
 )
 
 from . import _checkpoint as _ckpt
 from ._entries import (
+    ALLOCATED,
+    DROPPED,
+    PREPARED,
+    READY,
+    TRAINED,
+    TRAINING,
     check_int,
+    check_name,
     check_old_ready,
-    check_partition,
-    check_state,
 )
-from ._leases import LeaseMachine
+from ._jobs import job_config
+from ._parts import Parts
 from ._records import (
-    LIVE_STATES,
     DeleteWork,
+    FenceWork,
     GroupInfo,
     GroupState,
     HeldGroup,
     JobConfig,
+    Lease,
     LostGroup,
     OldReady,
     Partition,
+    PolicyStatus,
+    Publication,
+    PutGrant,
+    ResolveAction,
+    ServerInfo,
 )
-from ._restore import check_holdings, restore_job
+from ._restore import restore
 
 __all__ = ["Ledger"]
 
 
-class Ledger(LeaseMachine):
+class Ledger:
     """The controller's state machine: sans-IO, deterministic, driven by ``now``.
 
     Args:
@@ -58,7 +72,475 @@ class Ledger(LeaseMachine):
             previous run's (they persist it) so that tokens keep increasing across restarts.
     """
 
-    # ------------------------------------------------------------------ sweeping and GC
+    __slots__ = ("_grants", "_groups", "_jobs", "_leases", "_now", "_parts", "_servers", "_tokens", "_upkeep")
+
+    def __init__(self, *, incarnation: int = 0) -> None:
+        self._now = float("-inf")
+        self._parts = parts = Parts.create(check_int(incarnation, "incarnation"))
+        self._tokens = parts.tokens
+        self._servers = parts.servers
+        self._jobs = parts.jobs
+        self._groups = parts.groups
+        self._upkeep = parts.upkeep
+        self._grants = parts.grants
+        self._leases = parts.leases
+
+    @property
+    def incarnation(self) -> int:
+        """The incarnation folded into the tokens issued now."""
+        return self._tokens.incarnation
+
+    @property
+    def last_token(self) -> int:
+        """The newest fencing token issued (0 before any)."""
+        return self._tokens.last
+
+    @property
+    def parks(self) -> int:
+        """Groups parked so far on storage servers in back-off (a host journals a call that parked)."""
+        return self._upkeep.reach.parks
+
+    @property
+    def ready_version(self) -> int:
+        """Incremented whenever a group becomes READY: hosts wake long-polling acquirers on a change."""
+        return self._groups.ready_version
+
+    def _advance(self, now: float) -> float:
+        if now > self._now:
+            self._now = float(now)
+        now = self._now
+        self._leases.expire(now)
+        self._grants.expire(now)
+        return now
+
+    # ------------------------------------------------------------------ storage servers
+    def register_server(
+        self,
+        server_id: str,
+        *,
+        node: str,
+        location: str,
+        capacity_bytes: int,
+        capacity_groups: int,
+        now: float,
+    ) -> ServerInfo:
+        """Register (or update) a storage server that groups can be placed on.
+
+        Re-registering an id updates its node, location and capacities and keeps what is reserved on it;
+        it also counts as reaching the server: a back-off after unanswered calls ends at once.
+
+        Raises:
+            InvalidRequestError: an empty name or a negative capacity.
+        """
+        self._advance(now)
+        check_name(server_id, "server_id")
+        check_name(node, "node")
+        check_name(location, "location")
+        check_int(capacity_bytes, "capacity_bytes")
+        check_int(capacity_groups, "capacity_groups")
+        server, known = self._servers.register(server_id, node, location, capacity_bytes, capacity_groups)
+        if known:
+            self._groups.unpark(self._upkeep.reach.reached(server_id))
+        return server.info()
+
+    def servers(self) -> tuple[ServerInfo, ...]:
+        """Every registered storage server with its reservations, sorted by id."""
+        return self._servers.infos()
+
+    # ------------------------------------------------------------------ jobs, writers, policy versions
+    def open_job(
+        self,
+        job_id: str,
+        epoch: int,
+        config: JobConfig | Mapping[str, Any] | None = None,
+        *,
+        now: float,
+        old_ready: OldReady | str = OldReady.REOFFER,
+    ) -> JobConfig:
+        """Open ``job_id`` at ``epoch`` (idempotent for the same epoch and configuration).
+
+        A larger epoch fences every older one: its put grants are abandoned (garbage-collected), its live
+        leases end (LEASED/PREPARED groups to READY, TRAINING/TRAINED to UNKNOWN), its writers must
+        register again, and its READY groups are re-offered or dropped as ``old_ready`` says.
+
+        Returns:
+            The validated configuration.
+
+        Raises:
+            ConfigError: a setting is invalid (named), or the epoch is already open with another setting.
+            StaleFenceError: ``epoch`` is smaller than one already opened for the job.
+        """
+        now = self._advance(now)
+        check_name(job_id, "job_id")
+        check_int(epoch, "epoch")
+        cfg = job_config(config)
+        drop = check_old_ready(old_ready) is OldReady.DROP
+        job = self._jobs.get(job_id)
+        if job is None:
+            self._jobs.add(self._groups.new_job(job_id, epoch, cfg))
+            return cfg
+        if not self._jobs.is_new_epoch(job, epoch, cfg):
+            return cfg
+        self._leases.end_job(job_id, now)
+        for key in list(job.groups):
+            g = self._groups.table[key]
+            if g.state is ALLOCATED or (g.state is READY and drop):
+                self._groups.to_gc(g, DROPPED, now)
+        self._jobs.start_epoch(job, epoch, cfg)
+        return cfg
+
+    def register_writer(
+        self,
+        job_id: str,
+        epoch: int,
+        writer_id: str,
+        *,
+        node: str,
+        now: float,
+        policy_version: int | None = None,
+    ) -> PolicyStatus:
+        """Register a rollout worker of the job's current epoch (idempotent; updates its node).
+
+        Args:
+            policy_version: The weights version the writer has loaded; default the job's current one.
+
+        Raises:
+            StaleFenceError: ``epoch`` is older than the job's current epoch.
+            NotFoundError: the job or epoch is not open.
+        """
+        self._advance(now)
+        return self._jobs.register_writer(job_id, epoch, writer_id, node, policy_version)
+
+    def announce_policy(self, job_id: str, version: int, *, now: float) -> PolicyStatus:
+        """The trainer announces new weights ``version`` (larger than the current one; idempotent if equal).
+
+        Raises:
+            InvalidRequestError: ``version`` is smaller than the current one.
+        """
+        self._advance(now)
+        return self._jobs.announce_policy(job_id, version)
+
+    def ack_policy(
+        self, job_id: str, epoch: int, writer_id: str, version: int, *, now: float
+    ) -> PolicyStatus:
+        """A registered writer acknowledges that it generates with ``version`` from now on.
+
+        Raises:
+            NotFoundError: the writer is not registered for this epoch.
+            InvalidRequestError: ``version`` was never announced.
+        """
+        self._advance(now)
+        status = self._jobs.ack_policy(job_id, epoch, writer_id, version)
+        self._groups.changed()  # a hold may have lifted
+        return status
+
+    def policy_status(self, job_id: str) -> PolicyStatus:
+        """The current policy version of the job and which writers acknowledged it."""
+        return self._jobs.policy_status(job_id)
+
+    # ------------------------------------------------------------------ partitions
+    def allocate(self, job_id: str, epoch: int, writer_id: str, *, nbytes: int, now: float) -> PutGrant:
+        """Give a writer the next partition of the job, placed and with ``nbytes`` reserved.
+
+        Placement: a server on the writer's node with room, else any server with room, the least loaded
+        by bytes first (ties by id).
+
+        Raises:
+            StaleFenceError: ``epoch`` is fenced.
+            NotFoundError: the job/epoch is not open or the writer is not registered.
+            InvalidRequestError: ``nbytes`` is not positive or exceeds ``max_group_bytes``.
+            InvalidStateError: strict on-policy mode and the writer has not acknowledged the current
+                policy version (``retry_after`` set).
+            CapacityExceededError: the job's or every server's capacity is full (``retry_after`` set).
+        """
+        return self._grants.allocate(job_id, epoch, writer_id, nbytes, self._advance(now))
+
+    def allocate_many(
+        self, job_id: str, epoch: int, writer_id: str, *, nbytes: Sequence[int], now: float
+    ) -> list[PutGrant]:
+        """Give a writer the next partitions of the job, one per group size in ``nbytes``, in order.
+
+        The grants are exactly those of calling :meth:`allocate` once per size, in order, at the same
+        ``now``, stopping at the first refusal for capacity: the same placement, partitions, tokens and
+        expiries. When capacity runs out after ``k`` grants it returns those ``k`` (a prefix: a later,
+        smaller group is never granted ahead of one that did not fit, so partitions keep the order of the
+        groups); ask again for the rest later. Every grant is whole; nothing is reserved for the groups
+        not granted. Every size is checked before anything is granted, so a refused call changes nothing.
+
+        Args:
+            nbytes: Bytes to reserve for each group (a non-empty list of positive ints).
+
+        Returns:
+            One grant per granted group, in the order of ``nbytes``; at least one.
+
+        Raises:
+            StaleFenceError: ``epoch`` is fenced.
+            NotFoundError: the job/epoch is not open or the writer is not registered.
+            InvalidRequestError: ``nbytes`` is empty or not a list, or a size is not positive or exceeds
+                ``max_group_bytes`` (the message names its index).
+            InvalidStateError: strict on-policy mode and the writer has not acknowledged the current
+                policy version (``retry_after`` set).
+            CapacityExceededError: not even the first group fits, exactly as :meth:`allocate` refuses it
+                (``retry_after`` set); nothing was granted.
+        """
+        return self._grants.allocate_many(job_id, epoch, writer_id, nbytes, self._advance(now))
+
+    def publish(
+        self,
+        partition: Partition | Sequence[Any],
+        *,
+        token: int,
+        rows: int,
+        nbytes: int,
+        tokens: int,
+        policy_version: int,
+        columns: Iterable[str],
+        now: float,
+    ) -> GroupInfo:
+        """Make a stored group READY (idempotent for the same grant token and sizes).
+
+        Unused reservation (granted minus ``nbytes``) is given back at once.
+
+        Raises:
+            StaleFenceError: the epoch is fenced, or ``token`` is not the grant's token.
+            NotFoundError: the job/epoch is not open, or the partition was never allocated (or is deleted).
+            LeaseExpiredError: the grant expired; the partition is being garbage-collected.
+            AlreadyExistsError: the partition was already published (with other values).
+            InvalidRequestError: ``nbytes`` exceeds the reservation, or a value is invalid.
+        """
+        self._advance(now)
+        return self._grants.publish(partition, token, rows, nbytes, tokens, policy_version, columns)
+
+    def publish_many(self, items: Sequence[Publication], *, now: float) -> list[GroupInfo]:
+        """Make several stored groups READY in one operation: :meth:`publish` for each item, in order.
+
+        Each item is checked exactly as :meth:`publish` checks it (the same errors, with the same
+        messages), an item repeating a publication already made (by an earlier call or an earlier item
+        of this one) returns the group as it is, and the groups become READY in the order of ``items``
+        with their unused reservations given back, as repeated :meth:`publish` calls at the same ``now``
+        would leave them. All or nothing: every item is checked before any is applied, so when one is
+        refused the call raises what :meth:`publish` would have raised for it and publishes none of the
+        items (not even those before it); a refused call changes nothing but lazy expiry, and repeating
+        a successful call returns the same answer.
+
+        Args:
+            items: One :class:`~trajflight.controller.Publication` per stored group (a non-empty list);
+                they may belong to several jobs.
+
+        Returns:
+            One :class:`~trajflight.controller.GroupInfo` per item, in the order of ``items``.
+
+        Raises:
+            InvalidRequestError: ``items`` is empty or not a list, an item is not a ``Publication``
+                (the message names its index), or as :meth:`publish` refuses an item.
+            StaleFenceError, NotFoundError, LeaseExpiredError, AlreadyExistsError: as :meth:`publish`
+                refuses the first item it refuses; nothing was published.
+        """
+        self._advance(now)
+        return self._grants.publish_many(items)
+
+    def group(self, partition: Partition | Sequence[Any]) -> GroupInfo:
+        """What the ledger knows of one group.
+
+        Raises:
+            NotFoundError: never allocated, or deleted.
+        """
+        return self._groups.group(partition)
+
+    # ------------------------------------------------------------------ leases
+    def acquire(
+        self,
+        job_id: str,
+        owner: str,
+        *,
+        max_groups: int,
+        now: float,
+        ttl: float | None = None,
+        max_tokens: int | None = None,
+        max_staleness: int | None = None,
+        require: Iterable[str] = (),
+        lack: Iterable[str] = (),
+    ) -> Lease | None:
+        """Lease up to ``max_groups`` READY groups of the job under one new fencing token.
+
+        Cost is proportional to the groups taken (plus the number of distinct policy versions and column
+        sets), not to the number of READY groups. Groups on a storage server in back-off (see
+        :meth:`report_unusable`) are not leased: they wait, out of the READY index, until it ends.
+
+        Args:
+            job_id: The job.
+            owner: Who leases (free text for operators).
+            max_groups: Most groups to lease, at most the job's ``max_groups_per_lease``.
+            now: Ledger time.
+            ttl: Seconds until the lease expires unless renewed; default the job's ``default_lease_ttl``.
+            max_tokens: Token budget: stop before the total token count would exceed it (a single group
+                larger than the budget is leased alone).
+            max_staleness: Only groups with policy version >= current - ``max_staleness``; the tighter of
+                this and the job's ``max_staleness`` applies.
+            require: Only groups that carry all these columns (a pipeline stage's inputs).
+            lack: Only groups that carry none of these columns (a stage's outputs, not yet written).
+
+        Returns:
+            The lease, or ``None`` when no eligible group is READY (or strict on-policy mode holds the
+            round until every registered writer acknowledged the announced version).
+
+        Raises:
+            NotFoundError: the job is not open.
+            InvalidRequestError: a limit is out of range.
+        """
+        now = self._advance(now)
+        return self._leases.acquire(
+            job_id, owner, max_groups, now, ttl, max_tokens, max_staleness, require, lack
+        )
+
+    def renew(self, token: int, *, now: float, ttl: float | None = None) -> float:
+        """Extend the lease (all its groups) to ``now + ttl``; return the new expiry.
+
+        Raises:
+            LeaseExpiredError: the lease already expired (its groups moved on; do not commit them).
+            StaleFenceError: the token is older than the groups' generation, or its epoch is fenced.
+            InvalidStateError: the lease is finished.
+        """
+        return self._leases.renew(token, self._advance(now), ttl)
+
+    def prepare(
+        self, token: int, batch_id: str, *, now: float, partitions: Sequence[Partition] | None = None
+    ) -> tuple[Partition, ...]:
+        """Gather LEASED groups of the lease into batch ``batch_id`` (LEASED -> PREPARED).
+
+        Args:
+            token: The lease's token.
+            batch_id: A name for the batch, unique within the lease.
+            now: Ledger time.
+            partitions: The groups; default every group of the lease still LEASED.
+
+        Returns:
+            The batch's partitions (the same on an identical repeat).
+
+        Raises:
+            LeaseExpiredError, StaleFenceError: the lease is gone (see :meth:`renew`).
+            InvalidStateError: a group is not LEASED under this lease, the batch exists with other
+                groups, or no group is left to prepare.
+        """
+        self._advance(now)
+        return self._leases.prepare(token, batch_id, partitions)
+
+    def start_training(self, token: int, batch_id: str, *, now: float) -> tuple[Partition, ...]:
+        """PREPARED -> TRAINING for the batch. From here an expiry sends its groups to UNKNOWN.
+
+        Raises:
+            NotFoundError: no such batch. InvalidStateError: the batch is not PREPARED.
+            LeaseExpiredError, StaleFenceError: the lease is gone.
+        """
+        self._advance(now)
+        return self._leases.step(token, batch_id, PREPARED, TRAINING)
+
+    def finish_training(self, token: int, batch_id: str, *, now: float) -> tuple[Partition, ...]:
+        """TRAINING -> TRAINED for the batch (the optimizer step is done, not yet recorded as committed).
+
+        Raises:
+            NotFoundError: no such batch. InvalidStateError: the batch is not TRAINING.
+            LeaseExpiredError, StaleFenceError: the lease is gone.
+        """
+        self._advance(now)
+        return self._leases.step(token, batch_id, TRAINING, TRAINED)
+
+    def commit(self, token: int, batch_id: str, *, now: float) -> tuple[Partition, ...]:
+        """TRAINED -> COMMITTED for the batch: each group is trained once, for good, and put on the GC list,
+        or, once the job has taken a checkpoint, kept (stored, holding capacity) until a later checkpoint
+        is confirmed durable (:meth:`confirm_checkpoint`).
+
+        The lease ends when none of its groups is left LEASED..TRAINED.
+
+        Raises:
+            NotFoundError: no such batch. InvalidStateError: the batch is not TRAINED.
+            LeaseExpiredError, StaleFenceError: the lease is gone (its groups went to UNKNOWN; an
+                operator decides).
+        """
+        return self._leases.commit(token, batch_id, self._advance(now))
+
+    def release(
+        self,
+        token: int,
+        *,
+        now: float,
+        partitions: Sequence[Partition] | None = None,
+        columns: Iterable[str] = (),
+    ) -> tuple[Partition, ...]:
+        """Give LEASED or PREPARED groups back to READY, recording ``columns`` as appended to them.
+
+        Enrichment stages (reference logprobs, rewards, advantages) lease groups lacking their output,
+        append it through the storage server, then release with ``columns`` naming what they wrote. A
+        trainer that gives up releases without columns. Prepared groups leave their batch.
+
+        Args:
+            token: The lease's token.
+            now: Ledger time.
+            partitions: The groups; default every LEASED or PREPARED group of the lease.
+            columns: Columns appended to these groups.
+
+        Returns:
+            The partitions released (the same on an identical repeat).
+
+        Raises:
+            InvalidStateError: a group is TRAINING or TRAINED (finish and commit it, or let the lease
+                expire), or is not in this lease.
+            AlreadyExistsError: a group already carries one of ``columns`` (each column is written once);
+                nothing is released.
+            LeaseExpiredError, StaleFenceError: the lease is gone.
+        """
+        self._advance(now)
+        return self._leases.release(token, partitions, columns)
+
+    def report_unusable(
+        self,
+        token: int,
+        *,
+        now: float,
+        missing: Sequence[Partition] = (),
+        unreachable: Sequence[str] = (),
+    ) -> tuple[Partition, ...]:
+        """A trainer could not open some groups of its lease on their storage servers: take them out.
+
+        Args:
+            token: The lease's token.
+            now: Ledger time.
+            missing: LEASED/PREPARED groups of the lease whose server answered that it does not hold
+                them. Each leaves the lease, is recorded lost (``"missing on server <id>"``, see
+                ``Ledger.lost``) and goes to the GC list as DROPPED, so that its capacity comes back;
+                it is never offered again.
+            unreachable: Storage servers that did not answer (dead or stopped). Each goes into back-off
+                (the job's ``server_retry_initial``, doubling per report up to ``server_retry_max``;
+                a report during a back-off changes nothing): ``acquire`` leases none of its groups until
+                the back-off ends, the server registers again or a delete on it is confirmed. The
+                lease's LEASED/PREPARED groups on it go back to READY.
+
+        The lease ends when nothing is left in it. Checks everything before changing anything; a
+        repeat changes nothing more.
+
+        Returns:
+            The partitions that left the lease, in lease order.
+
+        Raises:
+            LeaseExpiredError, StaleFenceError: the lease is gone (its groups moved on).
+            NotFoundError: a server is not registered, or a group is not part of the lease.
+            InvalidStateError: a missing group is not LEASED/PREPARED under this lease.
+        """
+        return self._leases.report_unusable(token, self._advance(now), missing, unreachable)
+
+    def resolve(
+        self, job_id: str, partitions: Sequence[Partition], action: ResolveAction | str, *, now: float
+    ) -> tuple[Partition, ...]:
+        """Operator decision for UNKNOWN groups: ``requeue`` (READY again, new token on the next acquire)
+        or ``drop`` (deleted, never trained). All-or-nothing; a repeat of an applied drop is a no-op.
+
+        Raises:
+            InvalidRequestError: unknown action. NotFoundError: a group is not in the job.
+            InvalidStateError: a group is not UNKNOWN (nothing is changed).
+        """
+        return self._groups.resolve(job_id, partitions, action, self._advance(now))
+
+    # ------------------------------------------------------------------ sweeping: deletes and fences
     def tick(self, now: float) -> None:
         """Apply expiries due at ``now`` (hosts call it from their sweeper; every other call does too)."""
         self._advance(now)
@@ -66,17 +548,10 @@ class Ledger(LeaseMachine):
     def next_deadline(self) -> float | None:
         """The earliest time at which something may expire, a delete fall due or a storage server's
         back-off end (``None``: nothing)."""
-        times = []
-        if self._lease_heap:
-            times.append(self._lease_heap[0][0])
-        if self._grant_heap:
-            times.append(self._grant_heap[0][0])
-        for due in (*(job.gc.next_due() for job in self._jobs.values()), self._fences.next_due()):
+        times = self._upkeep.next_due()
+        for due in (self._leases.next_due(), self._grants.next_due(), self._upkeep.reach.next_due()):
             if due is not None:
                 times.append(due)
-        due = self._reach.next_due()
-        if due is not None:
-            times.append(due)
         return min(times) if times else None
 
     def take_deletes(self, *, now: float, limit: int = 256) -> list[DeleteWork]:
@@ -84,20 +559,7 @@ class Ledger(LeaseMachine):
 
         An unreported delete is handed out again after the job's ``delete_timeout``.
         """
-        self._advance(now)
-        out: list[DeleteWork] = []
-        for job in self._jobs.values():
-            for entry in job.gc.take(self._now, limit - len(out)):
-                g = self._groups[entry.key]
-                server = self._servers[g.server_id]
-                out.append(
-                    DeleteWork(
-                        g.key, g.server_id, server.location, g.generation, entry.attempts, entry.last_error
-                    )
-                )
-            if len(out) >= limit:
-                break
-        return out
+        return self._upkeep.take_deletes(self._advance(now), limit)
 
     def delete_done(
         self, partition: Partition | Sequence[Any], *, ok: bool, now: float, error: str | None = None
@@ -108,24 +570,28 @@ class Ledger(LeaseMachine):
             True when this report released the group; False for a failure (retried later) or a late
             duplicate report.
         """
-        self._advance(now)
-        key = check_partition(partition)
-        job = self._jobs.get(key.job_id)
-        if job is None or key not in job.gc:
-            return False
-        if not job.gc.done(key, bool(ok), self._now, error):
-            return False
-        g = self._groups.pop(key)
-        del job.groups[key]
-        self._unpark(self._reach.reached(g.server_id))  # the server answered
-        job.counts[g.state] -= 1
-        job.deleted += 1
-        server = self._servers[g.server_id]
-        server.used_bytes -= g.nbytes
-        server.used_groups -= 1
-        job.used_bytes -= g.nbytes
-        job.used_groups -= 1
-        return True
+        return self._upkeep.delete_done(partition, ok, self._advance(now), error)
+
+    def take_fences(self, *, now: float, limit: int = 256) -> list[FenceWork]:
+        """Hand out up to ``limit`` due fences; each must be reported with :meth:`fence_done`.
+
+        A fence of a group the ledger has since forgotten (deleted) is dropped, not handed out. An
+        unreported fence is handed out again after a timeout.
+        """
+        return self._upkeep.take_fences(self._advance(now), limit)
+
+    def fence_done(
+        self,
+        partition: Partition | Any,
+        *,
+        generation: int,
+        ok: bool,
+        now: float,
+        error: str | None = None,
+    ) -> bool:
+        """Report a fence's outcome. Returns True when it confirmed the group's pending fence; False for a
+        failure (retried with back-off), a fence of an older generation, or a late duplicate."""
+        return self._upkeep.fence_done(partition, generation, ok, self._advance(now), error)
 
     # ------------------------------------------------------------------ queries
     def counts(self, job_id: str) -> dict[str, int]:
@@ -134,65 +600,40 @@ class Ledger(LeaseMachine):
         until a later checkpoint is durable: they hold capacity), ``lost`` (groups that can never be
         offered again, see :meth:`lost`) and ``purged`` (groups restores deleted because their checkpoint
         did not know them)."""
-        job = self._job(job_id)
-        out = {state.value: n for state, n in job.counts.items()}
-        out["deleted"] = job.deleted
-        out["committed_total"] = job.committed
-        out["kept"] = len(job.kept)
-        out["lost"] = len(job.lost)
-        out["purged"] = job.purged
-        return out
+        return self._jobs.counts(job_id)
 
     def lost(self, job_id: str) -> tuple[LostGroup, ...]:
         """Every group of the job that can never be offered again although it was not trained, with why
         (oldest first; carried in checkpoints and snapshots)."""
-        job = self._job(job_id)
-        return tuple(LostGroup(key, reason) for key, reason in job.lost.items())
+        return self._jobs.lost(job_id)
 
     def usage(self, job_id: str) -> tuple[int, int]:
         """``(bytes, groups)`` the job holds: reserved or stored, not yet confirmed deleted."""
-        job = self._job(job_id)
-        return job.used_bytes, job.used_groups
+        return self._jobs.usage(job_id)
 
     def lease_groups(self, token: int) -> tuple[GroupInfo, ...]:
         """Current information on every group a lease was granted (deleted ones omitted)."""
-        lease = self._lease(token)
-        return tuple(self._info(self._groups[k]) for k in lease.keys if k in self._groups)
+        return self._leases.lease_groups(token)
 
     def live_leases(self, job_id: str | None = None) -> tuple[int, ...]:
         """Tokens of the live leases (of one job, or all)."""
-        return tuple(t for t, lease in self._leases.items() if job_id is None or lease.job_id == job_id)
+        return self._leases.live_tokens(job_id)
 
     def gc_list(self, job_id: str | None = None) -> tuple[DeleteWork, ...]:
         """What waits for a confirmed delete (of one job, or all), with attempts and last errors."""
-        out = []
-        for job in self._jobs.values():
-            if job_id is not None and job.job_id != job_id:
-                continue
-            for entry in job.gc:
-                g = self._groups[entry.key]
-                out.append(
-                    DeleteWork(
-                        g.key,
-                        g.server_id,
-                        self._servers[g.server_id].location,
-                        g.generation,
-                        entry.attempts,
-                        entry.last_error,
-                    )
-                )
-        return tuple(out)
+        return self._upkeep.gc_list(job_id)
+
+    def fence_list(self) -> tuple[FenceWork, ...]:
+        """The fences that wait for a confirmation, with attempts and last errors (operators, tests)."""
+        return tuple(self._upkeep.fences)
 
     def groups_in(self, job_id: str, state: GroupState | str) -> tuple[GroupInfo, ...]:
         """Every group of the job in ``state`` (O(groups of the job); for operators and tests)."""
-        job = self._job(job_id)
-        st = check_state(state)
-        return tuple(self._info(g) for k in job.groups if (g := self._groups[k]).state is st)
+        return self._groups.groups_in(job_id, state)
 
     def is_quiescent(self, job_id: str) -> bool:
         """True when no group of the job is LEASED..TRAINED (a checkpoint may be taken)."""
-        job = self._job(job_id)
-        return not any(job.counts[s] for s in LIVE_STATES)
+        return self._jobs.live_groups(job_id) == 0
 
     # ------------------------------------------------------------------ checkpoints and recovery
     def checkpoint(self, job_id: str, *, now: float) -> bytes:
@@ -208,7 +649,11 @@ class Ledger(LeaseMachine):
             NotFoundError: the job is not open.
             InvalidStateError: a group of the job is LEASED..TRAINED; checkpoint between steps.
         """
-        return _ckpt.export_job_checkpoint(self, job_id, now)
+        now = self._advance(now)
+        job = self._jobs.checkpointable(job_id)
+        data = _ckpt.job_checkpoint(self._parts, job, job.checkpoints + 1, now)
+        job.checkpoints += 1
+        return data
 
     def confirm_checkpoint(self, job_id: str, seq: int, *, now: float) -> int:
         """Checkpoint ``seq`` of the job is durable: the commits it covers (made before it was taken) go
@@ -221,26 +666,7 @@ class Ledger(LeaseMachine):
             NotFoundError: the job is not open.
             InvalidRequestError: ``seq`` is not the sequence number of a checkpoint taken of the job.
         """
-        self._advance(now)
-        job = self._job(job_id)
-        check_int(seq, "seq", minimum=1)
-        if seq > job.checkpoints:
-            raise InvalidRequestError(
-                f"job {job_id!r} has no checkpoint {seq} (newest {job.checkpoints}); confirm the sequence "
-                "number of the bytes checkpoint returned (checkpoint_seq reads it)"
-            )
-        if seq <= job.durable:
-            return 0
-        job.durable = seq
-        released = []
-        for key, taken in job.kept.items():  # in commit order, so in order of checkpoints taken too
-            if taken >= seq:
-                break
-            released.append(key)
-        for key in released:
-            del job.kept[key]
-            job.gc.add(key, self._now)
-        return len(released)
+        return self._jobs.confirm_checkpoint(job_id, seq, self._advance(now))
 
     def restore(
         self,
@@ -288,56 +714,22 @@ class Ledger(LeaseMachine):
             AlreadyExistsError: this ledger already has the job open.
             InvalidRequestError: ``available`` lists a group of another job or on an unknown server.
         """
-        now = self._advance(now)
-        payload = _ckpt.decode(data, _ckpt.KIND_JOB)
-        if payload.get("job_id") != job_id:
-            raise CheckpointError(
-                f"the checkpoint is of job {payload.get('job_id')!r:.100}, not {job_id!r:.100}; "
-                "pass the right file or job"
-            )
-        cfg = self._config(config)
-        try:
-            saved = JobConfig(**payload["config"])
-        except (TypeError, KeyError):
-            raise CheckpointError(
-                "the checkpoint's configuration is malformed; restore an older copy"
-            ) from None
-        diff = cfg.difference(saved)
-        if diff is not None:
-            raise ConfigError(
-                f"{diff}: the checkpoint was taken with {diff}={getattr(saved, diff)!r}, the restore "
-                "asks for "
-                f"{getattr(cfg, diff)!r}; restore with the same configuration",
-                setting=diff,
-            )
-        check_int(epoch, "epoch")
-        if epoch <= payload["epoch"]:
-            raise StaleFenceError(
-                f"restore of job {job_id!r} needs an epoch larger than the checkpoint's "
-                f"{payload['epoch']}, got {epoch}",
-                job_id=job_id,
-                epoch=epoch,
-            )
-        if job_id in self._jobs:
-            raise AlreadyExistsError(
-                f"job {job_id!r} is already open in this controller; restore into a fresh controller"
-            )
-        drop = check_old_ready(old_ready) is OldReady.DROP
-        check_int(min_token, "min_token")
-        imp = _ckpt.parse_job_checkpoint(self, payload)
-        holdings = (
-            None
-            if available is None
-            else check_holdings(available, job_id, epoch, imp.server_ids | set(self._servers))
-        )
-        restore_job(
-            self, imp, epoch=epoch, config=cfg, now=now, drop=drop, holdings=holdings, min_token=min_token
+        restore(
+            self._parts,
+            data,
+            job_id=job_id,
+            epoch=epoch,
+            config=config,
+            now=self._advance(now),
+            old_ready=old_ready,
+            available=available,
+            min_token=min_token,
         )
         return self.counts(job_id)
 
     def snapshot(self) -> bytes:
         """The whole ledger, live leases included, for a host's crash recovery (not a job checkpoint)."""
-        return _ckpt.export_snapshot(self)
+        return _ckpt.export_snapshot(self._parts, self._now)
 
     @classmethod
     def from_snapshot(cls, data: bytes, *, source: str = "snapshot") -> Ledger:
@@ -347,7 +739,7 @@ class Ledger(LeaseMachine):
             CheckpointError: the snapshot is corrupt, truncated or of another format.
         """
         ledger = cls()
-        _ckpt.import_snapshot(ledger, data, source=source)
+        ledger._now = _ckpt.import_snapshot(ledger._parts, data, source=source)
         return ledger
 
     def recover(self, incarnation: int, *, now: float) -> int:
@@ -362,14 +754,11 @@ class Ledger(LeaseMachine):
         Raises:
             InvalidRequestError: ``incarnation`` is not larger than the current one.
         """
-        self._advance(now)
+        now = self._advance(now)
         check_int(incarnation, "incarnation")
-        if incarnation <= self._incarnation:
+        if incarnation <= self._tokens.incarnation:
             raise InvalidRequestError(
-                f"incarnation {incarnation} must be larger than the current {self._incarnation}"
+                f"incarnation {incarnation} must be larger than the current {self._tokens.incarnation}"
             )
-        self._incarnation, self._counter = incarnation, 0
-        leases = list(self._leases.values())
-        for lease in leases:
-            self._end_live_lease(lease, "restart")
-        return len(leases)
+        self._tokens.restart(incarnation)
+        return self._leases.end_all(now)

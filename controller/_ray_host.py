@@ -13,8 +13,11 @@ replays the journal, persists a new incarnation (so tokens keep increasing) and 
 live: TRAINING/TRAINED groups come back UNKNOWN. The state directory must be on the node where Ray
 restarts the actor (pin it with a node-affinity scheduling strategy on a multi-node cluster).
 
-Ray is imported only when this module's functions are called. Ledger errors travel back as values and are
-raised again by the client with their own class: Ray's exception wrapping never reaches the caller.
+The actor serves the client operations of :mod:`._commands`: ``invoke`` and ``invoke_many`` the commands whose
+route is ``CALL`` (as the Flight endpoint does), ``acquire``, ``checkpoint`` and ``restore`` (route ``OWN``)
+with methods of their own; the ``HOST`` commands are its sweeper's. Ray is imported only when this
+module's functions are called. Ledger errors travel back as values and are raised again by the client with
+their own class: Ray's exception wrapping never reaches the caller.
 """
 
 from __future__ import annotations
@@ -24,23 +27,53 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from trajflight.errors import TrajflightError, UnavailableError
 
-from ._checkpoint import checkpoint_seq, read_file, write_atomic
+from ._checkpoint import checkpoint_seq
+from ._commands import (
+    Checkpoint,
+    Command,
+    ConfirmCheckpoint,
+    DeleteDone,
+    FenceDone,
+    TakeDeletes,
+    TakeFences,
+    Tick,
+    client_call,
+    parse,
+)
 from ._durable import HostCore, run_deletes
 from ._entries import check_seconds
 from ._fences import run_fences
+from ._files import read_file, write_atomic
 from ._host import MAX_WAIT
 from ._records import DeleteWork, FenceWork
 
-__all__ = ["DEFAULT_NAME", "DEFAULT_NAMESPACE", "ControllerActor", "ray_actor_class", "start_ray_actor"]
+__all__ = [
+    "DEFAULT_NAME",
+    "DEFAULT_NAMESPACE",
+    "ControllerActor",
+    "import_ray",
+    "ray_actor_class",
+    "start_ray_actor",
+]
 
 DEFAULT_NAME = "trajflight-controller"
 DEFAULT_NAMESPACE = "trajflight"
 
 Reply = tuple[str, Any]
+R = TypeVar("R")
+
+
+def import_ray() -> Any:
+    """Import ray, or fail with an install hint."""
+    try:
+        import ray
+    except ImportError:
+        raise UnavailableError("the Ray host needs ray: pip install 'trajflight[ray]'") from None
+    return ray
 
 
 class ControllerActor:
@@ -83,25 +116,26 @@ class ControllerActor:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep_loop())
         return self._changed
 
-    def _apply(self, method: str, kwargs: dict[str, Any]) -> Any:
+    def _apply(self, command: Command[R]) -> R:
         event = self._ensure_started()
         before = self._core.ledger.ready_version
         try:
-            return self._core.apply(method, kwargs)
+            return self._core.run(command)
         finally:
             if self._core.ledger.ready_version != before:
                 event.set()
                 self._changed = asyncio.Event()
 
     async def invoke(self, method: str, kwargs: dict[str, Any]) -> Reply:
-        """Run one ledger call; reply ``("ok", result)`` or ``("err", TrajflightError)``."""
+        """Run one client operation (a command of route ``CALL``); reply ``("ok", result)`` or
+        ``("err", TrajflightError)``."""
         try:
-            return ("ok", self._apply(method, kwargs))
+            return ("ok", self._apply(client_call(method, kwargs)))
         except TrajflightError as exc:
             return ("err", exc)
 
     async def invoke_many(self, calls: list[tuple[str, dict[str, Any]]]) -> list[Reply]:
-        """Run several ledger calls in order, in one actor call (each reply as for :meth:`invoke`)."""
+        """Run several client operations in order, in one actor call (each reply as for :meth:`invoke`)."""
         out: list[Reply] = []
         for method, kwargs in calls:
             out.append(await self.invoke(method, kwargs))
@@ -115,6 +149,7 @@ class ControllerActor:
         except TrajflightError as exc:
             return ("err", exc)
         end = time.monotonic() + wait
+        command: Command[Any] | None = None
         while True:
             if self._closing:
                 return (
@@ -122,7 +157,9 @@ class ControllerActor:
                     UnavailableError("the controller is shutting down; lease again once it is back"),
                 )
             try:
-                lease = self._apply("acquire", kwargs)
+                if command is None:
+                    command = parse("acquire", kwargs)
+                lease = self._apply(command)
             except TrajflightError as exc:
                 return ("err", exc)
             remaining = end - time.monotonic()
@@ -147,10 +184,10 @@ class ControllerActor:
         """Take a job checkpoint; write it (atomically, on the actor's node) to ``path`` when given, and
         then confirm it durable (see ``LocalController.checkpoint``)."""
         try:
-            data: bytes = self._apply("checkpoint", {"job_id": job_id})
+            data: bytes = self._apply(Checkpoint(job_id=job_id))
             if path is not None:
                 write_atomic(path, data)
-                self._apply("confirm_checkpoint", {"job_id": job_id, "seq": checkpoint_seq(data)})
+                self._apply(ConfirmCheckpoint(job_id=job_id, seq=checkpoint_seq(data)))
             return ("ok", data)
         except TrajflightError as exc:
             return ("err", exc)
@@ -159,7 +196,7 @@ class ControllerActor:
         """Restore a job from checkpoint bytes or a file on the actor's node."""
         try:
             data = source if isinstance(source, bytes) else read_file(source)
-            return ("ok", self._apply("restore", {"data": data, **kwargs}))
+            return ("ok", self._apply(parse("restore", {"data": data, **kwargs})))
         except TrajflightError as exc:
             return ("err", exc)
 
@@ -174,20 +211,17 @@ class ControllerActor:
 
     async def sweep(self) -> int:
         """One sweeper pass (expiries, then deletes and fences); returns the work items run."""
-        self._apply("tick", {})
-        work = self._apply("take_deletes", {"limit": self._delete_batch})
-        fences = self._apply("take_fences", {"limit": self._delete_batch})
+        self._apply(Tick())
+        work = self._apply(TakeDeletes(limit=self._delete_batch))
+        fences = self._apply(TakeFences(limit=self._delete_batch))
         if not work and not fences:
             return 0
         fenced = await asyncio.to_thread(run_fences, fences, self._fencer)
         results = await asyncio.to_thread(run_deletes, work, self._deleter)
         for item, ok, error in results:
-            self._apply("delete_done", {"partition": item.partition, "ok": ok, "error": error})
+            self._apply(DeleteDone(partition=item.partition, ok=ok, error=error))
         for fence, ok, error in fenced:
-            self._apply(
-                "fence_done",
-                {"partition": fence.partition, "generation": fence.generation, "ok": ok, "error": error},
-            )
+            self._apply(FenceDone(partition=fence.partition, generation=fence.generation, ok=ok, error=error))
         return len(work) + len(fences)
 
     async def _sweep_loop(self) -> None:
@@ -209,8 +243,6 @@ class ControllerActor:
 
 def ray_actor_class() -> Any:
     """The Ray actor class wrapping :class:`ControllerActor` (imports ray)."""
-    from trajflight.controller._client import import_ray
-
     ray = import_ray()
     return ray.remote(ControllerActor)
 

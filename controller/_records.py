@@ -12,12 +12,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trajflight.errors import ConfigError
+from trajflight.errors import ConfigError, brief
 from trajflight.keys import Partition
 from trajflight.units import parse_duration, parse_size
 
@@ -78,13 +77,8 @@ class OldReady(enum.StrEnum):
     DROP = "drop"
 
 
-_INT64_MAX = (1 << 63) - 1
-
-
-def _cut(value: object) -> str:
-    """A caller's value for an error message, cut to about 100 characters."""
-    text = repr(value[:101]) if isinstance(value, str) else reprlib.repr(value)
-    return text if len(text) <= 100 else text[:100] + "..."
+INT64_MAX = (1 << 63) - 1
+"""Largest int the ledger accepts anywhere: storage servers and Arrow key columns hold int64."""
 
 
 _SIZE_SETTINGS = ("capacity_bytes", "max_group_bytes")
@@ -151,25 +145,27 @@ class JobConfig:
         for name in ("capacity_bytes", "capacity_groups", "max_staleness"):
             value = getattr(self, name)
             if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT64_MAX
+                isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= INT64_MAX
             ):
                 raise ConfigError(
-                    f"{name}: expected a non-negative int (int64) or None, got {_cut(value)}", setting=name
+                    f"{name}: expected a non-negative int (int64) or None, got {brief(value)}", setting=name
                 )
         for name in ("max_group_bytes", "max_groups_per_lease"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= _INT64_MAX:
-                raise ConfigError(f"{name}: expected a positive int (int64), got {_cut(value)}", setting=name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= INT64_MAX:
+                raise ConfigError(
+                    f"{name}: expected a positive int (int64), got {brief(value)}", setting=name
+                )
         for name in _DURATION_SETTINGS:
             value = getattr(self, name)
             if (
                 isinstance(value, bool)
                 or not isinstance(value, int | float)
-                or (isinstance(value, int) and value > _INT64_MAX)
+                or (isinstance(value, int) and value > INT64_MAX)
                 or not math.isfinite(value)
             ):
                 raise ConfigError(
-                    f"{name}: expected a finite number of seconds, got {_cut(value)}", setting=name
+                    f"{name}: expected a finite number of seconds, got {brief(value)}", setting=name
                 )
             if value <= 0:
                 raise ConfigError(f"{name}: must be positive, got {value!r}", setting=name)
@@ -226,7 +222,7 @@ class JobConfig:
         kwargs: dict[str, Any] = {}
         for name, value in values.items():
             if name not in known:
-                shown = name if isinstance(name, str) and len(name) <= 100 else _cut(name)
+                shown = name if isinstance(name, str) and len(name) <= 100 else brief(name)
                 raise ConfigError(
                     f"{shown}: unknown controller setting; known settings are {sorted(known)}", setting=shown
                 )

@@ -20,10 +20,17 @@ This module changes nothing when it raises: every argument is checked before any
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
-from trajflight.errors import InvalidRequestError, StaleFenceError
+from trajflight.errors import (
+    AlreadyExistsError,
+    CheckpointError,
+    ConfigError,
+    InvalidRequestError,
+    StaleFenceError,
+    brief,
+)
 
 from . import _checkpoint as _ckpt
 from ._entries import (
@@ -36,17 +43,73 @@ from ._entries import (
     check_columns,
     check_int,
     check_name,
+    check_old_ready,
     check_partition,
 )
-from ._records import HeldGroup, JobConfig, Partition
+from ._jobs import job_config
+from ._parts import Parts
+from ._records import HeldGroup, JobConfig, OldReady, Partition
 
-if TYPE_CHECKING:
-    from ._core import LedgerCore
-
-__all__ = ["Holdings", "check_holdings", "restore_job"]
+__all__ = ["Holdings", "check_holdings", "restore", "restore_job"]
 
 Holdings = tuple[set[Partition], dict[Partition, HeldGroup]]
 """The partitions the servers hold, and those of them known with their server and size."""
+
+
+def restore(
+    parts: Parts,
+    data: bytes,
+    *,
+    job_id: str,
+    epoch: int,
+    config: JobConfig | Mapping[str, Any] | None,
+    now: float,
+    old_ready: OldReady | str,
+    available: Sequence[Partition | HeldGroup] | None,
+    min_token: int,
+) -> None:
+    """Check everything, then restore ``job_id`` from the job checkpoint ``data`` (see
+    :meth:`~._ledger.Ledger.restore` for the contract and the errors)."""
+    payload = _ckpt.decode(data, _ckpt.KIND_JOB)
+    if payload.get("job_id") != job_id:
+        raise CheckpointError(
+            f"the checkpoint is of job {brief(payload.get('job_id'))}, not {brief(job_id)}; "
+            "pass the right file or job"
+        )
+    cfg = job_config(config)
+    try:
+        saved = JobConfig(**payload["config"])
+    except (TypeError, KeyError):
+        raise CheckpointError("the checkpoint's configuration is malformed; restore an older copy") from None
+    diff = cfg.difference(saved)
+    if diff is not None:
+        raise ConfigError(
+            f"{diff}: the checkpoint was taken with {diff}={getattr(saved, diff)!r}, the restore asks for "
+            f"{getattr(cfg, diff)!r}; restore with the same configuration",
+            setting=diff,
+        )
+    check_int(epoch, "epoch")
+    if epoch <= payload["epoch"]:
+        raise StaleFenceError(
+            f"restore of job {job_id!r} needs an epoch larger than the checkpoint's "
+            f"{payload['epoch']}, got {epoch}",
+            job_id=job_id,
+            epoch=epoch,
+        )
+    if job_id in parts.jobs:
+        raise AlreadyExistsError(
+            f"job {job_id!r} is already open in this controller; restore into a fresh controller"
+        )
+    drop = check_old_ready(old_ready) is OldReady.DROP
+    check_int(min_token, "min_token")
+    registered = set(parts.servers.by_id)
+    imp = _ckpt.parse_job_checkpoint(payload, registered)
+    holdings = (
+        None if available is None else check_holdings(available, job_id, epoch, imp.server_ids | registered)
+    )
+    restore_job(
+        parts, imp, epoch=epoch, config=cfg, now=now, drop=drop, holdings=holdings, min_token=min_token
+    )
 
 
 def check_holdings(
@@ -67,13 +130,13 @@ def check_holdings(
         key = check_partition(item.partition if isinstance(item, HeldGroup) else item)
         if key.job_id != job_id:
             raise InvalidRequestError(
-                f"available lists {tuple(key)!r:.100}, a group of another job than {job_id!r}; "
+                f"available lists {brief(tuple(key))}, a group of another job than {job_id!r}; "
                 "list the servers' groups of the job restored only"
             )
         check_int(key.epoch, "a partition's epoch")
         if key.epoch >= epoch:
             raise StaleFenceError(
-                f"the storage servers hold group {tuple(key)!r:.100} of epoch {key.epoch}, not older than "
+                f"the storage servers hold group {brief(tuple(key))} of epoch {key.epoch}, not older than "
                 f"the restore's epoch {epoch}: restore under an epoch larger than every epoch the job ran",
                 job_id=job_id,
                 epoch=epoch,
@@ -84,7 +147,7 @@ def check_holdings(
             check_int(item.nbytes, "a held group's nbytes")
             if item.server_id not in servers:
                 raise InvalidRequestError(
-                    f"group {tuple(key)!r:.100} is held by server {item.server_id!r:.100}, which is not "
+                    f"group {brief(tuple(key))} is held by server {brief(item.server_id)}, which is not "
                     "registered; register it before the restore"
                 )
             columns = tuple(sorted(check_columns(item.columns, "a held group's columns")))
@@ -93,7 +156,7 @@ def check_holdings(
 
 
 def restore_job(
-    ledger: LedgerCore,
+    parts: Parts,
     imp: _ckpt.JobImport,
     *,
     epoch: int,
@@ -109,8 +172,7 @@ def restore_job(
     ``holdings``: from :func:`check_holdings`, or ``None`` to trust the checkpoint.
     ``min_token``: tokens issued afterwards are larger than it too (the servers' highest generation).
     """
-    groups = _ckpt.install_job_checkpoint(ledger, imp, epoch, config, now, min_token=min_token)
-    job = ledger._jobs[imp.parsed[0]["job_id"]]
+    job, groups = _ckpt.install_job_checkpoint(parts, imp, epoch, config, now, min_token=min_token)
     # Restored from a checkpoint: its commits are kept until a later checkpoint of it is durable.
     job.checkpoints = job.durable = max(1, job.checkpoints)
     present, held = (None, {}) if holdings is None else holdings
@@ -122,44 +184,37 @@ def restore_job(
         absent = present is not None and g.key not in present
         if g.state is READY:
             if drop:
-                ledger._to_gc(g, DROPPED)
+                parts.groups.to_gc(g, DROPPED, now)
             elif absent:
-                _lose(ledger, job, g, gone)
+                _lose(parts, job, g, gone, now)
             else:
                 stored = held.get(g.key)
                 if stored is not None and stored.columns:  # appended after the checkpoint, too
                     g.colset, g.columns = frozenset(stored.columns), stored.columns
-                g.ready_seq = job.ready.push(g.key, g.policy_version, g.colset)
+                parts.groups.index_ready(job, g)
         elif g.state is UNKNOWN and absent:
-            _lose(ledger, job, g, gone)  # an operator's requeue could never be read
+            _lose(parts, job, g, gone, now)  # an operator's requeue could never be read
         elif g.state is ALLOCATED:
             if present is not None and not absent:
                 job.purged += 1  # put after the checkpoint, never published
-            ledger._to_gc(g, DROPPED)
+            parts.groups.to_gc(g, DROPPED, now)
     known = {g.key for g in groups}
     for key, item in held.items():
         if key not in known:
-            _purge(ledger, job, item, now)
-    ledger.ready_version += 1
+            _purge(parts, job, item, now)
+    parts.groups.changed()
 
 
-def _lose(ledger: LedgerCore, job: _Job, g: _Group, reason: str) -> None:
+def _lose(parts: Parts, job: _Job, g: _Group, reason: str, now: float) -> None:
     job.lost[g.key] = reason
-    ledger._to_gc(g, DROPPED)
+    parts.groups.to_gc(g, DROPPED, now)
 
 
-def _purge(ledger: LedgerCore, job: _Job, item: HeldGroup, now: float) -> None:
+def _purge(parts: Parts, job: _Job, item: HeldGroup, now: float) -> None:
     """Put a stored group the checkpoint does not know on the GC list, counting its bytes until the
     delete is confirmed (so that the server's capacity and the ledger's agree again)."""
     # A fresh token: larger than any the rolled-back incarnation gave the group, so the server takes it.
-    g = _Group(item.partition, item.server_id, ledger._next_token(), item.nbytes, now)
-    ledger._groups[g.key] = g
-    job.groups[g.key] = None
-    job.counts[g.state] += 1
-    server = ledger._servers[g.server_id]
-    server.used_bytes += g.nbytes
-    server.used_groups += 1
-    job.used_bytes += g.nbytes
-    job.used_groups += 1
-    ledger._to_gc(g, DROPPED)
+    g = _Group(item.partition, item.server_id, parts.tokens.next(), item.nbytes, now)
+    parts.groups.add(job, g)
+    parts.groups.to_gc(g, DROPPED, now)
     job.purged += 1

@@ -3,12 +3,13 @@
 :class:`ControlServer` serves a :class:`~trajflight.controller.LocalController` as Flight actions on
 loopback; :class:`FlightTransport` is the matching transport of a
 :class:`~trajflight.controller.ControllerClient`. Messages are typed JSON (:mod:`trajflight._rpc`),
-errors travel as the project's error classes (:mod:`trajflight.flight_server._errors`).
+errors travel as the project's error classes (:mod:`trajflight.flight_server._errors`). What is served
+derives from the controller's declared commands (``trajflight.controller.COMMANDS``).
 
 Actions (``do_action`` type -> JSON body -> one result):
 
 * ``call``: ``{"method", "kwargs", "timeout"}`` -> the ledger's answer; only the client operations in
-  :data:`CALLS` are served (no internal ledger method is reachable).
+  :data:`CALLS` (the commands of route ``CALL``) are served (no internal ledger method is reachable).
 * ``acquire``: ``{"kwargs", "wait", "timeout"}`` -> a lease or null (long poll; other calls proceed).
 * ``checkpoint``: ``{"job_id", "path", "timeout"}`` -> bytes; ``restore``: ``{"source", "kwargs", ...}``.
 * ``info``: deployment facts (storage servers, host identity, counters); unlike the others its body
@@ -45,25 +46,14 @@ import pyarrow.flight as flight
 
 from trajflight import _rpc
 from trajflight.controller import (
+    CALLS,
+    COMMANDS,
     ControllerClient,
-    DeleteWork,
-    FenceWork,
-    GroupInfo,
-    GroupState,
-    HeldGroup,
-    JobConfig,
     Lease,
     LocalController,
-    LostGroup,
-    OldReady,
-    Partition,
-    PolicyStatus,
-    Publication,
-    PutGrant,
-    ResolveAction,
-    ServerInfo,
     check_seconds,
     check_timeout,
+    client_call,
 )
 from trajflight.errors import InvalidRequestError, TrajflightError, UnavailableError, brief
 from trajflight.flight_server import server_errors, translate_errors
@@ -84,58 +74,8 @@ MAX_RESTORE_BYTES = 256 << 20
 """Largest ``restore`` request body (bytes): checkpoint bytes travel base64-encoded inside it."""
 
 _MAX_MESSAGE_CHARS = 2000  # an error longer than this is cut: gRPC refuses oversized error details
-_RESTORE_KWARGS = frozenset({"job_id", "epoch", "config", "old_ready", "available", "min_token"})
+_RESTORE_KWARGS = frozenset(COMMANDS["restore"].argument_names) - {"data"}  # the bytes travel as "source"
 
-_rpc.register(
-    DeleteWork,
-    FenceWork,
-    GroupInfo,
-    GroupState,
-    HeldGroup,
-    JobConfig,
-    Lease,
-    LostGroup,
-    OldReady,
-    Partition,
-    PolicyStatus,
-    Publication,
-    PutGrant,
-    ResolveAction,
-    ServerInfo,
-)
-
-CALLS = frozenset(
-    {
-        "register_server",
-        "open_job",
-        "register_writer",
-        "announce_policy",
-        "ack_policy",
-        "policy_status",
-        "allocate",
-        "allocate_many",
-        "publish",
-        "publish_many",
-        "group",
-        "renew",
-        "prepare",
-        "start_training",
-        "finish_training",
-        "commit",
-        "release",
-        "resolve",
-        "counts",
-        "usage",
-        "lease_groups",
-        "gc_list",
-        "fence_list",
-        "servers",
-        "confirm_checkpoint",
-        "lost",
-        "report_unusable",
-    }
-)
-"""Controller operations a remote client may call (the methods of ``ControllerClient``)."""
 
 # Calls whose success is an outcome worth counting for ``trajflight stats``.
 _COUNTED = {
@@ -310,9 +250,7 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
         }
 
     def _call(self, method: Any, kwargs: dict[str, Any], timeout: float | None) -> Any:
-        if not isinstance(method, str) or method not in CALLS:
-            raise InvalidRequestError(f"unknown controller operation {brief(method)}; known: {sorted(CALLS)}")
-        result = self.controller.call(method, kwargs, timeout=timeout)
+        result = self.controller.run(client_call(method, kwargs), timeout=timeout)
         if method in _COUNTED:
             self._count(_COUNTED[method], len(result) if isinstance(result, tuple | list) else 1)
         if method == "publish":

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import pickle
-import zlib
-
 import pytest
 
 from trajflight.controller import GroupState, LocalController, Publication, write_checkpoint
-from trajflight.controller._durable import _RECORD, HostCore
+from trajflight.controller._commands import parse
+from trajflight.controller._durable import HostCore
+from trajflight.controller._journal import RECORD as _RECORD
+from trajflight.controller._journal import encode
 from trajflight.errors import (
     CheckpointError,
     InvalidRequestError,
@@ -174,9 +174,8 @@ def test_batched_publication_is_journaled_and_replayed_after_a_crash(tmp_path):
 
 def _append_record(path, method, kwargs, now):
     """Append a well-formed journal record (valid length and checksum), as a tamperer or a bug would."""
-    body = pickle.dumps((method, kwargs, now))
     with open(path, "ab") as f:
-        f.write(_RECORD.pack(len(body), zlib.crc32(body)) + body)
+        f.write(encode(parse(method, kwargs), now))
 
 
 def test_a_journal_record_that_fails_on_replay_refuses_to_start(tmp_path):
@@ -247,3 +246,96 @@ def test_a_local_controller_does_not_start_on_a_diverged_journal(tmp_path):
                    "nbytes": 1, "tokens": 1, "policy_version": 0, "columns": ()}, clock.now)  # fmt: skip
     with pytest.raises(RecoveryError, match=r"\(publish\) cannot be replayed"):
         LocalController(clock=clock, state_dir=tmp_path, start=False)
+
+
+def test_the_journal_records_commands_as_versioned_json_not_pickle(tmp_path):
+    """Regression (issue 15): the journal pickled ``(method, kwargs, now)``, so reading a state directory
+    could run code. Each record is now length, CRC-32 and a JSON body naming the operation, its tagged
+    arguments and ``now``, under a version."""
+    import json
+
+    clock = Clock()
+    core = HostCore(clock=clock, state_dir=tmp_path)
+    _open(core)
+    _put(core, 1)
+    core.close()
+    data = _journal(tmp_path).read_bytes()
+    bodies, pos = [], 0
+    while pos < len(data):
+        length, _ = _RECORD.unpack_from(data, pos)
+        bodies.append(json.loads(data[pos + _RECORD.size : pos + _RECORD.size + length]))
+        pos += _RECORD.size + length
+    assert [b["op"] for b in bodies] == [
+        "register_server",
+        "open_job",
+        "register_writer",
+        "allocate",
+        "publish",
+    ]
+    assert {b["v"] for b in bodies} == {1}
+    assert bodies[-1]["args"]["partition"] == {"$t": "Partition", "v": ["j", 1, 0]}
+    assert bodies[-1]["now"] == clock.now
+
+
+def test_a_journal_of_the_old_pickle_format_is_refused_with_a_way_out(tmp_path):
+    """Regression (issue 15): a journal written by an older trajflight (pickled records, which it replayed
+    by unpickling them) must not be unpickled; the start fails naming the file and saying how to recover,
+    and leaves the files alone."""
+    import pickle
+    import zlib
+
+    clock = Clock()
+    HostCore(clock=clock, state_dir=tmp_path).close()
+    journal = _journal(tmp_path)
+    old = [
+        ("register_server", {"server_id": "s", "node": "n", "location": "grpc://x", "capacity_bytes": 10**6,
+                             "capacity_groups": 100}),
+        ("open_job", {"job_id": "j", "epoch": 1, "config": None}),
+    ]  # fmt: skip
+    with open(journal, "wb") as f:
+        for method, kwargs in old:
+            body = pickle.dumps((method, kwargs, clock.now), protocol=pickle.HIGHEST_PROTOCOL)
+            f.write(_RECORD.pack(len(body), zlib.crc32(body)) + body)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(RecoveryError, match="older trajflight") as err:
+        HostCore(clock=clock, state_dir=tmp_path)
+    assert err.value.path == str(journal)
+    assert "restore the jobs from their checkpoints" in str(err.value)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"not json", "does not decode"),
+        (b'{"v": 1, "op": "announce_policy", "args": {}, "now": 1}', r"\(announce_policy\) cannot be"),
+        (b'{"v": 1, "op": "counts", "args": {"job_id": "j"}, "now": 1}', "names no journaled operation"),
+        (b'{"v": 2, "op": "announce_policy", "args": {}, "now": 1}', "version 2"),
+        (b'{"v": 1, "op": "announce_policy", "args": {"job_id": {"$d": "Nope", "v": {}}}, "now": 1}',
+         "does not decode"),
+    ],
+)  # fmt: skip
+def test_a_journal_record_that_does_not_read_back_refuses_to_start(tmp_path, body, message):
+    import zlib
+
+    core = HostCore(clock=Clock(), state_dir=tmp_path)
+    _open(core)
+    core.close()
+    with open(_journal(tmp_path), "ab") as f:
+        f.write(_RECORD.pack(len(body), zlib.crc32(body)) + body)
+    with pytest.raises(RecoveryError, match=message) as err:
+        HostCore(clock=Clock(), state_dir=tmp_path)
+    assert err.value.record == 4
+
+
+def test_a_command_the_journal_cannot_record_is_refused_before_it_runs(tmp_path):
+    core = HostCore(clock=Clock(), state_dir=tmp_path)
+    _open(core)
+    size = _journal(tmp_path).stat().st_size
+    with pytest.raises(InvalidRequestError, match="cannot send a object"):
+        core.apply("announce_policy", {"job_id": "j", "version": object()})
+    with pytest.raises(InvalidRequestError, match="not a finite number"):
+        core.apply("renew", {"token": 1, "ttl": float("nan")})
+    assert _journal(tmp_path).stat().st_size == size
+    assert core.ledger.policy_status("j").version == 0
+    core.close()

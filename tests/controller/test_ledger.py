@@ -599,10 +599,10 @@ def test_unknown_and_forgotten_tokens(world):
         world.ledger.renew(10**15, now=world.now)
     world.put(1)
     lease = world.lease(1)
-    world.ledger._ended.clear()
+    world.ledger._leases.forget_ended()
     world.clock.advance(10.0)
     world.ledger.tick(world.now)
-    world.ledger._ended.clear()  # forgotten tombstone: still refused as stale
+    world.ledger._leases.forget_ended()  # forgotten tombstone: still refused as stale
     with pytest.raises(StaleFenceError):
         world.ledger.renew(lease.token, now=world.now)
 

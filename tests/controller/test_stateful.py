@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from trajflight.controller import JobConfig, Ledger, Partition, Publication, checkpoint_seq
-from trajflight.controller._durable import MUTATING
+from trajflight.controller._commands import MUTATING
 from trajflight.errors import CapacityExceededError, TrajflightError
 
 CAP_BYTES = 600
@@ -57,9 +57,11 @@ class Recorder:
 
 
 def _observable(ledger: Ledger) -> tuple:
-    groups = {k: (g.state, g.generation, g.columns, g.batch_id, g.nbytes) for k, g in ledger._groups.items()}
+    groups = {
+        k: (g.state, g.generation, g.columns, g.batch_id, g.nbytes) for k, g in ledger._groups.table.items()
+    }
     leases = {
-        t: (lease.expires_at, tuple(lease.live), dict(lease.stage)) for t, lease in ledger._leases.items()
+        lease.token: (lease.expires_at, tuple(lease.live), dict(lease.stage)) for lease in ledger._leases
     }
     gc = {w.partition for w in ledger.gc_list()}
     job = ledger._jobs["j"]
@@ -74,7 +76,7 @@ def _observable(ledger: Ledger) -> tuple:
         ledger.last_token,
         kept,
         lost,
-        ledger._reach.export(),
+        ledger._upkeep.reach.export(),
     )
 
 
@@ -240,7 +242,8 @@ class LedgerMachine(RuleBasedStateMachine):
             token = data.draw(st.sampled_from(sorted(self.leases)))
         else:
             token = data.draw(st.sampled_from(self.ended))
-            known = sorted(self.L._ended[token].batches) if token in self.L._ended else []
+            ended = self.L._leases.ended(token)
+            known = sorted(ended.batches) if ended is not None else []
             if known:  # aim at a batch the ended lease really had
                 batch = data.draw(st.sampled_from(known))
         self._lease_call(token, op, batch)
@@ -270,7 +273,7 @@ class LedgerMachine(RuleBasedStateMachine):
         """A trainer whose lease ended carries on with its next step: nothing may change."""
         self._expire()
         token = data.draw(st.sampled_from(self.ended))
-        lease = self.L._ended.get(token)
+        lease = self.L._leases.ended(token)
         if lease is None or not lease.batches:
             return
         batch = data.draw(st.sampled_from(sorted(lease.batches)))
@@ -508,7 +511,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @invariant()
     def states_match_the_model(self):
         self._sync()
-        assert set(self.L._groups) == set(self.state), "a group was deleted without a confirmed delete"
+        assert set(self.L._groups.table) == set(self.state), "a group was deleted without a confirmed delete"
         for key, state in self.state.items():
             g = self.L.group(key)
             assert g.state.value == state, (key, g.state, state)
@@ -518,7 +521,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def one_live_lease_per_group(self):
         self._sync()
         seen: set[Partition] = set()
-        for lease in self.L._leases.values():
+        for lease in self.L._leases:
             assert seen.isdisjoint(lease.live)
             seen |= set(lease.live)
         assert seen == {k for k, s in self.state.items() if s in LIVE}

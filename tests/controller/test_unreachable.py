@@ -195,11 +195,11 @@ def test_an_empty_acquire_that_parked_groups_is_journaled_and_replays(tmp_path):
     size = journal.stat().st_size
     assert core.apply("acquire", {"job_id": "j", "owner": "t", "max_groups": 4}) is None  # parks none
     assert journal.stat().st_size == size
-    parked = core.ledger._reach.export()
+    parked = core.ledger._upkeep.reach.export()
     assert len(parked[0][3]) == 2
     core.close()
     again = HostCore(clock=clock, state_dir=tmp_path)  # replays the journal, then ends the live lease
-    assert again.ledger._reach.export() == parked
+    assert again.ledger._upkeep.reach.export() == parked
     assert set(again.ledger.acquire("j", "t", max_groups=4, now=clock.now).partitions) == {
         p for p in lease.partitions if core.ledger.group(p).server_id == "s0"
     }

@@ -17,6 +17,7 @@ kind (:data:`HYPOTHESIS_EXAMPLES` each).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from hypothesis import strategies as st
 import trajflight
 from trajflight import _rpc
 from trajflight._control import CALLS, MAX_REQUEST_BYTES
-from trajflight.controller import Partition, Publication
+from trajflight.controller import COMMANDS, Partition, Publication
 from trajflight.errors import InvalidRequestError, TrajflightError
 from trajflight.flight_server._errors import translate_errors
 
@@ -80,7 +81,7 @@ class Facts:
             host.call("policy_status", {"job_id": "j"}),
             ledger.last_token,
             ledger.incarnation,
-            sorted(ledger._jobs),
+            sorted(ledger._jobs.ids()),
         )
 
 
@@ -174,34 +175,10 @@ TEMPLATES: dict[str, Callable[[Facts], dict[str, Any]]] = {
     "report_unusable": lambda f: {"token": f.token, "missing": [], "unreachable": []},
     "lost": lambda f: {"job_id": "j"},
 }  # fmt: skip
+# The arguments each operation cannot do without: those its declared command has no default for.
 REQUIRED: dict[str, tuple[str, ...]] = {
-    "register_server": ("server_id", "node", "location", "capacity_bytes", "capacity_groups"),
-    "open_job": ("job_id", "epoch"),
-    "register_writer": ("job_id", "epoch", "writer_id", "node"),
-    "announce_policy": ("job_id", "version"),
-    "ack_policy": ("job_id", "epoch", "writer_id", "version"),
-    "policy_status": ("job_id",),
-    "allocate": ("job_id", "epoch", "writer_id", "nbytes"),
-    "allocate_many": ("job_id", "epoch", "writer_id", "nbytes"),
-    "publish": ("partition", "token", "rows", "nbytes", "tokens", "policy_version", "columns"),
-    "publish_many": ("items",),
-    "group": ("partition",),
-    "renew": ("token",),
-    "prepare": ("token", "batch_id"),
-    "start_training": ("token", "batch_id"),
-    "finish_training": ("token", "batch_id"),
-    "commit": ("token", "batch_id"),
-    "release": ("token",),
-    "resolve": ("job_id", "partitions", "action"),
-    "counts": ("job_id",),
-    "usage": ("job_id",),
-    "lease_groups": ("token",),
-    "gc_list": (),
-    "fence_list": (),
-    "servers": (),
-    "confirm_checkpoint": ("job_id", "seq"),
-    "report_unusable": ("token",),
-    "lost": ("job_id",),
+    op: tuple(f.name for f in dataclasses.fields(COMMANDS[op]) if f.default is dataclasses.MISSING)
+    for op in CALLS
 }
 
 # The kind of every argument, and bad values of each kind (none of them valid for any argument of it).
@@ -405,7 +382,12 @@ def test_every_action_refuses_malformed_requests(facts, action_cases, index):
 
 
 def test_the_tables_cover_every_operation_and_action_with_enough_cases():
-    assert {op for op, _, _ in OP_CASES} == CALLS
+    """Derived from the declared commands: a new operation, or a new argument of one, fails here until
+    the tables give it valid values and a kind of bad ones."""
+    assert set(TEMPLATES) == CALLS == {op for op, _, _ in OP_CASES}
+    for op in CALLS:
+        assert set(TEMPLATES[op](_PLACEHOLDER)) == set(COMMANDS[op].argument_names), op
+        assert set(COMMANDS[op].argument_names) <= set(KINDS), op
     kinds = {kind for kind, _ in _action_cases(_PLACEHOLDER)}
     assert {"call", "many", "acquire", "checkpoint", "restore", "info"} <= kinds
     assert len(OP_CASES) + ACTION_CASES >= 300

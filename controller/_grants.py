@@ -1,12 +1,11 @@
-"""Partitions on top of :class:`~._core.LedgerCore`: put grants (placement and capacity) and publishing.
+"""Put grants and publishing: placement and capacity for new groups, and making stored groups READY.
 
-``allocate`` gives a writer the job's next partition on a storage server with room and reserves its
-bytes under a grant token; ``publish`` makes the stored group READY and gives back what it did not use.
-An unpublished grant expires after the job's ``grant_ttl`` and its partition is garbage-collected.
+``allocate`` gives a writer the job's next partition on a storage server with room and reserves its bytes
+under a grant token; ``publish`` makes the stored group READY and gives back what it did not use. An
+unpublished grant expires after the job's ``grant_ttl`` and its partition is garbage-collected.
 
-Sans-IO like the rest of the ledger (see :mod:`._core`). It does not check that a published group is
-really stored: the storage server refuses puts without the grant's token, and the writer publishes only
-after its put succeeded.
+It does not check that a published group is really stored: the storage server refuses puts without the
+grant's token, and the writer publishes only after its put succeeded. It reads no clock.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from trajflight.errors import (
     StaleFenceError,
 )
 
-from ._core import LedgerCore
 from ._entries import (
     ALLOCATED,
     DROPPED,
@@ -39,32 +37,56 @@ from ._entries import (
     check_name,
     check_partition,
 )
+from ._groups import Groups
+from ._jobs import Jobs
 from ._records import GroupInfo, Partition, Publication, PutGrant
+from ._servers import Servers
+from ._tokens import Tokens
 
-__all__ = ["PartitionLedger"]
+__all__ = ["Grants"]
 
 _Sizes = tuple[int, int, int, int]
 """``(rows, nbytes, tokens, policy_version)`` of a publication."""
 
 
-class PartitionLedger(LedgerCore):
-    """Put grants and publishing; :class:`~._leases.LeaseMachine` adds the leases."""
+class Grants:
+    """Put grants with their expiries, and publication.
 
-    def allocate(self, job_id: str, epoch: int, writer_id: str, *, nbytes: int, now: float) -> PutGrant:
-        """Give a writer the next partition of the job, placed and with ``nbytes`` reserved.
+    Args:
+        jobs, servers, groups, tokens: The ledger's collaborators a grant touches.
+    """
 
-        Placement: a server on the writer's node with room, else any server with room, the least loaded
-        by bytes first (ties by id).
+    __slots__ = ("_groups", "_heap", "_jobs", "_servers", "_tokens")
 
-        Raises:
-            StaleFenceError: ``epoch`` is fenced.
-            NotFoundError: the job/epoch is not open or the writer is not registered.
-            InvalidRequestError: ``nbytes`` is not positive or exceeds ``max_group_bytes``.
-            InvalidStateError: strict on-policy mode and the writer has not acknowledged the current
-                policy version (``retry_after`` set).
-            CapacityExceededError: the job's or every server's capacity is full (``retry_after`` set).
-        """
-        now = self._advance(now)
+    def __init__(self, jobs: Jobs, servers: Servers, groups: Groups, tokens: Tokens) -> None:
+        self._jobs = jobs
+        self._servers = servers
+        self._groups = groups
+        self._tokens = tokens
+        self._heap: list[tuple[float, Partition]] = []
+
+    # ------------------------------------------------------------------ expiry
+    def next_due(self) -> float | None:
+        """When the earliest grant may expire (``None``: no grant)."""
+        return self._heap[0][0] if self._heap else None
+
+    def expire(self, now: float) -> None:
+        """Abandon every grant due by ``now`` that was not published: its partition goes to the GC list."""
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            expires_at, key = heapq.heappop(heap)
+            g = self._groups.table.get(key)
+            if g is not None and g.state is ALLOCATED and g.expires_at == expires_at:
+                self._groups.to_gc(g, DROPPED, now)
+
+    def load(self, groups: Iterable[_Group]) -> None:
+        """Schedule the expiries of the ALLOCATED ``groups`` (a snapshot's)."""
+        self._heap.extend((g.expires_at, g.key) for g in groups if g.state is ALLOCATED)
+        self._heap.sort()
+
+    # ------------------------------------------------------------------ allocation
+    def allocate(self, job_id: str, epoch: int, writer_id: str, nbytes: int, now: float) -> PutGrant:
+        """See :meth:`~._ledger.Ledger.allocate`."""
         job, writer = self._allocating_writer(job_id, epoch, writer_id)
         self._check_group_size(job, nbytes, "nbytes")
         self._check_on_policy(job, writer_id, writer)
@@ -74,34 +96,9 @@ class PartitionLedger(LedgerCore):
         return self._grant(job, server, nbytes, now)
 
     def allocate_many(
-        self, job_id: str, epoch: int, writer_id: str, *, nbytes: Sequence[int], now: float
+        self, job_id: str, epoch: int, writer_id: str, nbytes: Sequence[int], now: float
     ) -> list[PutGrant]:
-        """Give a writer the next partitions of the job, one per group size in ``nbytes``, in order.
-
-        The grants are exactly those of calling :meth:`allocate` once per size, in order, at the same
-        ``now``, stopping at the first refusal for capacity: the same placement, partitions, tokens and
-        expiries. When capacity runs out after ``k`` grants it returns those ``k`` (a prefix: a later,
-        smaller group is never granted ahead of one that did not fit, so partitions keep the order of the
-        groups); ask again for the rest later. Every grant is whole; nothing is reserved for the groups
-        not granted. Every size is checked before anything is granted, so a refused call changes nothing.
-
-        Args:
-            nbytes: Bytes to reserve for each group (a non-empty list of positive ints).
-
-        Returns:
-            One grant per granted group, in the order of ``nbytes``; at least one.
-
-        Raises:
-            StaleFenceError: ``epoch`` is fenced.
-            NotFoundError: the job/epoch is not open or the writer is not registered.
-            InvalidRequestError: ``nbytes`` is empty or not a list, or a size is not positive or exceeds
-                ``max_group_bytes`` (the message names its index).
-            InvalidStateError: strict on-policy mode and the writer has not acknowledged the current
-                policy version (``retry_after`` set).
-            CapacityExceededError: not even the first group fits, exactly as :meth:`allocate` refuses it
-                (``retry_after`` set); nothing was granted.
-        """
-        now = self._advance(now)
+        """See :meth:`~._ledger.Ledger.allocate_many`."""
         job, writer = self._allocating_writer(job_id, epoch, writer_id)
         if isinstance(nbytes, str | bytes) or not isinstance(nbytes, Sequence):
             raise InvalidRequestError(
@@ -124,7 +121,7 @@ class PartitionLedger(LedgerCore):
         return grants
 
     def _allocating_writer(self, job_id: str, epoch: int, writer_id: str) -> tuple[_Job, _Writer]:
-        job = self._job_epoch(job_id, epoch)
+        job = self._jobs.job_epoch(job_id, epoch)
         writer = job.writers.get(check_name(writer_id, "writer_id"))
         if writer is None:
             raise NotFoundError(
@@ -163,11 +160,11 @@ class PartitionLedger(LedgerCore):
                 f"is {cfg.capacity_bytes} bytes / {cfg.capacity_groups} groups; wait for trainers to commit",
                 retry_after=cfg.capacity_retry_after,
             )
-        server = self._place(node, nbytes)
+        server = self._servers.place(node, nbytes)
         if server is None:
             return CapacityExceededError(
-                f"no storage server has room for {nbytes} more bytes ({len(self._servers)} registered); wait "
-                "for commits and deletes, or register more servers",
+                f"no storage server has room for {nbytes} more bytes ({len(self._servers.by_id)} "
+                "registered); wait for commits and deletes, or register more servers",
                 retry_after=cfg.capacity_retry_after,
             )
         return server
@@ -176,96 +173,39 @@ class PartitionLedger(LedgerCore):
         """Reserve ``nbytes`` on ``server`` for the job's next partition (checked by :meth:`_room`)."""
         key = Partition(job.job_id, job.epoch, job.next_group_id)
         job.next_group_id += 1
-        token = self._next_token()
+        token = self._tokens.next()
         expires_at = now + job.config.grant_ttl
-        g = _Group(key, server.server_id, token, nbytes, expires_at)
-        self._groups[key] = g
-        job.groups[key] = None
-        job.counts[ALLOCATED] += 1
-        server.used_bytes += nbytes
-        server.used_groups += 1
-        job.used_bytes += nbytes
-        job.used_groups += 1
-        heapq.heappush(self._grant_heap, (expires_at, key))
+        self._groups.add(job, _Group(key, server.server_id, token, nbytes, expires_at))
+        heapq.heappush(self._heap, (expires_at, key))
         return PutGrant(key, server.server_id, server.location, token, nbytes, expires_at)
 
-    def _place(self, node: str, nbytes: int) -> _Server | None:
-        best: _Server | None = None
-        best_rank: tuple[bool, int, str] | None = None
-        for server in self._servers.values():
-            if (
-                server.used_bytes + nbytes > server.capacity_bytes
-                or server.used_groups + 1 > server.capacity_groups
-            ):
-                continue
-            rank = (server.node != node, server.used_bytes, server.server_id)
-            if best_rank is None or rank < best_rank:
-                best, best_rank = server, rank
-        return best
-
+    # ------------------------------------------------------------------ publication
     def publish(
         self,
         partition: Partition | Sequence[Any],
-        *,
         token: int,
         rows: int,
         nbytes: int,
         tokens: int,
         policy_version: int,
         columns: Iterable[str],
-        now: float,
     ) -> GroupInfo:
-        """Make a stored group READY (idempotent for the same grant token and sizes).
-
-        Unused reservation (granted minus ``nbytes``) is given back at once.
-
-        Raises:
-            StaleFenceError: the epoch is fenced, or ``token`` is not the grant's token.
-            NotFoundError: the job/epoch is not open, or the partition was never allocated (or is deleted).
-            LeaseExpiredError: the grant expired; the partition is being garbage-collected.
-            AlreadyExistsError: the partition was already published (with other values).
-            InvalidRequestError: ``nbytes`` exceeds the reservation, or a value is invalid.
-        """
-        self._advance(now)
+        """See :meth:`~._ledger.Ledger.publish`."""
         key = check_partition(partition)
-        job = self._job_epoch(key.job_id, key.epoch)
+        job = self._jobs.job_epoch(key.job_id, key.epoch)
         g = self._granted(key, token)
         sizes = (rows, nbytes, tokens, policy_version)
         _check_sizes(key, sizes)
         cols = check_columns(columns, "columns")  # a repeat is checked too: bad input is never accepted
         if g.state is not ALLOCATED:
             _check_repeat(key, self._published_sizes(key, g), sizes)
-            return self._info(g)
+            return self._groups.info(g)
         self._check_publication(job, key, g, sizes)
-        self._make_published(job, g, sizes, cols, self._columns(cols))
-        return self._info(g)
+        self._make_published(job, g, sizes, cols, self._groups.columns(cols))
+        return self._groups.info(g)
 
-    def publish_many(self, items: Sequence[Publication], *, now: float) -> list[GroupInfo]:
-        """Make several stored groups READY in one operation: :meth:`publish` for each item, in order.
-
-        Each item is checked exactly as :meth:`publish` checks it (the same errors, with the same
-        messages), an item repeating a publication already made (by an earlier call or an earlier item
-        of this one) returns the group as it is, and the groups become READY in the order of ``items``
-        with their unused reservations given back, as repeated :meth:`publish` calls at the same ``now``
-        would leave them. All or nothing: every item is checked before any is applied, so when one is
-        refused the call raises what :meth:`publish` would have raised for it and publishes none of the
-        items (not even those before it); a refused call changes nothing but lazy expiry, and repeating
-        a successful call returns the same answer.
-
-        Args:
-            items: One :class:`~trajflight.controller.Publication` per stored group (a non-empty list);
-                they may belong to several jobs.
-
-        Returns:
-            One :class:`~trajflight.controller.GroupInfo` per item, in the order of ``items``.
-
-        Raises:
-            InvalidRequestError: ``items`` is empty or not a list, an item is not a ``Publication``
-                (the message names its index), or as :meth:`publish` refuses an item.
-            StaleFenceError, NotFoundError, LeaseExpiredError, AlreadyExistsError: as :meth:`publish`
-                refuses the first item it refuses; nothing was published.
-        """
-        self._advance(now)
+    def publish_many(self, items: Sequence[Publication]) -> list[GroupInfo]:
+        """See :meth:`~._ledger.Ledger.publish_many`."""
         if isinstance(items, str | bytes) or not isinstance(items, Sequence):
             raise InvalidRequestError(
                 f"items must be a list of Publication records (one per stored group), got "
@@ -286,7 +226,7 @@ class PartitionLedger(LedgerCore):
             key = check_partition(item.partition)
             job = jobs.get((key.job_id, key.epoch))
             if job is None:
-                job = jobs[key.job_id, key.epoch] = self._job_epoch(key.job_id, key.epoch)
+                job = jobs[key.job_id, key.epoch] = self._jobs.job_epoch(key.job_id, key.epoch)
             g = self._granted(key, item.token)
             groups.append(g)
             sizes = (item.rows, item.nbytes, item.tokens, item.policy_version)
@@ -295,7 +235,7 @@ class PartitionLedger(LedgerCore):
             cols = columns.get(item.columns) if type(item.columns) is tuple else None
             if cols is None:
                 colset = check_columns(item.columns, "columns")
-                cols = (colset, self._columns(colset))
+                cols = (colset, self._groups.columns(colset))
                 if type(item.columns) is tuple:
                     columns[item.columns] = cols
             prior = planned.get(key)
@@ -309,13 +249,13 @@ class PartitionLedger(LedgerCore):
             apply.append((job, g, sizes, *cols))
         for job, g, sizes, colset, names in apply:
             self._make_published(job, g, sizes, colset, names)
-        return [self._info(g) for g in groups]
+        return [self._groups.info(g) for g in groups]
 
     def _granted(self, key: Partition, token: int) -> _Group:
         """The group of ``key`` if ``token`` is its grant's token; else raise."""
         if type(token) is not int or token < 0 or token > INT64_MAX:
             check_int(token, "token")
-        g = self._groups.get(key)
+        g = self._groups.table.get(key)
         if g is None:
             raise NotFoundError(f"partition {tuple(key)} was never allocated (or is deleted); allocate first")
         if token != g.grant_token:
@@ -354,24 +294,10 @@ class PartitionLedger(LedgerCore):
     ) -> None:
         """Publish the checked group ``g``: give back its unused reservation, record it, make it READY."""
         rows, nbytes, tokens, policy_version = sizes
-        giveback = g.nbytes - nbytes
-        server = self._servers[g.server_id]
-        server.used_bytes -= giveback
-        job.used_bytes -= giveback
+        self._groups.give_back(job, g, g.nbytes - nbytes)
         g.nbytes, g.rows, g.tokens, g.policy_version = nbytes, rows, tokens, policy_version
         g.colset, g.columns = colset, columns
-        self._make_ready(g, front=False)
-
-    def group(self, partition: Partition | Sequence[Any]) -> GroupInfo:
-        """What the ledger knows of one group.
-
-        Raises:
-            NotFoundError: never allocated, or deleted.
-        """
-        g = self._groups.get(check_partition(partition))
-        if g is None:
-            raise NotFoundError(f"no group {tuple(partition)} (never allocated, or already deleted)")
-        return self._info(g)
+        self._groups.make_ready(g, front=False)
 
 
 def _check_sizes(key: Partition, sizes: _Sizes) -> None:
