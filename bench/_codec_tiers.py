@@ -137,13 +137,20 @@ def operations(groups: Sequence[SyntheticGroup]) -> dict[str, Callable[[], objec
     }
 
 
-def _arrow_schema_unmemoised(schema: TrajectorySchema, arrays: Any) -> pa.Schema:
+def _group_schema_unmemoised(
+    schema: TrajectorySchema, names: Sequence[str], types: Sequence[pa.DataType]
+) -> pa.Schema:
     fields = [
-        schema.field(n).with_type(a.type) if n in schema else pa.field(n, a.type) for n, a in arrays.items()
+        schema.field(n).with_type(t) if n in schema else pa.field(n, t)
+        for n, t in zip(names, types, strict=True)
     ]
     arrow = pa.schema(fields)
     schema.check(arrow)
     return arrow
+
+
+def _check_unmemoised(schema: TrajectorySchema, arrow: pa.Schema) -> None:
+    schema._check(arrow)
 
 
 SWITCHES: tuple[Switch, ...] = (
@@ -174,14 +181,9 @@ SWITCHES: tuple[Switch, ...] = (
         ((_encode, "ragged_columns_agree", _false),),
     ),
     Switch(
-        "Arrow schema memo (_arrow_schema)",
+        "group schema memo (TrajectorySchema._group_schema)",
         "encode_group x G (numpy)",
-        ((_encode, "_arrow_schema", _arrow_schema_unmemoised),),
-    ),
-    Switch(
-        "job id scalar memo (_job_scalar)",
-        "encode_group x G (numpy)",
-        ((_encode, "_job_scalar", lambda job_id: pa.scalar(job_id, pa.string())),),
+        ((TrajectorySchema, "_group_schema", _group_schema_unmemoised),),
     ),
     Switch("merged tier (_encode_merged)", "encode_groups (one call)", ((_encode_many, "merged", _none),)),
     Switch(
@@ -200,9 +202,9 @@ SWITCHES: tuple[Switch, ...] = (
         ((_validate, "_plan", _validate._make_plan),),
     ),
     Switch(
-        "schema check memo (TrajectorySchema._seen)",
+        "schema check memo (TrajectorySchema.check)",
         "validate_group x G (after IPC)",
-        ((TrajectorySchema, "_seen", _false), (TrajectorySchema, "_remember", _none)),
+        ((TrajectorySchema, "check", _check_unmemoised),),
     ),
     Switch(
         "direct nested-tensor constructor (_jagged)",

@@ -119,24 +119,11 @@ def _key_columns(key: Partition, rows: int) -> list[pa.Array]:
     """The columns job_id, epoch, group_id and sample_index of a group of ``rows`` samples."""
     indices = np.arange(rows, dtype=np.int32)  # what pa.array(np.arange(...)) wraps, without its overhead
     return [
-        pa.repeat(_job_scalar(key.job_id), rows),
+        pa.repeat(pa.scalar(key.job_id, pa.string()), rows),
         repeat_int64(key.epoch, rows),
         repeat_int64(key.group_id, rows),
         pa.Array.from_buffers(pa.int32(), rows, [None, pa.py_buffer(indices)], null_count=0),
     ]
-
-
-# The scalar of the job id last encoded: a writer encodes one job's groups (pa.scalar costs ~1.1 us, a
-# pa.repeat of a built one ~0.7 us). Replaced whole, so threads read a consistent pair.
-_LAST_JOB: tuple[str, pa.Scalar] = ("", pa.scalar("", pa.string()))
-
-
-def _job_scalar(job_id: str) -> pa.Scalar:
-    global _LAST_JOB
-    last = _LAST_JOB
-    if last[0] != job_id:
-        last = _LAST_JOB = (job_id, pa.scalar(job_id, pa.string()))
-    return last[1]
 
 
 def _sample_ids(key: Partition, rows: int) -> pa.Array:
@@ -451,47 +438,14 @@ def encode_group(
                 "one entry per sample",
                 column=name,
             )
-    batch = pa.RecordBatch.from_arrays(list(arrays.values()), schema=_arrow_schema(schema, arrays))
+    arrow = schema._group_schema(list(arrays), [array.type for array in arrays.values()])
+    batch = pa.RecordBatch.from_arrays(list(arrays.values()), schema=arrow)
     # The key columns were built here; what came from the caller is checked.
     if any([array.null_count for array in arrays.values()]):
         check_nulls(batch, schema)
     if not ragged_columns_agree(arrays):
         check_ragged_lengths(batch)
     return batch
-
-
-# (id of the trajectory schema, (name, type) per column) -> (that schema, the checked Arrow schema). A job's
-# groups share a handful; the schema object is kept so its id cannot be reused while the entry lives
-# (hashing a TrajectorySchema by value costs ~8 us, more than the lookup saves).
-_SCHEMAS: dict[tuple[int, tuple[tuple[str, pa.DataType], ...]], tuple[TrajectorySchema, pa.Schema]] = {}
-_SCHEMAS_MAX = 256
-# The same, looked up by column names first and the types compared (DataType.equals, ~0.05 us a column;
-# the hash of a list type, which the lookup above needs, costs ~0.6 us): the last types seen per names.
-_BY_NAMES: dict[tuple[int, tuple[str, ...]], tuple[TrajectorySchema, pa.Schema, list[pa.DataType]]] = {}
-
-
-def _arrow_schema(schema: TrajectorySchema, arrays: Mapping[str, pa.Array]) -> pa.Schema:
-    """The Arrow schema of a group with these columns, checked against ``schema`` (memoised)."""
-    names = tuple(arrays)
-    types = [array.type for array in arrays.values()]
-    last = _BY_NAMES.get((id(schema), names))
-    if last is not None and last[0] is schema and all(map(pa.DataType.equals, types, last[2])):
-        return last[1]
-    columns = tuple(zip(names, types, strict=True))
-    found = _SCHEMAS.get((id(schema), columns))
-    if found is not None and found[0] is schema:
-        arrow = found[1]
-    else:
-        fields = [schema.field(n).with_type(t) if n in schema else pa.field(n, t) for n, t in columns]
-        arrow = pa.schema(fields)
-        schema.check(arrow)
-        if len(_SCHEMAS) >= _SCHEMAS_MAX:
-            _SCHEMAS.clear()
-        _SCHEMAS[(id(schema), columns)] = (schema, arrow)
-    if len(_BY_NAMES) >= _SCHEMAS_MAX:
-        _BY_NAMES.clear()
-    _BY_NAMES[(id(schema), names)] = (schema, arrow, types)
-    return arrow
 
 
 _STANDARD_ARGUMENTS = frozenset(STANDARD_SCHEMA.names)

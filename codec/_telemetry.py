@@ -154,12 +154,13 @@ class _Plan:
         return bool(self.by_name)
 
 
-def _build_plan(struct_type: pa.StructType) -> _Plan:
+def _plan(struct_type: pa.StructType) -> _Plan:
+    """Where ``struct_type`` holds integers (built per call: telemetry is not in the standard workload)."""
     scalars, lists, structs = [], [], []
     for field in struct_type:
         type_ = field.type
         if pa.types.is_struct(type_):
-            plan = _build_plan(type_)
+            plan = _plan(type_)
             if plan:
                 structs.append((field.name, plan))
         elif pa.types.is_integer(type_):
@@ -168,21 +169,6 @@ def _build_plan(struct_type: pa.StructType) -> _Plan:
             lists.append((field.name, type_))
     getter = itemgetter(*(name for name, _ in scalars)) if scalars else None
     return _Plan(tuple(scalars), getter, tuple(lists), tuple(structs), dict([*scalars, *lists, *structs]))
-
-
-# The plan of the struct type last checked, replaced whole (threads read a consistent pair): a job checks one
-# telemetry type, declared (the same object each group) or inferred (a new, equal one each group).
-_LAST: tuple[pa.DataType, _Plan] = (_EMPTY, _Plan((), None, (), (), {}))
-
-
-def _plan(struct_type: pa.StructType) -> _Plan:
-    global _LAST
-    last = _LAST
-    if last[0] is struct_type or last[0].equals(struct_type):
-        return last[1]
-    plan = _build_plan(struct_type)
-    _LAST = (struct_type, plan)
-    return plan
 
 
 def _leaf(type_: pa.DataType) -> pa.DataType:

@@ -418,20 +418,10 @@ class _Plan:
     entries: tuple[tuple[str, int, bool], ...]
 
 
-# (trajectory schema, Arrow schema, its plan or None): most recent first, replaced whole (threads read it
-# without a lock). Equal Arrow schemas share a plan; Schema.equals compares names, types and nullability.
-_PLANS: tuple[tuple[TrajectorySchema, pa.Schema, _Plan | None], ...] = ()
-_PLANS_MAX = 16
-
-
 def _plan(schema: TrajectorySchema, arrow: pa.Schema) -> _Plan | None:
-    """The plan of ``arrow`` under ``schema`` (memoised), or None where the precise path is the one."""
-    global _PLANS
-    for owner, known, plan in _PLANS:
-        if owner is schema and (known is arrow or known.equals(arrow)):
-            return plan
-    plan = _make_plan(schema, arrow)
-    _PLANS = ((schema, arrow, plan), *_PLANS[: _PLANS_MAX - 1])
+    """The plan of ``arrow`` under ``schema``, or None where the precise path is the one; remembered with
+    ``schema`` (equal Arrow schemas share a plan: it reads names, types and nullability only)."""
+    plan: _Plan | None = schema._derived("validation plan", arrow, _make_plan, schema, arrow)
     return plan
 
 
