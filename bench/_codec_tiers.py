@@ -171,11 +171,6 @@ SWITCHES: tuple[Switch, ...] = (
         "cheap int64 repeat (_fast_int64)", "encode_group x G (numpy)", ((_arrays, "_fast_int64", _none),)
     ),
     Switch(
-        "cheap sample ids (_fast_sample_ids)",
-        "encode_group x G (numpy)",
-        ((_encode, "_fast_sample_ids", _none),),
-    ),
-    Switch(
         "ragged agreement before the batch",
         "encode_group x G (numpy)",
         ((_encode, "ragged_columns_agree", _false),),

@@ -128,10 +128,7 @@ def _key_columns(key: Partition, rows: int) -> list[pa.Array]:
 
 def _sample_ids(key: Partition, rows: int) -> pa.Array:
     """The default sample ids ``"{job_id}/{epoch}/{group_id}/{sample_index}"``."""
-    fast = _fast_sample_ids(key, rows)
-    if fast is not None:
-        return fast
-    return pa.array([f"{key.job_id}/{key.epoch}/{key.group_id}/{i}" for i in range(rows)], pa.string())
+    return default_sample_ids(key.job_id, key.epoch, [key.group_id], [rows])
 
 
 def _given_sample_ids(sample_ids: Any, rows: int) -> pa.Array:
@@ -170,73 +167,42 @@ def _check_unique_ids(ids: list[str | None]) -> None:
         first[id_] = row
 
 
-# rows -> (b"", b"0", ..., str(rows - 1) as bytes) and the int32 offsets of those digits alone (read-only):
-# the ids of a group are its prefix joined with them. A job has a handful of group sizes.
-_DIGITS: dict[int, tuple[list[bytes], np.ndarray]] = {}
-_DIGITS_MAX = 64
-
-
-def _fast_sample_ids(key: Partition, rows: int) -> pa.Array | None:
-    """Cheap tier of :func:`_sample_ids`: one ``bytes.join`` and one offsets computation, no per-row str."""
-    try:
-        prefix = f"{key.job_id}/{key.epoch}/{key.group_id}/".encode()
-    except UnicodeEncodeError:
-        return None  # a lone surrogate: pyarrow raises it as it always did
-    digits = _DIGITS.get(rows)
-    if digits is None:
-        parts = [b"", *(str(i).encode() for i in range(rows))]
-        lengths = np.fromiter((len(p) for p in parts), dtype=np.int64, count=rows + 1)
-        steps = np.cumsum(lengths)
-        if steps[-1] > _INT32_MAX:
-            return None
-        digit_offsets = steps.astype(np.int32)
-        digit_offsets.flags.writeable = False
-        if len(_DIGITS) >= _DIGITS_MAX:
-            _DIGITS.clear()
-        digits = _DIGITS[rows] = (parts, digit_offsets)
-    parts, digit_offsets = digits
-    data = prefix.join(parts)
-    if len(data) > _INT32_MAX:
-        return None
-    offsets = np.arange(rows + 1, dtype=np.int32) * np.int32(len(prefix))
-    offsets += digit_offsets
-    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(data)]
-    return pa.Array.from_buffers(pa.string(), rows, buffers, null_count=0)
-
-
-@lru_cache(maxsize=64)
-def _group_digits(samples: int) -> tuple[list[bytes], np.ndarray]:
-    """``[b"", b"0", ..., b"{samples - 1}"]`` and the lengths of the digits (read-only)."""
+@lru_cache(maxsize=256)
+def _id_layout(samples: int, width: int) -> tuple[list[bytes], np.ndarray]:
+    """``[b"", b"0", ..., b"{samples - 1}"]`` and the offsets (int64, read-only) of the ids that a prefix of
+    ``width`` bytes joined with them makes: a pure function of two ints, so a job's few group sizes build
+    it once (BENCHMARKS.md, "The codec", has what that saves)."""
     parts = [b"", *(str(i).encode() for i in range(samples))]
-    lengths = np.fromiter((len(p) for p in parts[1:]), dtype=np.int64, count=samples)
-    lengths.flags.writeable = False
-    return parts, lengths
+    offsets = np.cumsum([0, *(width + len(p) for p in parts[1:])], dtype=np.int64)
+    offsets.flags.writeable = False
+    return parts, offsets
 
 
 def default_sample_ids(job_id: str, epoch: int, ids: Sequence[int], counts: Sequence[int]) -> pa.Array:
     """The default ids ``"{job_id}/{epoch}/{group_id}/{sample_index}"`` of the samples of several groups
-    (``counts[i]`` samples of group ``ids[i]``, in order), as :func:`_sample_ids` gives them group by
-    group: each group's prefix joined with its digits (one ``bytes.join`` per group), offsets from the
-    lengths in numpy (~30 us for 64 groups of 8, where 64 calls of ``_sample_ids`` and a join take 200).
+    (``counts[i]`` samples of group ``ids[i]``, in order), as :func:`encode_group` gives them group by
+    group: each group's prefix joined with its digits (one ``bytes.join``), no Python string per id.
 
     Raises:
         SchemaError: the ids would pass 2**31 - 1 bytes (a string column's int32 offsets).
         UnicodeEncodeError: a job id that is not valid UTF-8 (a lone surrogate).
     """
     prefixes = [f"{job_id}/{epoch}/{gid}/".encode() for gid in ids]
-    data = b"".join([p.join(_group_digits(k)[0]) for p, k in zip(prefixes, counts, strict=True)])
-    if len(set(counts)) == 1:
-        digit_lengths = np.tile(_group_digits(counts[0])[1], len(counts))
+    layouts = [_id_layout(k, len(p)) for p, k in zip(prefixes, counts, strict=True)]
+    chunks = [p.join(parts) for p, (parts, _) in zip(prefixes, layouts, strict=True)]
+    if not layouts:
+        return pa.array([], pa.string())
+    if len(layouts) == 1:
+        offsets = layouts[0][1]  # one group: its layout's offsets as they are
     else:
-        digit_lengths = np.concatenate([_group_digits(k)[1] for k in counts])
-    prefix_lengths = np.fromiter(map(len, prefixes), dtype=np.int64, count=len(prefixes))
-    lengths = np.repeat(prefix_lengths, counts) + digit_lengths
-    if len(data) > _INT32_MAX:
+        sizes = np.fromiter(map(len, chunks), dtype=np.int64, count=len(chunks))
+        bases = np.cumsum(sizes) - sizes
+        offsets = np.concatenate([o[:-1] for _, o in layouts] + [bases[-1:] + sizes[-1:]])
+        offsets[:-1] += np.repeat(bases, counts)
+    if offsets[-1] > _INT32_MAX:
         raise SchemaError("sample ids past 2**31 - 1 bytes", column="sample_id")
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:], dtype=np.int32)
-    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(data)]
-    return pa.Array.from_buffers(pa.string(), len(lengths), buffers, null_count=0)
+    buffers = [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(chunks))]
+    return pa.Array.from_buffers(pa.string(), len(offsets) - 1, buffers, null_count=0)
 
 
 def _finish_reason_array(value: Any, rows: int) -> pa.Array:

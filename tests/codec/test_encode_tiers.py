@@ -375,8 +375,6 @@ def test_the_standard_workload_takes_the_cheap_tier(top_p):
     group = workload.make_workload(1, 8, seed=0, top_p=top_p)[0]
     with _precise_builders_forbidden():
         batch = group.encode("job", 1, policy_version=3)
-    key = _encode.Partition("job", 1, group.group_id)
-    assert _encode._fast_sample_ids(key, 8) is not None
     assert _arrays._fast_repeated_row(group.prompt, pa.int32(), 8, column="prompt_ids") is not None
     assert batch.column("response_ids").values.buffers()[1].address == group.response_values.ctypes.data
     assert batch.column("loss_mask").offsets.buffers()[1].address == group.response_offsets.ctypes.data
