@@ -168,7 +168,7 @@ SWITCHES: tuple[Switch, ...] = (
         "cheap scalar columns (_fast_values)", "encode_group x G (numpy)", ((_arrays, "_fast_values", _none),)
     ),
     Switch(
-        "cheap int64 repeat (_fast_int64)", "encode_group x G (numpy)", ((_arrays, "_fast_int64", _none),)
+        "cheap int64 scalar (_fast_int64)", "encode_group x G (numpy)", ((_arrays, "_fast_int64", _none),)
     ),
     Switch(
         "ragged agreement before the batch",

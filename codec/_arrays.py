@@ -51,7 +51,6 @@ __all__ = [
     "doubly_ragged_array",
     "is_tensor",
     "ragged_array",
-    "repeat_int64",
     "repeated_row",
     "scalar_array",
 ]
@@ -275,14 +274,8 @@ def _fast_ragged(values: np.ndarray, offsets: np.ndarray, value_type: pa.DataTyp
     return None if child is None else _fast_list(child, offsets, list_type)
 
 
-def repeat_int64(value: int, rows: int) -> pa.Array:
-    """``pa.repeat(pa.scalar(value, pa.int64()), rows)`` for about half the cost; raises what that raises."""
-    fast = _fast_int64(value, rows)
-    return pa.repeat(pa.scalar(value, pa.int64()), rows) if fast is None else fast
-
-
 def _fast_int64(value: int, rows: int) -> pa.Array | None:
-    """Cheap tier of ``pa.repeat(pa.scalar(value, pa.int64()), rows)`` for a Python int."""
+    """Cheap tier of :func:`scalar_array` for a Python int in an int64 column (``policy_version``)."""
     values = np.empty(rows, dtype=np.int64)
     try:
         values.fill(value)

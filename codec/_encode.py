@@ -24,7 +24,6 @@ from trajflight.codec._arrays import (
     doubly_ragged_array,
     is_tensor,
     ragged_array,
-    repeat_int64,
     repeated_row,
     scalar_array,
 )
@@ -119,11 +118,37 @@ def _key_columns(key: Partition, rows: int) -> list[pa.Array]:
     """The columns job_id, epoch, group_id and sample_index of a group of ``rows`` samples."""
     indices = np.arange(rows, dtype=np.int32)  # what pa.array(np.arange(...)) wraps, without its overhead
     return [
-        pa.repeat(pa.scalar(key.job_id, pa.string()), rows),
-        repeat_int64(key.epoch, rows),
-        repeat_int64(key.group_id, rows),
+        _job_column(key.job_id, rows),
+        _int64_column(key.epoch, rows),
+        _int64_column(key.group_id, rows),
         pa.Array.from_buffers(pa.int32(), rows, [None, pa.py_buffer(indices)], null_count=0),
     ]
+
+
+def _job_column(job_id: str, rows: int) -> pa.Array:
+    """``job_id`` (checked: non-empty UTF-8) for each of ``rows`` samples: its bytes repeated, offsets
+    stepping by their length.
+
+    Raises:
+        SchemaError: the repeated bytes would pass 2**31 - 1 (a string column's int32 offsets).
+    """
+    value = job_id.encode()
+    if len(value) * rows > _INT32_MAX:
+        raise SchemaError(
+            f"job_id of {len(value)} bytes, repeated for {rows} samples, passes 2**31 - 1 bytes; use a "
+            "shorter job id",
+            column="job_id",
+        )
+    offsets = np.arange(0, (rows + 1) * len(value), len(value), dtype=np.int32)
+    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(value * rows)]
+    return pa.Array.from_buffers(pa.string(), rows, buffers, null_count=0)
+
+
+def _int64_column(value: int, rows: int) -> pa.Array:
+    """``value`` (a checked key: 0..2**63 - 1) for each of ``rows`` samples, built as sample_index is."""
+    values = np.empty(rows, dtype=np.int64)
+    values.fill(value)
+    return pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(values)], null_count=0)
 
 
 def _sample_ids(key: Partition, rows: int) -> pa.Array:
