@@ -42,7 +42,6 @@ _OFFSET_DTYPES: dict[int, np.dtype] = {
     )
 }
 _LIST_TYPE_IDS = frozenset({pa.list_(pa.null()).id, pa.large_list(pa.null()).id})
-_SMALL = 4096  # bytes: below this, bytes() copies and compares faster than wrapping in pa.Buffer
 
 
 def same_offsets(a: pa.Array, b: pa.Array) -> bool:
@@ -171,11 +170,7 @@ def _same_lengths(a: np.ndarray, b: np.ndarray) -> bool:
     if len(a) != len(b):
         return False
     if a.dtype == b.dtype and a[0] == b[0]:  # the usual case: both start at 0, so compare bytes
-        if a.nbytes < _SMALL:
-            return a.tobytes() == b.tobytes()
-        a_buffer, b_buffer = pa.py_buffer(a), pa.py_buffer(b)
-        # One buffer shared by two columns (the zero-copy encode path) need not be read twice.
-        return a_buffer.address == b_buffer.address or bool(a_buffer.equals(b_buffer))
+        return a.tobytes() == b.tobytes()
     return bool(np.array_equal(a - a[0], b - b[0]))  # each rebased in its own dtype, as np.diff would
 
 
