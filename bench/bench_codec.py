@@ -17,6 +17,7 @@ Usage::
     python bench/bench_codec.py --scale 4        # responses 4x longer: the copy-free paths stay flat
     python bench/bench_codec.py --json out.json
     python bench/bench_codec.py --tiers --repeats 41   # each kept tier and memo switched off in turn
+    python bench/bench_codec.py --against DIR --repeats 41   # against another tree's codec/ (git archive)
 
 Prints medians with the spread (min..max) and ratios against memcpy / pyarrow.array.
 """
@@ -41,14 +42,16 @@ from trajflight.codec import STANDARD_SCHEMA, decode, encode_group, encode_group
 from trajflight.keys import Partition
 from trajflight.workload import SyntheticGroup, make_workload
 
+_CLOCK = time.perf_counter  # --clock cpu: time.process_time, what this process spends on every core
+
 
 def _timed(fn: Callable[[], Any], repeats: int) -> list[float]:
     fn()  # warm-up
     out = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = _CLOCK()
         fn()
-        out.append(time.perf_counter() - start)
+        out.append(_CLOCK() - start)
     return out
 
 
@@ -131,18 +134,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write the results here")
     parser.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="cpu: the process's CPU seconds, which a machine shared with other work does not inflate by "
+        "waits for a core (to compare two trees of the codec, not to quote throughput)",
+    )
+    parser.add_argument(
         "--tiers",
         nargs="*",
         metavar="NAME",
         help="instead: each kept tier and memo of the codec switched off in turn (all, or those whose name "
         "holds one of NAME), interleaved with it on; --repeats rounds each",
     )
+    parser.add_argument(
+        "--against",
+        metavar="DIR",
+        help="instead: this tree's codec against the codec folder DIR of another tree (git archive <commit> "
+        "codec), loaded side by side and interleaved; --repeats rounds each",
+    )
     args = parser.parse_args(argv)
+    global _CLOCK
+    _CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
 
     groups = make_workload(args.groups, args.samples, seed=args.seed, response_median=1024 * args.scale)
     payload = sum(g.payload_bytes for g in groups)
     if args.tiers is not None:
         return _tiers(groups, args)
+    if args.against is not None:
+        return _against(groups, args)
     print(
         f"workload: G={args.groups} K={args.samples} payload={payload / 1e6:.1f} MB, repeats={args.repeats}"
     )
@@ -282,6 +302,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"payload_bytes": payload, "args": vars(args), "rows": rows}, f, indent=2)
+    return 0
+
+
+def _against(groups: list[SyntheticGroup], args: argparse.Namespace) -> int:
+    import trajflight.codec
+    from trajflight.bench._codec_against import compare, format_comparison, load_codec
+
+    other = load_codec(args.against)
+    print(f"workload: G={args.groups} K={args.samples}, {args.repeats} interleaved rounds, {args.against}")
+    rows = compare(trajflight.codec, other, groups, args.repeats)
+    print(format_comparison(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "against": rows}, f, indent=2)
     return 0
 
 
