@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import io
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 from unittest import mock
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
@@ -30,6 +32,7 @@ from trajflight.codec import (
     _decode,
     _encode,
     _encode_many,
+    _encode_merged,
     _jagged,
     _pylists,
     _validate,
@@ -153,6 +156,24 @@ def _check_unmemoised(schema: TrajectorySchema, arrow: pa.Schema) -> None:
     schema._check(arrow)
 
 
+_FAST_VALUES = _arrays._fast_values
+
+
+def _fast_values_but_for_scalar_columns(values: Any, value_type: pa.DataType) -> pa.Array | None:
+    """``_fast_values`` stepping aside where scalar_array calls it, kept where the ragged builders do."""
+    if sys._getframe(1).f_code is _arrays.scalar_array.__code__:
+        return None
+    return _FAST_VALUES(values, value_type)
+
+
+def _sample_ids_as_strings(job_id: str, epoch: int, ids: Sequence[int], counts: Sequence[int]) -> pa.Array:
+    """The default sample ids as the simplest route builds them: one pa.array of f-strings."""
+    return pa.array(
+        [f"{job_id}/{epoch}/{gid}/{i}" for gid, k in zip(ids, counts, strict=True) for i in range(k)],
+        pa.string(),
+    )
+
+
 SWITCHES: tuple[Switch, ...] = (
     Switch(
         "cheap builders (_fast_ragged, _fast_list)",
@@ -165,7 +186,9 @@ SWITCHES: tuple[Switch, ...] = (
         ((_arrays, "_fast_repeated_row", _none),),
     ),
     Switch(
-        "cheap scalar columns (_fast_values)", "encode_group x G (numpy)", ((_arrays, "_fast_values", _none),)
+        "cheap scalar columns (_fast_values in scalar_array)",
+        "encode_group x G (numpy)",
+        ((_arrays, "_fast_values", _fast_values_but_for_scalar_columns),),
     ),
     Switch(
         "cheap int64 scalar (_fast_int64)", "encode_group x G (numpy)", ((_arrays, "_fast_int64", _none),)
@@ -180,7 +203,22 @@ SWITCHES: tuple[Switch, ...] = (
         "encode_group x G (numpy)",
         ((TrajectorySchema, "_group_schema", _group_schema_unmemoised),),
     ),
+    Switch(
+        "byte-joined sample ids (against pa.array of f-strings)",
+        "encode_group x G (numpy)",
+        ((_encode, "default_sample_ids", _sample_ids_as_strings),),
+    ),
+    Switch(
+        "sample id layout memo (_id_layout, lru_cache)",
+        "encode_group x G (numpy)",
+        ((_encode, "_id_layout", _encode._id_layout.__wrapped__),),
+    ),
     Switch("merged tier (_encode_merged)", "encode_groups (one call)", ((_encode_many, "merged", _none),)),
+    Switch(
+        "Arrow-pool buffers of the merged tier (_empty)",
+        "encode_groups (one call)",
+        ((_encode_merged, "_empty", lambda size, dtype: np.empty(size, dtype)),),
+    ),
     Switch(
         "Python-int proof (_python_ints)",
         "encode_group x G (Python lists)",
