@@ -170,7 +170,7 @@ def _given_sample_ids(sample_ids: Any, rows: int) -> pa.Array:
             column="sample_id",
         )
     array = scalar_array(sample_ids, pa.string(), column="sample_id", rows=rows)
-    ids = array.to_pylist()  # ~0.4 us for 8 ids: cheaper than any pyarrow.compute kernel at this size
+    ids = array.to_pylist()  # a group's few ids: a pyarrow.compute kernel's fixed cost is more
     if len(set(ids)) != len(ids):
         _check_unique_ids(ids)
     return array

@@ -1,7 +1,9 @@
-"""The trajectory schema: one row per sample, one record batch per GRPO group.
+"""The trajectory schema (:class:`TrajectorySchema`): a group's columns, their types, and memos of both.
 
 The standard columns are fixed by ``DESIGN.md``; users extend the schema with columns of any Arrow type.
-A :class:`TrajectorySchema` is an immutable value: extending it returns a new one.
+A :class:`TrajectorySchema` is an immutable value: extending it returns a new one. Each instance keeps,
+bounded, the codec's memos of what it derives from Arrow schemas (check verdicts, validate_group's plans,
+encode_group's Arrow schema per column layout), so they go with it; they are not compared or shown.
 
 This module does not check data against the schema; :mod:`trajflight.codec._validate` does.
 """

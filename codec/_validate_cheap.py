@@ -221,7 +221,7 @@ def _null_rows_agree(ids: pa.Array, probs: pa.Array, reference: np.ndarray) -> b
     if ids_offsets is None or probs_offsets is None or not _same_lengths(ids_offsets, probs_offsets):
         return False
     # Lengths in each column's own offsets dtype, as the precise check's np.diff takes them (slices
-    # subtracted: np.diff's own cost is several us at a group's few rows).
+    # subtracted: the same values, without np.diff's fixed cost at a group's few rows).
     lengths = ids_offsets[1:] - ids_offsets[:-1]
     return bool((lengths == (reference[1:] - reference[:-1]) * valid).all())
 
@@ -231,7 +231,7 @@ def ragged_agree(
 ) -> bool:
     """The cheap check_ragged_lengths: ``columns`` (response_ids first) and the top-p candidate sets.
 
-    ``try_shared`` first asks whether a column shares response_ids' offsets buffer (~0.4 us a column):
+    ``try_shared`` first asks whether a column shares response_ids' offsets buffer (a few attribute reads):
     worth it only where that is likely. A per-token column with null rows is not sure, except the two of
     ``candidates`` (the same array objects as in ``columns``) null for the same rows that span no token
     (:func:`_null_rows_agree`).
