@@ -2,7 +2,9 @@
 
 Measures, per repetition, over the whole workload (G groups, one encode and one decode per group):
 
-* encode from contiguous numpy (values + offsets) and from torch nested jagged tensors;
+* encode from contiguous numpy (values + offsets), group by group and all groups in one
+  ``encode_groups`` call (what ``Writer.put_many`` does), and from torch nested jagged tensors;
+* ``validate_group(full=True)`` of every group as a storage server receives it (after an IPC stream);
 * decode to torch jagged nested tensors, per group (zero-copy) and as one training batch of all groups
   (one copy joins the chunks), and to padded tensors;
 * encode from per-sample Python lists against ``pyarrow.array`` on the same lists (the floor for a
@@ -14,6 +16,8 @@ Usage::
     python bench/bench_codec.py                  # G=64, K=8, 7 repetitions
     python bench/bench_codec.py --scale 4        # responses 4x longer: the copy-free paths stay flat
     python bench/bench_codec.py --json out.json
+    python bench/bench_codec.py --tiers --repeats 41   # each kept tier and memo switched off in turn
+    python bench/bench_codec.py --against DIR --repeats 41   # against another tree's codec/ (git archive)
 
 Prints medians with the spread (min..max) and ratios against memcpy / pyarrow.array.
 """
@@ -21,6 +25,7 @@ Prints medians with the spread (min..max) and ratios against memcpy / pyarrow.ar
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import statistics
 import sys
@@ -30,20 +35,32 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.ipc as ipc
 import torch
 
-from trajflight.codec import decode, encode_group
+from trajflight.codec import STANDARD_SCHEMA, decode, encode_group, encode_groups, validate_group
+from trajflight.keys import Partition
 from trajflight.workload import SyntheticGroup, make_workload
+
+_CLOCK = time.perf_counter  # --clock cpu: time.process_time, what this process spends on every core
 
 
 def _timed(fn: Callable[[], Any], repeats: int) -> list[float]:
     fn()  # warm-up
     out = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = _CLOCK()
         fn()
-        out.append(time.perf_counter() - start)
+        out.append(_CLOCK() - start)
     return out
+
+
+def _ipc(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` as a storage server receives it: written to an IPC stream and read back."""
+    sink = io.BytesIO()
+    with ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return ipc.open_stream(pa.BufferReader(sink.getvalue())).read_next_batch()
 
 
 def _nested(values: np.ndarray, offsets: np.ndarray) -> torch.Tensor:
@@ -116,10 +133,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the median response length")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="cpu: the process's CPU seconds, which a machine shared with other work does not inflate by "
+        "waits for a core (to compare two trees of the codec, not to quote throughput)",
+    )
+    parser.add_argument(
+        "--tiers",
+        nargs="*",
+        metavar="NAME",
+        help="instead: each kept tier and memo of the codec switched off in turn (all, or those whose name "
+        "holds one of NAME), interleaved with it on; --repeats rounds each",
+    )
+    parser.add_argument(
+        "--against",
+        metavar="DIR",
+        help="instead: this tree's codec against the codec folder DIR of another tree (git archive <commit> "
+        "codec), loaded side by side and interleaved; --repeats rounds each",
+    )
     args = parser.parse_args(argv)
+    global _CLOCK
+    _CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
 
     groups = make_workload(args.groups, args.samples, seed=args.seed, response_median=1024 * args.scale)
     payload = sum(g.payload_bytes for g in groups)
+    if args.tiers is not None:
+        return _tiers(groups, args)
+    if args.against is not None:
+        return _against(groups, args)
     print(
         f"workload: G={args.groups} K={args.samples} payload={payload / 1e6:.1f} MB, repeats={args.repeats}"
     )
@@ -140,12 +183,35 @@ def main(argv: list[str] | None = None) -> int:
         for g in groups
     ]
     list_columns = ["prompt_ids", "response_ids", "response_logprobs", "loss_mask"]
+    many = [{"group_id": g.group_id, **g.columns()} for g in groups]
+    received = [_ipc(b) for b in batches]
+    keys = [Partition("bench", 0, g.group_id) for g in groups]
     table = pa.Table.from_batches(batches)  # a training batch of every group: 64 chunks per column
     rows = [
         _summary("numpy memcpy (reference)", memcpy, payload, None, ""),
         _summary(
             "encode from numpy",
             _timed(lambda: [g.encode("bench", 0) for g in groups], args.repeats),
+            payload,
+            memcpy_median,
+            "memcpy",
+        ),
+        _summary(
+            "encode_groups, one call (joined, 1 copy)",
+            _timed(lambda: encode_groups(job_id="bench", epoch=0, groups=many), args.repeats),
+            payload,
+            memcpy_median,
+            "memcpy",
+        ),
+        _summary(
+            "validate_group(full=True) after IPC",
+            _timed(
+                lambda: [
+                    validate_group(b, STANDARD_SCHEMA, expect=k, full=True)
+                    for b, k in zip(received, keys, strict=True)
+                ],
+                args.repeats,
+            ),
             payload,
             memcpy_median,
             "memcpy",
@@ -192,6 +258,13 @@ def main(argv: list[str] | None = None) -> int:
             memcpy_median,
             "memcpy",
         ),
+        _summary(
+            "decode workload as one batch (padded)",
+            _timed(lambda: decode(table, columns=list_columns, layout="padded"), args.repeats),
+            payload,
+            memcpy_median,
+            "memcpy",
+        ),
     ]
     by_name = {r["name"]: r["median_ms"] for r in rows}
     for layout, decode_row in (
@@ -229,6 +302,32 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"payload_bytes": payload, "args": vars(args), "rows": rows}, f, indent=2)
+    return 0
+
+
+def _against(groups: list[SyntheticGroup], args: argparse.Namespace) -> int:
+    import trajflight.codec
+    from trajflight.bench._codec_against import compare, format_comparison, load_codec
+
+    other = load_codec(args.against)
+    print(f"workload: G={args.groups} K={args.samples}, {args.repeats} interleaved rounds, {args.against}")
+    rows = compare(trajflight.codec, other, groups, args.repeats)
+    print(format_comparison(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "against": rows}, f, indent=2)
+    return 0
+
+
+def _tiers(groups: list[SyntheticGroup], args: argparse.Namespace) -> int:
+    from trajflight.bench._codec_tiers import format_tiers, run_tiers
+
+    print(f"workload: G={args.groups} K={args.samples}, {args.repeats} interleaved rounds per tier")
+    results = run_tiers(groups, args.repeats, args.tiers)
+    print(format_tiers(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "tiers": [r.row() for r in results]}, f, indent=2)
     return 0
 
 

@@ -11,7 +11,7 @@ Accepted inputs for a ragged (``list<T>``) column, checked in this order:
   values contiguous);
 * a ``list`` of per-sample Python sequences (one ``pyarrow.array`` conversion; Python bools are
   accepted for ``uint8`` columns such as the loss mask, as numpy and torch bools are). For integer
-  columns the values are first proven integers (in C, about a sixth of the conversion's cost), so that
+  columns the values are first proven integers (cheaply, in C), so that
   a float, numpy float16 included, is refused rather than truncated (:mod:`trajflight.codec._pylists`).
 
 Standard numeric ragged columns built from Python lists or pyarrow arrays are refused where a row holds a
@@ -29,7 +29,9 @@ Each builder has two tiers, as :mod:`trajflight.codec._validate` does: a cheap o
 wraps known-good numpy memory with ``pa.Array.from_buffers`` and lets Arrow's own offset validation
 accept it, and the precise one (numpy checks, ``pyarrow.array``), run whenever the cheap one is not sure.
 The cheap tier never refuses: it returns None and the precise tier builds the same array or words the
-error, so results and errors are those of the precise tier alone.
+error, so results and errors are those of the precise tier alone. It does not guarantee that it applies
+(another dtype, strided or int64 offsets past int32, zero rows: the precise tier builds them); it stays
+because it pays on the standard workload (BENCHMARKS.md, "The codec").
 """
 
 from __future__ import annotations
@@ -51,7 +53,6 @@ __all__ = [
     "doubly_ragged_array",
     "is_tensor",
     "ragged_array",
-    "repeat_int64",
     "repeated_row",
     "scalar_array",
 ]
@@ -204,7 +205,7 @@ _FAST_DTYPES: dict[int, np.dtype] = {
 _INT64_ID = pa.int64().id
 _OFFSET_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))  # native order; int64 is narrowed when it fits
 _NULL_LIST = pa.list_(pa.null())
-# list<T> of the types above, by T's id: pa.list_() costs ~0.3 us a call.
+# list<T> of the types above, by T's id: built once, not per column.
 _LIST_TYPES: dict[int, pa.ListType] = {
     t.id: pa.list_(t) for t in (pa.from_numpy_dtype(d) for d in _FAST_DTYPES.values())
 }
@@ -275,14 +276,8 @@ def _fast_ragged(values: np.ndarray, offsets: np.ndarray, value_type: pa.DataTyp
     return None if child is None else _fast_list(child, offsets, list_type)
 
 
-def repeat_int64(value: int, rows: int) -> pa.Array:
-    """``pa.repeat(pa.scalar(value, pa.int64()), rows)`` for about half the cost; raises what that raises."""
-    fast = _fast_int64(value, rows)
-    return pa.repeat(pa.scalar(value, pa.int64()), rows) if fast is None else fast
-
-
 def _fast_int64(value: int, rows: int) -> pa.Array | None:
-    """Cheap tier of ``pa.repeat(pa.scalar(value, pa.int64()), rows)`` for a Python int."""
+    """Cheap tier of :func:`scalar_array` for a Python int in an int64 column (``policy_version``)."""
     values = np.empty(rows, dtype=np.int64)
     try:
         values.fill(value)

@@ -21,8 +21,10 @@ Memory and ownership:
   that drops them. A column declared non-nullable refuses null rows. Where ``top_p_ids`` and
   ``top_p_probs`` are decoded together they must be null for the same samples (or their outer offsets
   would disagree); checked only where one has null rows.
-* ``layout="padded"`` builds a new ``[rows, max_len]`` tensor (one copy); ``device="cuda"`` adds the
-  one pinned staging copy and an asynchronous host-to-device copy (:mod:`trajflight.codec._device`).
+* ``layout="padded"`` builds a new ``[rows, max_len]`` tensor (one copy: for torch by a boolean-mask
+  scatter, or from a lease's size on by torch's jagged -> dense kernel, the same tensor either way);
+  ``device="cuda"`` adds the one pinned staging copy and an asynchronous host-to-device copy
+  (:mod:`trajflight.codec._device`).
 
 It does not guarantee that decoded CPU tensors stay valid if the caller frees Arrow memory by other
 means than dropping references (for example by unmapping a file it mapped itself).
@@ -239,7 +241,7 @@ def _null_rows_as_no_tokens(name: str, array: pa.Array, schema: pa.Schema) -> pa
     """
     if not array.null_count:
         return array
-    if not schema.field(name).nullable:  # looked up only here: ~0.2 us a column on the common path
+    if not schema.field(name).nullable:  # looked up only here, off the common path
         _no_null_rows(name, array, "the column is declared non-nullable")  # raises
     spans = np.diff(array.offsets.to_numpy(zero_copy_only=False))
     valid = array.is_valid().to_numpy(zero_copy_only=False)
@@ -447,8 +449,8 @@ def _pad_torch(
     _check_padding(name, pad, fill, values.dtype)
     lengths = (offsets[1:] - offsets[:-1]).to(torch.int64)
     if len(lengths) * max_len >= _DENSE_KERNEL_FROM:
-        # torch's jagged -> dense kernel: ~4x faster than a boolean-mask scatter on a whole lease of the
-        # standard workload, but its fixed cost (~0.1 ms) loses on one small group.
+        # torch's jagged -> dense kernel wins on a whole lease, a boolean-mask scatter on one small group
+        # (BENCHMARKS.md, "The codec": both sides of the threshold).
         nested = jagged(values, offsets, max_len)
         return Padded(
             torch.nested.to_padded_tensor(nested, pad, output_size=(len(lengths), max_len)), lengths
@@ -479,7 +481,7 @@ def decode(
             ``torch.nested.nested_tensor_from_jagged(values, offsets, max_seqlen=...)`` (built at a
             third of its cost where torch allows, :mod:`trajflight.codec._jagged`);
             ``"ragged"``: as :class:`Ragged` values plus int32 offsets tensors in ``.ragged`` (the same
-            memory, without any nested-tensor construction cost, ~15 us per column);
+            memory, without any nested-tensor construction cost);
             ``"padded"``: as :class:`Padded` (``[rows, max_len]`` tensor plus int64 lengths, one copy).
             With ``"jagged"`` and ``"ragged"``, list columns whose rows have the same lengths (a group's
             response ids, logprobs and loss mask) share one offsets tensor, so that torch accepts

@@ -24,7 +24,6 @@ from trajflight.codec._arrays import (
     doubly_ragged_array,
     is_tensor,
     ragged_array,
-    repeat_int64,
     repeated_row,
     scalar_array,
 )
@@ -119,32 +118,42 @@ def _key_columns(key: Partition, rows: int) -> list[pa.Array]:
     """The columns job_id, epoch, group_id and sample_index of a group of ``rows`` samples."""
     indices = np.arange(rows, dtype=np.int32)  # what pa.array(np.arange(...)) wraps, without its overhead
     return [
-        pa.repeat(_job_scalar(key.job_id), rows),
-        repeat_int64(key.epoch, rows),
-        repeat_int64(key.group_id, rows),
+        _job_column(key.job_id, rows),
+        _int64_column(key.epoch, rows),
+        _int64_column(key.group_id, rows),
         pa.Array.from_buffers(pa.int32(), rows, [None, pa.py_buffer(indices)], null_count=0),
     ]
 
 
-# The scalar of the job id last encoded: a writer encodes one job's groups (pa.scalar costs ~1.1 us, a
-# pa.repeat of a built one ~0.7 us). Replaced whole, so threads read a consistent pair.
-_LAST_JOB: tuple[str, pa.Scalar] = ("", pa.scalar("", pa.string()))
+def _job_column(job_id: str, rows: int) -> pa.Array:
+    """``job_id`` (checked: non-empty UTF-8) for each of ``rows`` samples: its bytes repeated, offsets
+    stepping by their length.
+
+    Raises:
+        SchemaError: the repeated bytes would pass 2**31 - 1 (a string column's int32 offsets).
+    """
+    value = job_id.encode()
+    if len(value) * rows > _INT32_MAX:
+        raise SchemaError(
+            f"job_id of {len(value)} bytes, repeated for {rows} samples, passes 2**31 - 1 bytes; use a "
+            "shorter job id",
+            column="job_id",
+        )
+    offsets = np.arange(0, (rows + 1) * len(value), len(value), dtype=np.int32)
+    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(value * rows)]
+    return pa.Array.from_buffers(pa.string(), rows, buffers, null_count=0)
 
 
-def _job_scalar(job_id: str) -> pa.Scalar:
-    global _LAST_JOB
-    last = _LAST_JOB
-    if last[0] != job_id:
-        last = _LAST_JOB = (job_id, pa.scalar(job_id, pa.string()))
-    return last[1]
+def _int64_column(value: int, rows: int) -> pa.Array:
+    """``value`` (a checked key: 0..2**63 - 1) for each of ``rows`` samples, built as sample_index is."""
+    values = np.empty(rows, dtype=np.int64)
+    values.fill(value)
+    return pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(values)], null_count=0)
 
 
 def _sample_ids(key: Partition, rows: int) -> pa.Array:
     """The default sample ids ``"{job_id}/{epoch}/{group_id}/{sample_index}"``."""
-    fast = _fast_sample_ids(key, rows)
-    if fast is not None:
-        return fast
-    return pa.array([f"{key.job_id}/{key.epoch}/{key.group_id}/{i}" for i in range(rows)], pa.string())
+    return default_sample_ids(key.job_id, key.epoch, [key.group_id], [rows])
 
 
 def _given_sample_ids(sample_ids: Any, rows: int) -> pa.Array:
@@ -161,7 +170,7 @@ def _given_sample_ids(sample_ids: Any, rows: int) -> pa.Array:
             column="sample_id",
         )
     array = scalar_array(sample_ids, pa.string(), column="sample_id", rows=rows)
-    ids = array.to_pylist()  # ~0.4 us for 8 ids: cheaper than any pyarrow.compute kernel at this size
+    ids = array.to_pylist()  # a group's few ids: a pyarrow.compute kernel's fixed cost is more
     if len(set(ids)) != len(ids):
         _check_unique_ids(ids)
     return array
@@ -183,73 +192,42 @@ def _check_unique_ids(ids: list[str | None]) -> None:
         first[id_] = row
 
 
-# rows -> (b"", b"0", ..., str(rows - 1) as bytes) and the int32 offsets of those digits alone (read-only):
-# the ids of a group are its prefix joined with them. A job has a handful of group sizes.
-_DIGITS: dict[int, tuple[list[bytes], np.ndarray]] = {}
-_DIGITS_MAX = 64
-
-
-def _fast_sample_ids(key: Partition, rows: int) -> pa.Array | None:
-    """Cheap tier of :func:`_sample_ids`: one ``bytes.join`` and one offsets computation, no per-row str."""
-    try:
-        prefix = f"{key.job_id}/{key.epoch}/{key.group_id}/".encode()
-    except UnicodeEncodeError:
-        return None  # a lone surrogate: pyarrow raises it as it always did
-    digits = _DIGITS.get(rows)
-    if digits is None:
-        parts = [b"", *(str(i).encode() for i in range(rows))]
-        lengths = np.fromiter((len(p) for p in parts), dtype=np.int64, count=rows + 1)
-        steps = np.cumsum(lengths)
-        if steps[-1] > _INT32_MAX:
-            return None
-        digit_offsets = steps.astype(np.int32)
-        digit_offsets.flags.writeable = False
-        if len(_DIGITS) >= _DIGITS_MAX:
-            _DIGITS.clear()
-        digits = _DIGITS[rows] = (parts, digit_offsets)
-    parts, digit_offsets = digits
-    data = prefix.join(parts)
-    if len(data) > _INT32_MAX:
-        return None
-    offsets = np.arange(rows + 1, dtype=np.int32) * np.int32(len(prefix))
-    offsets += digit_offsets
-    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(data)]
-    return pa.Array.from_buffers(pa.string(), rows, buffers, null_count=0)
-
-
-@lru_cache(maxsize=64)
-def _group_digits(samples: int) -> tuple[list[bytes], np.ndarray]:
-    """``[b"", b"0", ..., b"{samples - 1}"]`` and the lengths of the digits (read-only)."""
+@lru_cache(maxsize=256)
+def _id_layout(samples: int, width: int) -> tuple[list[bytes], np.ndarray]:
+    """``[b"", b"0", ..., b"{samples - 1}"]`` and the offsets (int64, read-only) of the ids that a prefix of
+    ``width`` bytes joined with them makes: a pure function of two ints, so a job's few group sizes build
+    it once (BENCHMARKS.md, "The codec", has what that saves)."""
     parts = [b"", *(str(i).encode() for i in range(samples))]
-    lengths = np.fromiter((len(p) for p in parts[1:]), dtype=np.int64, count=samples)
-    lengths.flags.writeable = False
-    return parts, lengths
+    offsets = np.cumsum([0, *(width + len(p) for p in parts[1:])], dtype=np.int64)
+    offsets.flags.writeable = False
+    return parts, offsets
 
 
 def default_sample_ids(job_id: str, epoch: int, ids: Sequence[int], counts: Sequence[int]) -> pa.Array:
     """The default ids ``"{job_id}/{epoch}/{group_id}/{sample_index}"`` of the samples of several groups
-    (``counts[i]`` samples of group ``ids[i]``, in order), as :func:`_sample_ids` gives them group by
-    group: each group's prefix joined with its digits (one ``bytes.join`` per group), offsets from the
-    lengths in numpy (~30 us for 64 groups of 8, where 64 calls of ``_sample_ids`` and a join take 200).
+    (``counts[i]`` samples of group ``ids[i]``, in order), as :func:`encode_group` gives them group by
+    group: each group's prefix joined with its digits (one ``bytes.join``), no Python string per id.
 
     Raises:
         SchemaError: the ids would pass 2**31 - 1 bytes (a string column's int32 offsets).
         UnicodeEncodeError: a job id that is not valid UTF-8 (a lone surrogate).
     """
     prefixes = [f"{job_id}/{epoch}/{gid}/".encode() for gid in ids]
-    data = b"".join([p.join(_group_digits(k)[0]) for p, k in zip(prefixes, counts, strict=True)])
-    if len(set(counts)) == 1:
-        digit_lengths = np.tile(_group_digits(counts[0])[1], len(counts))
+    layouts = [_id_layout(k, len(p)) for p, k in zip(prefixes, counts, strict=True)]
+    chunks = [p.join(parts) for p, (parts, _) in zip(prefixes, layouts, strict=True)]
+    if not layouts:
+        return pa.array([], pa.string())
+    if len(layouts) == 1:
+        offsets = layouts[0][1]  # one group: its layout's offsets as they are
     else:
-        digit_lengths = np.concatenate([_group_digits(k)[1] for k in counts])
-    prefix_lengths = np.fromiter(map(len, prefixes), dtype=np.int64, count=len(prefixes))
-    lengths = np.repeat(prefix_lengths, counts) + digit_lengths
-    if len(data) > _INT32_MAX:
+        sizes = np.fromiter(map(len, chunks), dtype=np.int64, count=len(chunks))
+        bases = np.cumsum(sizes) - sizes
+        offsets = np.concatenate([o[:-1] for _, o in layouts] + [bases[-1:] + sizes[-1:]])
+        offsets[:-1] += np.repeat(bases, counts)
+    if offsets[-1] > _INT32_MAX:
         raise SchemaError("sample ids past 2**31 - 1 bytes", column="sample_id")
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:], dtype=np.int32)
-    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(data)]
-    return pa.Array.from_buffers(pa.string(), len(lengths), buffers, null_count=0)
+    buffers = [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(chunks))]
+    return pa.Array.from_buffers(pa.string(), len(offsets) - 1, buffers, null_count=0)
 
 
 def _finish_reason_array(value: Any, rows: int) -> pa.Array:
@@ -451,47 +429,14 @@ def encode_group(
                 "one entry per sample",
                 column=name,
             )
-    batch = pa.RecordBatch.from_arrays(list(arrays.values()), schema=_arrow_schema(schema, arrays))
+    arrow = schema._group_schema(list(arrays), [array.type for array in arrays.values()])
+    batch = pa.RecordBatch.from_arrays(list(arrays.values()), schema=arrow)
     # The key columns were built here; what came from the caller is checked.
     if any([array.null_count for array in arrays.values()]):
         check_nulls(batch, schema)
     if not ragged_columns_agree(arrays):
         check_ragged_lengths(batch)
     return batch
-
-
-# (id of the trajectory schema, (name, type) per column) -> (that schema, the checked Arrow schema). A job's
-# groups share a handful; the schema object is kept so its id cannot be reused while the entry lives
-# (hashing a TrajectorySchema by value costs ~8 us, more than the lookup saves).
-_SCHEMAS: dict[tuple[int, tuple[tuple[str, pa.DataType], ...]], tuple[TrajectorySchema, pa.Schema]] = {}
-_SCHEMAS_MAX = 256
-# The same, looked up by column names first and the types compared (DataType.equals, ~0.05 us a column;
-# the hash of a list type, which the lookup above needs, costs ~0.6 us): the last types seen per names.
-_BY_NAMES: dict[tuple[int, tuple[str, ...]], tuple[TrajectorySchema, pa.Schema, list[pa.DataType]]] = {}
-
-
-def _arrow_schema(schema: TrajectorySchema, arrays: Mapping[str, pa.Array]) -> pa.Schema:
-    """The Arrow schema of a group with these columns, checked against ``schema`` (memoised)."""
-    names = tuple(arrays)
-    types = [array.type for array in arrays.values()]
-    last = _BY_NAMES.get((id(schema), names))
-    if last is not None and last[0] is schema and all(map(pa.DataType.equals, types, last[2])):
-        return last[1]
-    columns = tuple(zip(names, types, strict=True))
-    found = _SCHEMAS.get((id(schema), columns))
-    if found is not None and found[0] is schema:
-        arrow = found[1]
-    else:
-        fields = [schema.field(n).with_type(t) if n in schema else pa.field(n, t) for n, t in columns]
-        arrow = pa.schema(fields)
-        schema.check(arrow)
-        if len(_SCHEMAS) >= _SCHEMAS_MAX:
-            _SCHEMAS.clear()
-        _SCHEMAS[(id(schema), columns)] = (schema, arrow)
-    if len(_BY_NAMES) >= _SCHEMAS_MAX:
-        _BY_NAMES.clear()
-    _BY_NAMES[(id(schema), names)] = (schema, arrow, types)
-    return arrow
 
 
 _STANDARD_ARGUMENTS = frozenset(STANDARD_SCHEMA.names)

@@ -1,8 +1,9 @@
-"""Encoding many groups at once: ``encode_groups``, the batched twin of :func:`encode_group`.
+"""``encode_groups`` and :class:`EncodedGroups`: many groups of one job and epoch as one joined batch.
 
 A writer that puts a batch of groups stores them in one shared-memory segment as one record batch.
-Encoding them one by one costs ~40 us of per-group Python/pyarrow overhead each, and joining the batches
-one more copy; :func:`encode_groups` builds the joined batch directly, with one copy of the payload.
+Encoding them one by one pays encode_group's fixed cost per group, and joining the batches one more copy;
+:func:`encode_groups` builds the joined batch directly, with one copy of the payload (BENCHMARKS.md,
+"The codec", has what the merged tier saves).
 
 Two tiers, as in :mod:`trajflight.codec._arrays`:
 
@@ -85,7 +86,7 @@ class EncodedGroups(Sequence[pa.RecordBatch]):
             )
 
     def _slices(self) -> tuple[pa.RecordBatch, ...]:
-        """The groups' slices of ``joined``, built on first use (~1 us a group) and kept."""
+        """The groups' slices of ``joined``, built on first use and kept."""
         batches = self._batches
         if batches is None:
             starts = np.zeros(len(self.rows), dtype=np.int64)

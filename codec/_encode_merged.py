@@ -19,6 +19,8 @@ the same.
 It never refuses: where the form is another or the merged encode fails, it returns None and the caller
 encodes group by group, which words the error for the group at fault (or builds what merging could not,
 such as columns past 2**31 - 1 values in all). The arrays it builds are new: nothing aliases the inputs.
+It does not guarantee that it applies: any input outside the common form above takes the per-group route.
+It stays beside that route because it pays on the standard workload (BENCHMARKS.md, "The codec").
 """
 
 from __future__ import annotations
@@ -265,8 +267,8 @@ def _empty(size: int, dtype: np.dtype) -> np.ndarray:
     """A new numpy array of ``size`` items in memory from Arrow's default pool (the array owns the buffer).
 
     Not numpy's own allocation: glibc hands a large freed block back to the kernel, and a new one of
-    megabytes is paid for again in page faults (~4 ms for a 9.5 MB batch here, against ~1 ms for the
-    whole encode); Arrow's pool keeps freed pages for the next batch, as encode_group + join relies on.
+    megabytes is paid for again in page faults; Arrow's pool keeps freed pages for the next batch, as
+    encode_group + join relies on (BENCHMARKS.md, "The codec", has what it saves).
     """
     return np.frombuffer(pa.allocate_buffer(size * dtype.itemsize), dtype=dtype, count=size)
 

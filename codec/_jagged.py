@@ -2,13 +2,16 @@
 
 ``torch.nested.nested_tensor_from_jagged`` reaches the ``NestedTensor`` constructor through torch's op
 dispatch (``__torch_function__``, ``__torch_dispatch__`` and an argument normalisation by
-``torch.fx``): about 45 us per tensor on this project's machines, 100 us with cold caches, of which
-the construction itself is about 15 us. A decode of one small group builds four of them, a third of
-its whole cost. :func:`jagged` builds the same tensor straight from the constructor where this
-process's torch has the one that was checked, and proves it first: the first call builds a probe both
-ways and keeps the direct way only if the two agree on everything a caller can see (type, sizes,
-ragged dimension, ``max_seqlen``, offsets, values aliasing, contents). Anything else (another torch,
-values that require grad, whose public result is an autograd view of them) takes the public function.
+``torch.fx``), which costs several times the construction itself; a decode of one small group builds
+four of them. :func:`jagged` builds the same tensor straight from the constructor where this process's
+torch has the one that was checked, and proves it first: the first call builds a probe both ways and
+keeps the direct way only if the two agree on everything a caller can see (type, sizes, ragged
+dimension, ``max_seqlen``, offsets, values aliasing, contents). Anything else (another torch, values
+that require grad, whose public result is an autograd view of them) takes the public function.
+
+It does not guarantee more than the probe checks: a torch whose constructor changed in a way one probe
+cannot see would need the probe extended. The direct way stays because it pays on the standard workload
+(BENCHMARKS.md, "The codec").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Bytes per group of a joined record batch: what each group's rows occupy in its buffers, vectorised.
 
-``RecordBatch.nbytes`` of each slice walks the columns in C++ for ~20 us a group; ``get_total_buffer_size``
+``RecordBatch.nbytes`` of each slice walks every column once per group; ``get_total_buffer_size``
 of a slice counts the whole parent buffers. :func:`group_nbytes` reads the offsets at the groups'
 boundaries once per column with numpy (read-only views of the Arrow buffers, no copy of the payload).
 

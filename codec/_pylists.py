@@ -13,9 +13,11 @@ lists for top-p candidates) into an Arrow array of the column's type. On top of 
   that does not convert.
 
 The check has two tiers, as the array builders do: a cheap proof that every value is a Python int (their
-types for one value per sample; for lists, the type of their sum, computed in C at about a sixth of the
-conversion's cost), then, where that fails (numpy scalars, nulls), the set of the values' types; only a set
-holding something other than integers and None is searched value by value, for the error. Values proven
+types for one value per sample; for lists, the type of their sum, computed in C), then, where that fails
+(numpy scalars, nulls), the set of the values' types; only a set holding something other than integers
+and None is searched value by value, for the error. The cheap proof stays because it pays on the standard
+workload given as Python lists (BENCHMARKS.md, "The codec"); it never refuses, so it guarantees nothing
+the set of types would not. Values proven
 integral are converted straight to the column's type, exactly (range-checked by ``pyarrow.array``).
 
 It does not guarantee more than that. ``None`` becomes a null, as a row or as an entry: refusing null
@@ -92,9 +94,9 @@ def _python_ints(rows: Sequence[Any], depth: int) -> bool:
     """Cheap tier of :func:`check_integers`: whether every value of ``rows`` (``depth`` list levels below
     them; None rows skipped) is proven a Python int, or a bool that the typed conversion then refuses.
 
-    One value per sample: their types. Lists: the type of their sum, computed in C (~3 ns a value, a sixth
-    of the conversion); a float or numpy scalar anywhere makes the sum another type, a None raises. Never
-    refuses: False leaves the question to :func:`_integral`.
+    One value per sample: their types. Lists: the type of their sum, computed in C without a Python step
+    per value; a float or numpy scalar anywhere makes the sum another type, a None raises. Never refuses:
+    False leaves the question to :func:`_integral`.
     """
     if depth == 0:
         return all(type(v) is int for v in rows)
@@ -229,7 +231,7 @@ def check_integers(
     Args:
         bools: Whether bools are taken (as 0/1). Default: for a uint8 leaf only (the loss mask), and Python
             bools in lists left to the conversion. ``False`` refuses every bool here (lists are then read
-            by their values' types, about four times the cost of their sum): for callers that convert
+            by their values' types, one Python step per value, not summed): for callers that convert
             otherwise than with ``pyarrow.array(rows, type=type_)``.
 
     Raises:

@@ -1,15 +1,18 @@
-"""The trajectory schema: one row per sample, one record batch per GRPO group.
+"""The trajectory schema (:class:`TrajectorySchema`): a group's columns, their types, and memos of both.
 
 The standard columns are fixed by ``DESIGN.md``; users extend the schema with columns of any Arrow type.
-A :class:`TrajectorySchema` is an immutable value: extending it returns a new one.
+A :class:`TrajectorySchema` is an immutable value: extending it returns a new one. Each instance keeps,
+bounded, the codec's memos of what it derives from Arrow schemas (check verdicts, validate_group's plans,
+encode_group's Arrow schema per column layout), so they go with it; they are not compared or shown.
 
 This module does not check data against the schema; :mod:`trajflight.codec._validate` does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -61,10 +64,13 @@ _STANDARD_FIELDS: tuple[tuple[pa.Field, bool], ...] = (
 )
 
 
-_ACCEPTED_CACHE = 1024  # distinct Arrow schemas remembered as accepted (a job has a handful)
-# The most recently accepted Arrow schemas, looked up by equality before the hashed cache: hashing a
-# 16-column pa.Schema costs ~6.5 us (Python over every field and type), Schema.equals ~0.1 us (C++).
+# Memos kept with each schema (a job has a handful of group layouts): the Arrow schemas last met per kind of
+# derived value, found by Schema.equals (hashing a pa.Schema walks every field in Python), and the Arrow
+# schemas of the column layouts encode_group last built. BENCHMARKS.md ("The codec") has what they save.
 _RECENT_CACHE = 8
+_GROUP_SCHEMAS_CACHE = 64
+
+T = TypeVar("T")
 
 
 def _type_matches(name: str, expected: pa.DataType, actual: pa.DataType) -> bool:
@@ -91,9 +97,13 @@ class TrajectorySchema:
     fields: tuple[pa.Field, ...]
     required: frozenset[str]
     _by_name: Mapping[str, pa.Field] = field(init=False, repr=False, compare=False)
-    _accepted: dict[pa.Schema, None] = field(init=False, repr=False, compare=False)
-    _recent: tuple[pa.Schema, ...] = field(init=False, repr=False, compare=False)
     _non_nullable: frozenset[str] = field(init=False, repr=False, compare=False)
+    # kind -> (Arrow schema, what was derived from it), most recent first (see _derived).
+    _recent: dict[str, tuple[tuple[pa.Schema, Any], ...]] = field(init=False, repr=False, compare=False)
+    # column names -> (their types, the checked Arrow schema of a group of those columns).
+    _group_schemas: dict[tuple[str, ...], tuple[tuple[pa.DataType, ...], pa.Schema]] = field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         by_name: dict[str, pa.Field] = {}
@@ -105,10 +115,9 @@ class TrajectorySchema:
         if missing:
             raise SchemaError(f"required columns {sorted(missing)} are not declared in the schema")
         object.__setattr__(self, "_by_name", by_name)
-        # Arrow schemas that passed check(): a stream's batches (and a job's groups) share one.
-        object.__setattr__(self, "_accepted", {})
-        object.__setattr__(self, "_recent", ())
         object.__setattr__(self, "_non_nullable", frozenset(f.name for f in self.fields if not f.nullable))
+        object.__setattr__(self, "_recent", {})
+        object.__setattr__(self, "_group_schemas", {})
 
     @property
     def non_nullable(self) -> frozenset[str]:
@@ -181,14 +190,21 @@ class TrajectorySchema:
     def check(self, schema: pa.Schema | Iterable[pa.Field]) -> None:
         """Check the columns of ``schema`` against this one: required present, declared types equal.
 
-        A ``pyarrow.Schema`` that passed is remembered (bounded), so checking an equal one again (every
-        IPC stream and every batch read from it carries a new but equal Schema object) costs a lookup.
+        A ``pyarrow.Schema`` that passed is remembered (the last few), so checking an equal one again (every
+        IPC stream and every batch read from it carries a new but equal Schema object) costs a comparison.
+        ``Schema.equals`` compares names, order, types and nullability, ignoring metadata: at least
+        everything the check reads (names and types), so an equal schema passes exactly when the
+        remembered one did.
 
         Raises:
             SchemaError: naming the first missing column or mistyped column.
         """
-        if isinstance(schema, pa.Schema) and self._seen(schema):
-            return
+        if isinstance(schema, pa.Schema):
+            self._derived("check", schema, self._check, schema)
+        else:
+            self._check(schema)
+
+    def _check(self, schema: pa.Schema | Iterable[pa.Field]) -> bool:
         present = {f.name: f for f in schema}
         for name in self.names:
             if name in self.required and name not in present:
@@ -202,33 +218,55 @@ class TrajectorySchema:
                     f"column {name!r} has type {f.type}, the schema declares {self._by_name[name].type}",
                     column=name,
                 )
-        if isinstance(schema, pa.Schema):
-            if len(self._accepted) < _ACCEPTED_CACHE:
-                self._accepted[schema] = None
-            self._remember(schema)
+        return True
 
-    def _seen(self, schema: pa.Schema) -> bool:
-        """Whether an Arrow schema equal to ``schema`` already passed :meth:`check`.
+    def _derived(self, kind: str, arrow: pa.Schema, make: Callable[..., T], *args: Any) -> T:
+        """``make(*args)``, kept per ``kind`` for the few Arrow schemas last met (equal ones share it).
 
-        ``Schema.equals`` compares names, order, types and nullability, ignoring metadata: at least
-        everything :meth:`check` reads (names and types), so an equal schema passes exactly when the
-        remembered one did.
+        For the codec's own values derived from this schema and an Arrow schema (the verdict of
+        :meth:`check`, validate_group's plan); equality is ``Schema.equals`` (names, order, types and
+        nullability, not metadata), so ``make`` may read no more than those. What ``make`` raises is not
+        remembered. Servers call this from several threads: the entry is replaced whole, never changed in
+        place, so a lookup sees one snapshot; a racing update can drop an entry, which costs one ``make``.
         """
-        for i, known in enumerate(self._recent):
-            if known is schema or known.equals(schema):
+        entries = self._recent.get(kind, ())
+        for i, (known, value) in enumerate(entries):
+            if known is arrow or known.equals(arrow):
                 if i:
-                    self._remember(known)
-                return True
-        if schema in self._accepted:  # a job of many schemas: the hash, still cheaper than the check
-            self._remember(schema)
-            return True
-        return False
+                    self._recent[kind] = ((known, value), *entries[:i], *entries[i + 1 :])
+                return value  # type: ignore[no-any-return]
+        value = make(*args)
+        self._recent[kind] = ((arrow, value), *entries[: _RECENT_CACHE - 1])
+        return value
 
-    def _remember(self, schema: pa.Schema) -> None:
-        # Servers check from several threads: the tuple is replaced whole, never changed in place, so a
-        # lookup sees one snapshot; a racing update can drop an entry, which costs one check again.
-        rest = tuple(s for s in self._recent if s is not schema)
-        object.__setattr__(self, "_recent", (schema, *rest[: _RECENT_CACHE - 1]))
+    def _group_schema(self, names: Sequence[str], types: Sequence[pa.DataType]) -> pa.Schema:
+        """The Arrow schema of a group whose columns are ``names`` of ``types``, checked (remembered).
+
+        Declared columns keep their field's nullability and metadata with the given type; others are plain
+        fields. Looked up by the names, then the types compared with ``DataType.equals`` (the hash of a
+        list type costs more than the comparison): a job's groups share a handful of layouts.
+
+        Raises:
+            SchemaError: as :meth:`check` raises for such a schema.
+        """
+        key = tuple(names)
+        found = self._group_schemas.get(key)
+        if (
+            found is not None
+            and len(found[0]) == len(types)
+            and all(map(pa.DataType.equals, types, found[0]))
+        ):
+            return found[1]
+        fields = [
+            self._by_name[n].with_type(t) if n in self._by_name else pa.field(n, t)
+            for n, t in zip(names, types, strict=True)
+        ]
+        arrow = pa.schema(fields)
+        self.check(arrow)
+        if len(self._group_schemas) >= _GROUP_SCHEMAS_CACHE:
+            self._group_schemas.clear()
+        self._group_schemas[key] = (tuple(types), arrow)
+        return arrow
 
 
 STANDARD_SCHEMA = TrajectorySchema(

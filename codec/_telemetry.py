@@ -15,19 +15,14 @@ and tensors; and for fields that inference made integer (apache/arrow GH-40910: 
 infers int64). A pyarrow struct array is cast to the declared type as any Arrow input is (Arrow's safe
 cast: 2.0 becomes 2, 1.5 is refused).
 
-The check costs about 1.5 us a group (8 samples) where the integer fields hold Python ints: one
-``itemgetter`` call per sample and the set of the values' types, whatever the number of fields.
-
 It does not guarantee zero copy: Python values are converted (new Arrow memory); a pyarrow struct array of
 the declared type is returned as it is. It does not check integers inside lists of structs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import chain
-from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -41,8 +36,6 @@ from trajflight.errors import SchemaError
 __all__ = ["telemetry_array"]
 
 _EMPTY = pa.struct([])
-_INTS = frozenset({int})
-_PLAIN = frozenset({int, float, str, bool, bytes, type(None)})
 
 
 def telemetry_array(value: Any, declared: pa.DataType, rows: int) -> pa.Array:
@@ -85,7 +78,7 @@ def telemetry_array(value: Any, declared: pa.DataType, rows: int) -> pa.Array:
             f"column 'telemetry' must be a struct (list of dicts or dict of columns), got {array.type}",
             column="telemetry",
         )
-    if struct_type is None and samples is not None and _may_hide_floats(samples):
+    if struct_type is None and samples is not None:
         _check_rows(samples, _plan(array.type))  # GH-40910: an int64 inferred for floats among ints
     if struct_type is not None and array.type != struct_type:
         try:
@@ -117,35 +110,18 @@ def _samples(value: Any) -> list[Any] | tuple[Any, ...] | None:
         return None
 
 
-def _may_hide_floats(samples: Sequence[Any]) -> bool:
-    """Whether inference may have made an integer field of floats: numpy float16, longdouble or complex
-    scalars among ints do (apache/arrow GH-40910), maybe inside lists; plain Python scalars never do.
-
-    Reads the types of every sample's values (~1.3 us for 8 samples of 6 fields, less than examining the
-    inferred type, new each group): True unless every sample is a dict of plain scalars.
-    """
-    try:
-        types = set(map(type, chain.from_iterable(map(dict.values, samples))))
-    except TypeError:  # a null sample, or one that is no dict
-        return True
-    return not types <= _PLAIN
-
-
 @dataclass(frozen=True, slots=True)
 class _Plan:
     """Where a struct type holds integers, as the checks read it.
 
     Attributes:
         scalars: The fields of an integer type, with their types.
-        getter: ``itemgetter`` of the scalars' names (None without scalars): one call reads a sample's
-            values, a tuple of them where there are two scalars or more.
         lists: The fields of lists of integers, with their types.
         structs: The plans of the struct fields that hold integers, with their names.
         by_name: The type of each scalar and list field, and the plan of each struct field, by name.
     """
 
     scalars: tuple[tuple[str, pa.DataType], ...]
-    getter: Callable[[Any], Any] | None
     lists: tuple[tuple[str, pa.DataType], ...]
     structs: tuple[tuple[str, _Plan], ...]
     by_name: Mapping[str, pa.DataType | _Plan]
@@ -154,35 +130,20 @@ class _Plan:
         return bool(self.by_name)
 
 
-def _build_plan(struct_type: pa.StructType) -> _Plan:
+def _plan(struct_type: pa.StructType) -> _Plan:
+    """Where ``struct_type`` holds integers (built per call: telemetry is not in the standard workload)."""
     scalars, lists, structs = [], [], []
     for field in struct_type:
         type_ = field.type
         if pa.types.is_struct(type_):
-            plan = _build_plan(type_)
+            plan = _plan(type_)
             if plan:
                 structs.append((field.name, plan))
         elif pa.types.is_integer(type_):
             scalars.append((field.name, type_))
         elif pa.types.is_integer(_leaf(type_)):
             lists.append((field.name, type_))
-    getter = itemgetter(*(name for name, _ in scalars)) if scalars else None
-    return _Plan(tuple(scalars), getter, tuple(lists), tuple(structs), dict([*scalars, *lists, *structs]))
-
-
-# The plan of the struct type last checked, replaced whole (threads read a consistent pair): a job checks one
-# telemetry type, declared (the same object each group) or inferred (a new, equal one each group).
-_LAST: tuple[pa.DataType, _Plan] = (_EMPTY, _Plan((), None, (), (), {}))
-
-
-def _plan(struct_type: pa.StructType) -> _Plan:
-    global _LAST
-    last = _LAST
-    if last[0] is struct_type or last[0].equals(struct_type):
-        return last[1]
-    plan = _build_plan(struct_type)
-    _LAST = (struct_type, plan)
-    return plan
+    return _Plan(tuple(scalars), tuple(lists), tuple(structs), dict([*scalars, *lists, *structs]))
 
 
 def _leaf(type_: pa.DataType) -> pa.DataType:
@@ -197,32 +158,16 @@ def _field_values(rows: Iterable[Any], name: str) -> list[Any]:
 
 
 def _check_rows(rows: Sequence[Any], plan: _Plan, prefix: str = "") -> None:
-    """Refuse a float, complex or bool in an integer field of ``rows``, one mapping per sample.
-
-    The scalar fields are read together first (:func:`_scalars_are_ints`); where that is not enough, and
-    for lists, each field is checked by :func:`check_integers` (numpy ints and None pass there).
+    """Refuse a float, complex or bool in an integer field of ``rows``, one mapping per sample: each field
+    is checked by :func:`check_integers` (numpy ints and None pass there).
 
     Raises:
         SchemaError: column ``telemetry``, ``field`` the (dotted) field, ``row`` the sample.
     """
-    if plan.getter is not None and not _scalars_are_ints(rows, plan):
-        _check_fields(rows, plan.scalars, prefix)
-    if plan.lists:
-        _check_fields(rows, plan.lists, prefix)
+    _check_fields(rows, plan.scalars, prefix)
+    _check_fields(rows, plan.lists, prefix)
     for name, sub in plan.structs:
         _check_rows(_field_values(rows, name), sub, f"{prefix}{name}.")
-
-
-def _scalars_are_ints(rows: Sequence[Any], plan: _Plan) -> bool:
-    """Cheap tier of :func:`_check_rows`: whether every sample has every scalar integer field and each holds
-    a Python int, read with one ``itemgetter`` call per sample (the set of the values' types must be
-    ``{int}``). Never refuses: False leaves the question to :func:`check_integers`, field by field."""
-    try:
-        values = map(plan.getter, rows)  # type: ignore[arg-type]
-        types = set(map(type, chain.from_iterable(values) if len(plan.scalars) > 1 else values))
-    except (KeyError, TypeError):  # a null sample, a missing field, a sample that is no mapping
-        return False
-    return types <= _INTS
 
 
 def _check_fields(rows: Sequence[Any], fields: Sequence[tuple[str, pa.DataType]], prefix: str) -> None:

@@ -11,7 +11,9 @@ finds the first offending row and words the error. The cheap tier never decides 
 those of the precise checks; where it is not sure (an unusual type, a null) it defers to them. The one
 null it accepts is a sample without top-p candidates: None in top_p_ids and top_p_probs alike, a null row
 spanning no token (its validity bitmaps and offsets compared, a few bytes a row). Its byte-level checks
-live in :mod:`trajflight.codec._validate_cheap`; the plan that orders them is below.
+live in :mod:`trajflight.codec._validate_cheap`; the plan that orders them is below, remembered with the
+trajectory schema per Arrow schema. Both stay because they pay on the standard workload (BENCHMARKS.md,
+"The codec").
 
 It does not check semantic plausibility (token ids inside a vocabulary, logprobs <= 0): NaN and inf
 logprobs are legal data and round-trip unchanged. It does not refuse what decode alone refuses in columns
@@ -418,20 +420,10 @@ class _Plan:
     entries: tuple[tuple[str, int, bool], ...]
 
 
-# (trajectory schema, Arrow schema, its plan or None): most recent first, replaced whole (threads read it
-# without a lock). Equal Arrow schemas share a plan; Schema.equals compares names, types and nullability.
-_PLANS: tuple[tuple[TrajectorySchema, pa.Schema, _Plan | None], ...] = ()
-_PLANS_MAX = 16
-
-
 def _plan(schema: TrajectorySchema, arrow: pa.Schema) -> _Plan | None:
-    """The plan of ``arrow`` under ``schema`` (memoised), or None where the precise path is the one."""
-    global _PLANS
-    for owner, known, plan in _PLANS:
-        if owner is schema and (known is arrow or known.equals(arrow)):
-            return plan
-    plan = _make_plan(schema, arrow)
-    _PLANS = ((schema, arrow, plan), *_PLANS[: _PLANS_MAX - 1])
+    """The plan of ``arrow`` under ``schema``, or None where the precise path is the one; remembered with
+    ``schema`` (equal Arrow schemas share a plan: it reads names, types and nullability only)."""
+    plan: _Plan | None = schema._derived("validation plan", arrow, _make_plan, schema, arrow)
     return plan
 
 
@@ -462,7 +454,7 @@ def _checks_by_plan(
     batch: pa.RecordBatch, schema: TrajectorySchema, plan: _Plan, expect: Partition | None
 ) -> list[object]:
     """validate_group's checks after the schema's, for a batch of at least one row; the key values."""
-    # Each column is wrapped once (~0.5 us a column) and shared by the steps.
+    # Each column is wrapped once (a Python object per call) and shared by the steps.
     columns: dict[int, pa.Array] = {}
     for i in plan.non_nullable:
         column = columns[i] = batch.column(i)

@@ -1,15 +1,14 @@
 """encode_group's cheap tier against its precise one: the same batch, buffer for buffer, and the same error.
 
 encode_group wraps known-good numpy memory with ``pa.Array.from_buffers`` and lets Arrow's own offset
-validation accept it (the ``_fast_*`` builders of codec/_arrays.py and codec/_encode.py); where they are
-not sure they step aside and the precise builders (numpy checks, ``pyarrow.array``) build the column or
-word the error. The float checks of integer columns given as Python values have tiers too
-(codec/_pylists.py, codec/_telemetry.py): a cheap proof that the values are Python ints, then the set of
-their types. These tests generate groups in every accepted input form (lists, per-sample arrays and
-tensors, (values, offsets) with int32 or int64 offsets not starting at 0, Ragged, Padded, nested and 2-D
-tensors, pyarrow arrays; other dtypes to convert; empty responses, K=0 and K=1, a shared flat prompt,
-nulls in advantage, top-p candidates, user columns), valid and broken, and compare encode_group with the
-same call forced onto the precise tier alone.
+validation accept it (the ``_fast_*`` builders of codec/_arrays.py); where they are not sure they step
+aside and the precise builders (numpy checks, ``pyarrow.array``) build the column or word the error. The
+float checks of integer columns given as Python lists have tiers too (codec/_pylists.py): a cheap proof
+that the values are Python ints, then the set of their types. These tests generate groups in every
+accepted input form (lists, per-sample arrays and tensors, (values, offsets) with int32 or int64 offsets
+not starting at 0, Ragged, Padded, nested and 2-D tensors, pyarrow arrays; other dtypes to convert; empty
+responses, K=0 and K=1, a shared flat prompt, nulls in advantage, top-p candidates, user columns), valid
+and broken, and compare encode_group with the same call forced onto the precise tier alone.
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ from trajflight.codec import (
     _arrays,
     _encode,
     _pylists,
-    _telemetry,
     encode_group,
 )
 from trajflight.errors import SchemaError
@@ -66,15 +64,14 @@ FORMS = [
 @contextmanager
 def _precise_only() -> Iterator[None]:
     """encode_group with every cheap builder stepping aside (each ``_fast_*`` returns None), and the cheap
-    proofs that integer values are Python ints (of lists and of telemetry fields) never sure."""
+    proof that integer values are Python ints never sure."""
     with ExitStack() as stack:
-        for module in (_arrays, _encode):
+        for module in (_arrays,):
             for name in dir(module):
                 if name.startswith("_fast_"):
                     stack.enter_context(mock.patch.object(module, name, return_value=None))
         stack.enter_context(mock.patch.object(_encode, "ragged_columns_agree", return_value=False))
         stack.enter_context(mock.patch.object(_pylists, "_python_ints", return_value=False))
-        stack.enter_context(mock.patch.object(_telemetry, "_scalars_are_ints", return_value=False))
         yield
 
 
@@ -375,8 +372,6 @@ def test_the_standard_workload_takes_the_cheap_tier(top_p):
     group = workload.make_workload(1, 8, seed=0, top_p=top_p)[0]
     with _precise_builders_forbidden():
         batch = group.encode("job", 1, policy_version=3)
-    key = _encode.Partition("job", 1, group.group_id)
-    assert _encode._fast_sample_ids(key, 8) is not None
     assert _arrays._fast_repeated_row(group.prompt, pa.int32(), 8, column="prompt_ids") is not None
     assert batch.column("response_ids").values.buffers()[1].address == group.response_values.ctypes.data
     assert batch.column("loss_mask").offsets.buffers()[1].address == group.response_offsets.ctypes.data

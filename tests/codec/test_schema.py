@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trajflight.codec import STANDARD_SCHEMA, TrajectorySchema
-from trajflight.codec._schema import _ACCEPTED_CACHE, _RECENT_CACHE
+from trajflight.codec._schema import _GROUP_SCHEMAS_CACHE, _RECENT_CACHE
 from trajflight.errors import SchemaError
 
 
@@ -111,14 +111,58 @@ def test_check_remembers_accepted_schemas_without_changing_any_verdict(arrows):
         copy = pa.schema(list(arrow), metadata=arrow.metadata)  # an equal schema, another object
         fresh = TrajectorySchema(STANDARD_SCHEMA.fields, STANDARD_SCHEMA.required)
         assert _check_outcome(remembering, copy) == _check_outcome(fresh, arrow)
-    assert len(remembering._recent) <= _RECENT_CACHE
+    assert len(remembering._recent.get("check", ())) <= _RECENT_CACHE
 
 
 def test_check_remembers_a_bounded_number_of_schemas():
+    """The memo hangs off the schema and stays bounded (issue 15 dropped its second, hashed level)."""
     schema = STANDARD_SCHEMA.extend()
     for i in range(_RECENT_CACHE + 3):
         schema.check(STANDARD_SCHEMA.arrow.append(pa.field(f"user_{i}", pa.int8())))
-    assert len(schema._recent) == _RECENT_CACHE
-    assert len(schema._accepted) == _RECENT_CACHE + 3 <= _ACCEPTED_CACHE
-    schema.check(STANDARD_SCHEMA.arrow.append(pa.field("user_0", pa.int8())))  # found in the hashed cache
-    assert schema._recent[0].names[-1] == "user_0"
+    assert len(schema._recent["check"]) == _RECENT_CACHE
+    schema.check(STANDARD_SCHEMA.arrow.append(pa.field("user_0", pa.int8())))  # forgotten: checked again
+    assert schema._recent["check"][0][0].names[-1] == "user_0"
+    assert len(schema._recent["check"]) == _RECENT_CACHE
+    assert "check" not in STANDARD_SCHEMA.extend()._recent  # each schema its own memo
+
+
+def test_group_schemas_are_remembered_per_schema_and_bounded():
+    """encode_group's Arrow schemas per column layout live on the schema, at most a bounded number."""
+    schema = STANDARD_SCHEMA.extend()
+    names = [f.name for f in STANDARD_SCHEMA.fields if f.name in STANDARD_SCHEMA.required]
+    types = [STANDARD_SCHEMA.field(n).type for n in names]
+    first = schema._group_schema(names, types)
+    assert schema._group_schema(names, types) is first
+    for i in range(_GROUP_SCHEMAS_CACHE + 3):
+        schema._group_schema([*names, f"user_{i}"], [*types, pa.int8()])
+    assert len(schema._group_schemas) <= _GROUP_SCHEMAS_CACHE
+    assert not STANDARD_SCHEMA.extend()._group_schemas
+
+
+def test_a_schema_no_longer_used_is_freed_after_encoding_and_validating():
+    """issue 15: module-global memo tables (``_encode._BY_NAMES``/``_SCHEMAS`` keyed by ``id(schema)``,
+    ``_validate._PLANS``) held every schema they met, with its Arrow schemas, until they filled up; the
+    memos now hang off the schema and go with it."""
+    import gc
+
+    import numpy as np
+
+    from trajflight.codec import encode_group, validate_group
+
+    schema = STANDARD_SCHEMA.extend(("leak_probe", pa.float64()))
+    batch = encode_group(
+        job_id="j",
+        epoch=0,
+        group_id=1,
+        prompt_ids=np.arange(3, dtype=np.int32),
+        response_ids=[[1, 2], [3]],
+        response_logprobs=[[-0.5, -0.5], [-1.0]],
+        reward=[1.0, 0.0],
+        extra={"leak_probe": [0.5, 0.25]},
+        schema=schema,
+    )
+    validate_group(batch, schema)
+    del schema, batch
+    gc.collect()
+    alive = [o for o in gc.get_objects() if type(o) is TrajectorySchema and "leak_probe" in o]
+    assert alive == []
