@@ -20,7 +20,8 @@ import pyarrow as pa
 import pytest
 
 import trajflight
-from trajflight._ray_plane import RayCluster, parse_ray_address
+from trajflight._ray_connect import parse_ray_address
+from trajflight._ray_plane import RayCluster
 from trajflight.controller import GroupState
 from trajflight.errors import (
     AlreadyExistsError,
