@@ -14,7 +14,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from trajflight._lease import Renewals
+from trajflight._control import connect_control, host_identity
+from trajflight._ray_connect import connect_ray_plane, current_node_id
+from trajflight._renewals import Renewals
+from trajflight._session import Session
 from trajflight._storage import StoragePool, Transport
 from trajflight._trainer import FENCE_TIMEOUT, Trainer
 from trajflight._writer import Writer
@@ -49,16 +52,14 @@ def connect(address: str, *, timeout: float = 30.0, transport: Transport = "auto
         answers there.
     """
     if address.startswith("grpc://") or address.startswith("grpc+tcp://"):
-        from trajflight._control import connect_control
-
         return Client(
             connect_control(address, timeout=timeout), address=address, timeout=timeout, transport=transport
         )
     if address.startswith("ray://"):
-        from trajflight._ray_connect import connect_ray_plane
-
+        controller = connect_ray_plane(address, timeout=timeout)
+        # Ray plane servers register under their Ray node ids: writers are placed by this process's.
         return Client(
-            connect_ray_plane(address, timeout=timeout), address=address, timeout=timeout, transport=transport
+            controller, address=address, timeout=timeout, transport=transport, node=current_node_id()
         )
     raise InvalidRequestError(
         f"unknown data plane address {address!r}: use grpc://HOST:PORT (embedded) or ray://NAMESPACE/NAME"
@@ -74,6 +75,12 @@ class Client:
         timeout: Default deadline of every call.
         transport: ``"auto"`` (default: shared memory with storage servers on this host, decided by host
             identity; Flight otherwise), ``"shm"`` or ``"flight"`` to force one path.
+        node: Where this process runs, for same-node placement of its writers' groups: the Ray node id on
+            a Ray data plane (``connect`` and ``RayCluster.client`` pass it), else this host's identity
+            (the default; the embedded plane registers its servers under it).
+
+    Attributes:
+        session: What the client's writers, trainers and leases share (controller, storage, renewals).
     """
 
     def __init__(
@@ -83,12 +90,28 @@ class Client:
         address: str = "",
         timeout: float = 30.0,
         transport: Transport = "auto",
+        node: str | None = None,
     ) -> None:
-        self.controller = controller
+        self.session = Session(
+            controller, StoragePool(timeout=timeout, transport=transport), Renewals(), timeout
+        )
         self.address = address
-        self.timeout = timeout
-        self.storage = StoragePool(timeout=timeout, transport=transport)
-        self.renewals = Renewals()
+        self.node = host_identity() if node is None else node
+
+    @property
+    def controller(self) -> ControllerClient:
+        """The controller client."""
+        return self.session.controller
+
+    @property
+    def storage(self) -> StoragePool:
+        """The pool of storage-server connections."""
+        return self.session.storage
+
+    @property
+    def timeout(self) -> float:
+        """Default deadline of every call, seconds."""
+        return self.session.timeout
 
     def close(self) -> None:
         """Close storage connections and the controller transport."""
@@ -212,15 +235,15 @@ class Client:
     ) -> Writer:
         """Register a rollout worker of ``job_id`` at ``epoch`` and return its :class:`Writer`.
 
-        ``node`` is where it runs, for same-node placement (see :class:`Writer`)."""
+        ``node`` is where it runs, for same-node placement (default: the client's, see :class:`Writer`)."""
         return Writer(
-            self,
+            self.session,
             job_id,
             epoch,
+            node=self.node if node is None else node,
             writer_id=writer_id,
             policy_version=policy_version,
             put_timeout=put_timeout,
-            node=node,
         )
 
     def trainer(
@@ -232,7 +255,7 @@ class Client:
         fence_timeout: float = FENCE_TIMEOUT,
     ) -> Trainer:
         """A :class:`Trainer` leasing groups of ``job_id`` (see :class:`Trainer` for the arguments)."""
-        return Trainer(self, job_id, owner=owner, ttl=ttl, fence_timeout=fence_timeout)
+        return Trainer(self.session, job_id, owner=owner, ttl=ttl, fence_timeout=fence_timeout)
 
     def stats(self, job_id: str | None = None) -> dict[str, Any]:
         """Counters of the controller host, group counts per state, and every storage server's stats."""

@@ -39,7 +39,7 @@ from types import TracebackType
 from typing import Any
 
 from trajflight._client import Client
-from trajflight._ray_connect import SCHEME, loopback_addresses, parse_ray_address
+from trajflight._ray_connect import SCHEME, current_node_id, loopback_addresses, parse_ray_address
 from trajflight._storage import StoragePool
 from trajflight.controller import (
     DEFAULT_NAME,
@@ -438,6 +438,7 @@ class RayCluster:
             ControllerClient(controller.transport, timeout=self.timeout),
             address=self.address,
             timeout=self.timeout,
+            node=current_node_id(),
         )
 
     def kill_server(self, index: int) -> None:

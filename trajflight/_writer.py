@@ -12,34 +12,19 @@ import asyncio
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
 
+from trajflight._session import Session
 from trajflight._storage import ID_SLACK, with_key
 from trajflight.codec import EncodedGroups, encode_group, encode_groups
 from trajflight.controller import GroupInfo, Publication, PutGrant
 from trajflight.errors import CapacityExceededError, DeadlineExceededError, InvalidRequestError
 from trajflight.keys import Partition
 
-if TYPE_CHECKING:
-    from trajflight._client import Client
-
 __all__ = ["Writer"]
-
-
-def _node_identity(address: str) -> str:
-    """The node a writer of a client connected to ``address`` runs on, for same-node placement: the Ray
-    node id of this process on a Ray data plane (``ray://``; servers register under their Ray node ids),
-    else the hostname (the embedded plane registers its servers under it)."""
-    if address.startswith("ray://"):
-        from trajflight._ray_connect import current_node_id
-
-        return current_node_id()
-    from trajflight._control import host_identity
-
-    return host_identity()
 
 
 def _stored_bytes(batch: pa.RecordBatch) -> int:
@@ -80,41 +65,42 @@ class Writer:
     """A registered rollout worker of one job and epoch. Thread-safe.
 
     Args:
-        client: The data plane connection.
+        session: The connection's collaborators (controller, storage).
         job_id: The job.
         epoch: The epoch it writes under (a restarted job fences older ones).
         writer_id: Stable id (default: a random one).
         policy_version: Weights version its groups are generated with (updated by :meth:`ack_policy`).
         put_timeout: Default deadline of a put, including waits for capacity.
         node: The node it runs on; the controller places its groups on a storage server of that node
-            when one has room. Default: this process's Ray node id on a Ray data plane, else the hostname.
+            when one has room (``Client.writer`` passes the client's: this process's Ray node id on a Ray
+            data plane, else the hostname).
     """
 
     def __init__(
         self,
-        client: Client,
+        session: Session,
         job_id: str,
         epoch: int,
         *,
+        node: str,
         writer_id: str | None = None,
         policy_version: int = 0,
         put_timeout: float = 60.0,
-        node: str | None = None,
     ) -> None:
-        self.client = client
+        self.session = session
         self.job_id = job_id
         self.epoch = epoch
         self.writer_id = writer_id or f"writer-{uuid.uuid4().hex[:8]}"
         self.policy_version = policy_version
         self.put_timeout = put_timeout
-        self.node = node if node is not None else _node_identity(client.address)
-        client.controller.register_writer(
+        self.node = node
+        session.controller.register_writer(
             job_id, epoch, self.writer_id, node=self.node, policy_version=policy_version
         )
 
     def ack_policy(self, version: int) -> None:
         """Acknowledge new weights: later groups carry ``version``."""
-        self.client.controller.ack_policy(self.job_id, self.epoch, self.writer_id, version)
+        self.session.controller.ack_policy(self.job_id, self.epoch, self.writer_id, version)
         self.policy_version = version
 
     def put(
@@ -152,7 +138,7 @@ class Writer:
         grant = self._allocate(nbytes, deadline)
         key = Partition(*grant.partition)
         batch = with_key(batch, key, default_ids=default_ids)
-        self.client.storage.put_group(
+        self.session.storage.put_group(
             grant.location, key, batch, writer=self.writer_id, timeout=max(0.001, deadline - time.monotonic())
         )
         return self._publish(grant, batch, nbytes)
@@ -171,7 +157,7 @@ class Writer:
             if remaining <= 0:
                 raise DeadlineExceededError(f"put of a group to job {self.job_id!r} did not finish in time")
             try:
-                return self.client.controller.allocate(
+                return self.session.controller.allocate(
                     self.job_id, self.epoch, self.writer_id, nbytes=nbytes, timeout=remaining
                 )
             except CapacityExceededError as exc:
@@ -191,7 +177,7 @@ class Writer:
             if remaining <= 0:
                 raise DeadlineExceededError(f"put of a group to job {self.job_id!r} did not finish in time")
             try:
-                grants += self.client.controller.allocate_many(
+                grants += self.session.controller.allocate_many(
                     self.job_id, self.epoch, self.writer_id, nbytes=sizes[len(grants) :], timeout=remaining
                 )
             except CapacityExceededError as exc:
@@ -200,7 +186,7 @@ class Writer:
 
     def _publish(self, grant: PutGrant, batch: pa.RecordBatch, nbytes: int) -> GroupInfo:
         publication = self._publication(grant, batch, nbytes, tuple(batch.schema.names))
-        info: GroupInfo = self.client.controller.publish(grant.partition, **publication)
+        info: GroupInfo = self.session.controller.publish(grant.partition, **publication)
         return info
 
     def _publication(
@@ -278,7 +264,7 @@ class Writer:
             by_location.setdefault(grant.location, []).append((Partition(*grant.partition), batch))
             flags.setdefault(grant.location, []).append(bool(default_ids) and default_ids[i])
         for location, placed in by_location.items():
-            self.client.storage.put_groups(
+            self.session.storage.put_groups(
                 location,
                 placed,
                 writer=self.writer_id,
@@ -296,7 +282,7 @@ class Writer:
             )
             for i, (grant, batch, nbytes) in enumerate(zip(grants, groups, sizes, strict=True))
         ]
-        return self.client.controller.publish_many(items, timeout=max(0.001, deadline - time.monotonic()))
+        return self.session.controller.publish_many(items, timeout=max(0.001, deadline - time.monotonic()))
 
     def _encode_many(self, groups: Sequence[Any]) -> tuple[EncodedGroups, list[bool]]:
         """Groups given as mappings of their columns, encoded together under placeholder group ids ``0..``
