@@ -18,8 +18,8 @@ import numpy as np
 import pyarrow as pa
 
 from trajflight._session import Session
-from trajflight._storage import ID_SLACK, with_key
-from trajflight.codec import EncodedGroups, encode_group, encode_groups
+from trajflight._sizing import keyed_bound, reservations
+from trajflight.codec import EncodedGroups, encode_group, encode_groups, with_partitions
 from trajflight.controller import GroupInfo, Publication, PutGrant
 from trajflight.errors import CapacityExceededError, DeadlineExceededError, InvalidRequestError
 from trajflight.keys import Partition
@@ -108,13 +108,17 @@ class Writer:
     ) -> GroupInfo:
         """Store one finished group and make it READY; returns its metadata.
 
+        The partition is granted first, for a reservation bounded from the inputs
+        (:mod:`trajflight._sizing`), and the group is then encoded once, under its partition; publishing
+        charges the encoded group's bytes and gives the rest of the reservation back.
+
         Args:
-            batch: A record batch of the group (its key columns are set here), or ``None`` and the group's
-                columns as keyword arguments of :func:`trajflight.codec.encode_group` (``prompt_ids``,
-                ``response_ids``, ``response_logprobs``, ``reward``, ...; no ``job_id``/``epoch``/
-                ``group_id``: the controller assigns the partition). Without ``sample_ids``, the samples get
-                the default ids of the partition the controller assigns
-                (``"{job_id}/{epoch}/{group_id}/{sample_index}"``).
+            batch: A record batch of the group (its key columns are set to the granted partition), or
+                ``None`` and the group's columns as keyword arguments of
+                :func:`trajflight.codec.encode_group` (``prompt_ids``, ``response_ids``,
+                ``response_logprobs``, ``reward``, ...; no ``job_id``/``epoch``/``group_id``: the
+                controller assigns the partition). Without ``sample_ids``, the samples get the default ids
+                of that partition (``"{job_id}/{epoch}/{group_id}/{sample_index}"``).
             timeout: Deadline of the whole put, waits for capacity included (default ``put_timeout``).
 
         Raises:
@@ -124,24 +128,31 @@ class Writer:
             LeaseExpiredError: the partition's grant expired (the job's ``grant_ttl``) before the data
                 reached its storage server, which refuses it since the controller gave the partition up;
                 nothing was stored: put the group again.
-            SchemaError: bad group data, naming the column and row.
+            SchemaError: bad group data, naming the column and row; nothing was stored (the partition
+                granted for it expires unused after the job's ``grant_ttl``).
+            InvalidRequestError: a record batch and columns at once, or a reserved column.
         """
         deadline = time.monotonic() + (self.put_timeout if timeout is None else timeout)
-        columns = self._group_columns(group)
-        default_ids = False
-        if batch is None:
-            default_ids = columns.get("sample_ids") is None
-            batch = encode_group(job_id=self.job_id, epoch=self.epoch, group_id=0, **columns)
-        elif group:
-            raise InvalidRequestError("pass either a record batch or the group's columns, not both")
-        nbytes = _stored_bytes(batch) + (ID_SLACK * batch.num_rows if default_ids else 0)
-        grant = self._allocate(nbytes, deadline)
-        key = Partition(*grant.partition)
-        batch = with_key(batch, key, default_ids=default_ids)
+        if batch is not None:
+            if group:
+                raise InvalidRequestError("pass either a record batch or the group's columns, not both")
+            reserved = keyed_bound(_stored_bytes(batch), batch.num_rows, self.job_id)
+            grant = self._allocate(reserved, deadline)
+            key = Partition(*grant.partition)
+            batch = with_partitions(batch, [key])
+        else:
+            columns = self._group_columns(group)
+            (reserved,) = reservations([columns], job_id=self.job_id, epoch=self.epoch)
+            grant = self._allocate(reserved, deadline)
+            key = Partition(*grant.partition)
+            batch = encode_group(job_id=key.job_id, epoch=key.epoch, group_id=key.group_id, **columns)
+        nbytes = _charged(_stored_bytes(batch), reserved)
         self.session.storage.put_group(
             grant.location, key, batch, writer=self.writer_id, timeout=max(0.001, deadline - time.monotonic())
         )
-        return self._publish(grant, batch, nbytes)
+        publication = self._publication(grant, batch, nbytes, tuple(batch.schema.names))
+        info: GroupInfo = self.session.controller.publish(grant.partition, **publication)
+        return info
 
     def _group_columns(self, group: Mapping[str, Any]) -> dict[str, Any]:
         """A group's columns as given to :meth:`put`, checked, with the writer's policy version by default."""
@@ -184,11 +195,6 @@ class Writer:
                 time.sleep(_capacity_wait(exc, deadline))
         return grants
 
-    def _publish(self, grant: PutGrant, batch: pa.RecordBatch, nbytes: int) -> GroupInfo:
-        publication = self._publication(grant, batch, nbytes, tuple(batch.schema.names))
-        info: GroupInfo = self.session.controller.publish(grant.partition, **publication)
-        return info
-
     def _publication(
         self,
         grant: PutGrant,
@@ -217,24 +223,27 @@ class Writer:
     ) -> list[GroupInfo]:
         """Store several finished groups (record batches of one schema) and make them READY, in order.
 
-        The groups get their partitions from the controller in one operation for all of them; when
-        capacity runs out part way, the put holds the partitions already granted, waits for capacity as
-        :meth:`put` does and asks for the rest (so a batch larger than the free capacity completes as
-        trainers commit, but one larger than the whole capacity waits until its deadline). The groups
-        bound for one storage server are then sent in one call (through shared memory on this host: one
-        segment, so a trainer leasing them in order reads them with no copy to join them; over Flight: one
-        stream, published all together). Groups become READY only after every storage call succeeded, all
-        in one controller operation that publishes every group or none; if a storage call fails, or the
-        deadline passes first, none of this call is published, and groups already stored are deleted when
-        their unpublished allocations expire (as for a failed :meth:`put`): put the batch again. The
-        deadline covers the publication too. An empty list stores nothing and returns ``[]``.
+        The groups get their partitions from the controller in one operation for all of them, for
+        reservations bounded from their inputs, as :meth:`put` does; when capacity runs out part way,
+        the put holds the partitions already granted, waits for capacity as :meth:`put` does and asks for
+        the rest (so a batch larger than the free capacity completes as trainers commit, but one larger
+        than the whole capacity waits until its deadline). Groups given as columns are then encoded
+        together, each under its partition. The groups bound for one storage server are sent in one call
+        (through shared memory on this host: one segment, so a trainer leasing them in order reads them
+        with no copy to join them; over Flight: one stream, published all together). Groups become READY
+        only after every storage call succeeded, all in one controller operation that publishes every
+        group or none; if a storage call fails, or the deadline passes first, none of this call is
+        published, and groups already stored are deleted when their unpublished allocations expire (as for
+        a failed :meth:`put`): put the batch again. The deadline covers the publication too. An empty list
+        stores nothing and returns ``[]``.
 
         Args:
             batches: The groups: record batches, or mappings of each group's columns (what :meth:`put`
                 takes as keyword arguments), which are encoded together with
                 :func:`~trajflight.codec.encode_groups` (cheaper than group by group). Batches from
-                ``encode_groups`` (an :class:`~trajflight.codec.EncodedGroups`) are already joined: on
-                shared memory they are written as they are, with no copy to join them.
+                ``encode_groups`` (an :class:`~trajflight.codec.EncodedGroups`) are already joined: their
+                key columns are set on the joined batch at once, and on shared memory it is written as it
+                is, with no copy to join them.
             timeout: Deadline of the whole put, waits for capacity included (default ``put_timeout``).
 
         Raises:
@@ -243,26 +252,19 @@ class Writer:
         if not batches:
             return []
         deadline = time.monotonic() + (self.put_timeout if timeout is None else timeout)
-        default_ids: list[bool] = []
-        groups: Sequence[pa.RecordBatch]
-        if any(isinstance(b, Mapping) for b in batches):
-            groups, default_ids = self._encode_many(batches)
-        else:
-            groups = cast(Sequence[pa.RecordBatch], batches)
+        grants, groups, reserved = self._granted(batches, deadline)
         encoded = groups if isinstance(groups, EncodedGroups) else None
-        sizes = list(encoded.nbytes) if encoded is not None else [_stored_bytes(b) for b in groups]
-        if default_ids:
-            sizes = [
-                n + ID_SLACK * b.num_rows if d else n
-                for n, b, d in zip(sizes, groups, default_ids, strict=True)
-            ]
-        grants = self._allocate_many(sizes, deadline)
+        if encoded is not None:
+            sizes = list(encoded.nbytes)
+            names = [tuple(encoded.joined.schema.names)] * len(grants)
+            figures = _group_figures(encoded, self.policy_version)
+        else:
+            sizes = [_stored_bytes(b) for b in groups]
+            names, figures = [tuple(b.schema.names) for b in groups], None
+        sizes = [_charged(n, r) for n, r in zip(sizes, reserved, strict=True)]
         by_location: dict[str, list[tuple[Partition, pa.RecordBatch]]] = {}
-        flags: dict[str, list[bool]] = {}
-        for i, (grant, batch) in enumerate(zip(grants, groups, strict=True)):
-            # Key columns are set by the storage pool (on the joined batch, where it joins them).
+        for grant, batch in zip(grants, groups, strict=True):
             by_location.setdefault(grant.location, []).append((Partition(*grant.partition), batch))
-            flags.setdefault(grant.location, []).append(bool(default_ids) and default_ids[i])
         for location, placed in by_location.items():
             self.session.storage.put_groups(
                 location,
@@ -270,23 +272,43 @@ class Writer:
                 writer=self.writer_id,
                 timeout=max(0.001, deadline - time.monotonic()),
                 joined=encoded.joined if encoded is not None and len(by_location) == 1 else None,
-                default_ids=flags[location],
             )
         # Every group is stored: publish them all in one controller operation (all of them or none).
-        columns = tuple(with_key(groups[0].slice(0, 0), Partition(self.job_id, self.epoch, 0)).schema.names)
-        figures = _group_figures(encoded, self.policy_version) if encoded is not None else None
         items = [
             Publication(
                 grant.partition,
-                **self._publication(grant, batch, nbytes, columns, None if figures is None else figures[i]),
+                **self._publication(grant, batch, nbytes, cols, None if figures is None else figures[i]),
             )
-            for i, (grant, batch, nbytes) in enumerate(zip(grants, groups, sizes, strict=True))
+            for i, (grant, batch, nbytes, cols) in enumerate(zip(grants, groups, sizes, names, strict=True))
         ]
         return self.session.controller.publish_many(items, timeout=max(0.001, deadline - time.monotonic()))
 
-    def _encode_many(self, groups: Sequence[Any]) -> tuple[EncodedGroups, list[bool]]:
-        """Groups given as mappings of their columns, encoded together under placeholder group ids ``0..``
-        (the pool sets the keys), and per group whether its sample ids are left to the writer."""
+    def _granted(
+        self, batches: Sequence[Any], deadline: float
+    ) -> tuple[list[PutGrant], EncodedGroups | list[pa.RecordBatch], list[int]]:
+        """The groups' grants, made for reservations bounded from what was given, the groups under their
+        granted partitions, and the reservations: groups given as columns encoded together under them,
+        an :class:`EncodedGroups` keyed on its joined batch, record batches keyed one by one."""
+        if any(isinstance(b, Mapping) for b in batches):
+            columns = self._columns_of(batches)
+            reserved = reservations(columns, job_id=self.job_id, epoch=self.epoch)
+            grants = self._allocate_many(reserved, deadline)
+            ids = [Partition(*g.partition).group_id for g in grants]
+            groups = [{**c, "group_id": i} for c, i in zip(columns, ids, strict=True)]
+            return grants, encode_groups(job_id=self.job_id, epoch=self.epoch, groups=groups), reserved
+        if isinstance(batches, EncodedGroups):
+            rows = batches.rows
+            reserved = [keyed_bound(n, r, self.job_id) for n, r in zip(batches.nbytes, rows, strict=True)]
+            grants = self._allocate_many(reserved, deadline)
+            return grants, with_partitions(batches, [Partition(*g.partition) for g in grants]), reserved
+        given = cast(Sequence[pa.RecordBatch], batches)
+        reserved = [keyed_bound(_stored_bytes(b), b.num_rows, self.job_id) for b in given]
+        grants = self._allocate_many(reserved, deadline)
+        keyed = [with_partitions(b, [Partition(*g.partition)]) for b, g in zip(given, grants, strict=True)]
+        return grants, keyed, reserved
+
+    def _columns_of(self, groups: Sequence[Any]) -> list[dict[str, Any]]:
+        """Groups given as mappings of their columns, checked as :meth:`put` checks them."""
         columns = []
         for i, group in enumerate(groups):
             if not isinstance(group, Mapping):
@@ -294,9 +316,8 @@ class Writer:
                     f"put_many() got mappings of groups' columns and, as item {i}, a {type(group).__name__}; "
                     "pass all groups as record batches or all as mappings of their columns"
                 )
-            columns.append({**self._group_columns(group), "group_id": i})
-        encoded = encode_groups(job_id=self.job_id, epoch=self.epoch, groups=columns)
-        return encoded, [c.get("sample_ids") is None for c in columns]
+            columns.append(self._group_columns(group))
+        return columns
 
     async def put_many_async(
         self,
@@ -312,6 +333,22 @@ class Writer:
     ) -> GroupInfo:
         """The ``asyncio`` twin of :meth:`put` (same implementation, run off the event loop)."""
         return await asyncio.to_thread(self.put, batch, timeout=timeout, **group)
+
+
+def _charged(nbytes: int, reserved: int) -> int:
+    """What a stored group is charged: its encoded bytes, which its reservation bounds.
+
+    Raises:
+        InvalidRequestError: the bound was short (a bug of :mod:`trajflight._sizing`): nothing is stored,
+            and the partition expires unused.
+    """
+    if nbytes > reserved:
+        raise InvalidRequestError(
+            f"the group encoded to {nbytes} bytes, more than the {reserved} reserved for it from its inputs: "
+            "a bug of trajflight's reservation bound (trajflight._sizing); please report it with the "
+            "inputs' types, and pass the group as an encoded record batch meanwhile"
+        )
+    return nbytes
 
 
 def _capacity_wait(exc: CapacityExceededError, deadline: float) -> float:
