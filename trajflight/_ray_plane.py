@@ -4,8 +4,8 @@
 
 * the controller is the named async actor of :func:`trajflight.controller._ray_host.start_ray_actor`
   (``ray://NAMESPACE/NAME`` is the plane's address), restarted by Ray when it dies; its sweeper deletes
-  committed groups through :class:`FlightDeleter`, straight from the storage servers over Flight, and
-  fences the groups of leases that ended without their holder through :class:`FlightFencer`;
+  committed groups through :class:`FlightStorage`, straight from the storage servers over Flight, and
+  fences the groups of leases that ended without their holder through it too;
 * storage servers are :class:`StorageServerActor` actors pinned to their nodes
   (``NodeAffinitySchedulingStrategy(node_id, soft=False)``), one per node by default, each running a
   :class:`~trajflight.flight_server.StorageServer` on its node's IP address, port 0, registered with the
@@ -58,19 +58,20 @@ from trajflight.errors import (
 )
 from trajflight.units import parse_size
 
-__all__ = ["FlightDeleter", "FlightFencer", "RayCluster", "RayServer", "StorageServerActor"]
+__all__ = ["FlightStorage", "RayCluster", "RayServer", "StorageServerActor"]
 
 # ---------------------------------------------------------------------------------------- actors
 
 
-class FlightDeleter:
-    """The controller actor's deleter: deletes one group from its storage server over Flight.
+class FlightStorage:
+    """The controller actor's hands on the storage servers: its ``deleter`` (:meth:`delete`) and its
+    ``fencer`` (:meth:`fence`), straight to the servers over Flight.
 
-    Picklable (Ray ships it to the controller actor); the connections are made on first use in the
-    process that calls it, and are not pickled. Thread-safe.
+    Picklable (Ray ships it, or a bound method of it, to the controller actor); the connections are made
+    on first use in the process that calls it, and are not pickled. Thread-safe.
 
     Args:
-        timeout: Deadline of each delete, seconds.
+        timeout: Deadline of each call to a storage server, seconds.
     """
 
     def __init__(self, timeout: float = 10.0) -> None:
@@ -84,27 +85,21 @@ class FlightDeleter:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["timeout"])  # type: ignore[misc]
 
-    def __call__(self, work: DeleteWork) -> None:
+    def _storage(self) -> StoragePool:
+        with self._lock:
+            if self._pool is None:
+                self._pool = StoragePool(timeout=self.timeout)
+            return self._pool
+
+    def delete(self, work: DeleteWork) -> None:
         """Delete ``work``'s group (a group the server no longer has counts as deleted); raise on failure,
         and the controller keeps it on its GC list and retries."""
-        with self._lock:
-            if self._pool is None:
-                self._pool = StoragePool(timeout=self.timeout)
-            pool = self._pool
-        pool.delete(work)
+        self._storage().delete(work)
 
-
-class FlightFencer(FlightDeleter):
-    """The controller actor's fencer: raises the generation of groups of one storage server over Flight
-    (see :meth:`StoragePool.fence_groups`). Picklable and thread-safe, as :class:`FlightDeleter`."""
-
-    def __call__(self, work: Sequence[FenceWork]) -> None:
-        """Fence ``work`` (the fences of one location); raise on failure (the controller retries)."""
-        with self._lock:
-            if self._pool is None:
-                self._pool = StoragePool(timeout=self.timeout)
-            pool = self._pool
-        pool.fence_groups(work)
+    def fence(self, work: Sequence[FenceWork]) -> None:
+        """Raise the generation of ``work``'s groups (the fences of one location) on their server (see
+        :meth:`StoragePool.fence_groups`); raise on failure (the controller retries)."""
+        self._storage().fence_groups(work)
 
 
 class StorageServerActor:
@@ -278,13 +273,14 @@ class RayCluster:
         # journal must be where Ray restarts the actor); otherwise Ray may move it if the node dies.
         here = ray.get_runtime_context().get_node_id()
         strategy = NodeAffinitySchedulingStrategy(here, soft=self.state_dir is None)
+        storage = FlightStorage(timeout=self.timeout)
         try:
             actor = start_ray_actor(
                 name=self.name,
                 namespace=self.namespace,
                 state_dir=self.state_dir,
-                deleter=FlightDeleter(timeout=self.timeout),
-                fencer=FlightFencer(timeout=self.timeout),
+                deleter=storage.delete,
+                fencer=storage.fence,
                 options={"scheduling_strategy": strategy},
             )
         except ValueError as exc:  # Ray: the name is already taken
