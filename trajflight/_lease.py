@@ -114,7 +114,6 @@ class LeasedBatch:
         self.lost: TrajflightError | None = None
         self.renewals = 0
         self.renew_errors: list[str] = []
-        self._expires_at = handle.expires_at
         self._renewal: int | None = None
         if renew:
             remaining = ttl if ttl is not None else max(0.3, handle.expires_at - time.time())
@@ -123,7 +122,7 @@ class LeasedBatch:
     def _renew_once(self) -> bool:
         """One heartbeat (run by the session's renewals); False when the lease is gone for good."""
         try:
-            self._expires_at = self.session.controller.renew(self.token, ttl=self.ttl)
+            self.session.controller.renew(self.token, ttl=self.ttl)
             self.renewals += 1
             return True
         except TrajflightError as exc:  # expired, superseded or committed: stop, remember why

@@ -393,6 +393,9 @@ def test_put_async_is_the_twin_of_put(cluster, job):
     metas = asyncio.run(main())
     assert len({m.partition for m in metas}) == 3
     assert all(m.state == "READY" and m.rows == 4 for m in metas)
+    many = asyncio.run(writer.put_many_async([g.columns(), g.columns()]))
+    assert [m.state for m in many] == ["READY"] * 2
+    assert len({m.partition for m in [*metas, *many]}) == 5
 
 
 def test_lease_raises_when_nothing_becomes_ready(cluster, job):
