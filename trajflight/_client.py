@@ -1,10 +1,13 @@
 """The public client: ``connect(address)`` and :class:`Client`, one connection to a data plane.
 
-* :class:`Client` opens jobs, restores and checkpoints them, and makes the connection's
-  :class:`~trajflight._writer.Writer` (a rollout worker) and :class:`~trajflight._trainer.Trainer` objects.
+:class:`Client` opens jobs (fencing older epochs on every storage server), restores and checkpoints
+them, and makes the connection's :class:`~trajflight._writer.Writer` (a rollout worker) and
+:class:`~trajflight._trainer.Trainer` objects, which share its :class:`~trajflight._session.Session`.
 
 The same code runs against the embedded data plane (``grpc://`` address of its control server) and the
 Ray data plane (``ray://namespace/name``). Every call has a deadline.
+
+It does not own the plane: closing a client closes its connections, never a server or the controller.
 """
 
 from __future__ import annotations

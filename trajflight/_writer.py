@@ -1,9 +1,16 @@
-"""A rollout worker's side of the public client: :class:`Writer`.
+"""A rollout worker's side of the public client: :class:`Writer`, and the one route of a put.
 
-:class:`Writer` (made by ``Client.writer``): ``put`` one finished GRPO group (any input the codec accepts)
-and get its :class:`~trajflight.controller.GroupInfo` back; when capacity is full the put waits up to its
-deadline, then raises :class:`~trajflight.errors.CapacityExceededError` (backpressure, never an unbounded
-queue). ``put_many`` stores many groups in one controller operation and one storage call per server.
+:class:`Writer` (made by ``Client.writer``) stores finished GRPO groups: ``put`` one, ``put_many`` several
+in one controller operation and one storage call per server. Every put takes the same steps: the
+controller grants the groups' partitions for reservations bounded from the inputs
+(:mod:`trajflight._sizing`); each group is encoded once, under its partition (its real key, the default
+sample ids of that partition), or, given encoded, keyed with ``codec.with_partitions``; the storage
+servers store the groups; one controller operation publishes them, charged what they take. When capacity
+is full the put waits up to its deadline, then raises :class:`~trajflight.errors.CapacityExceededError`
+(backpressure, never an unbounded queue).
+
+It does not retry: a put that fails after its partitions were granted leaves them to expire (the job's
+``grant_ttl``), and the groups already stored with them are deleted then; the caller puts again.
 """
 
 from __future__ import annotations
