@@ -17,7 +17,10 @@ The bound follows the shapes of the inputs and the column types of the job's sch
 * the key columns at their exact size, the default sample ids as for the largest group id (19 digits).
 
 It does not check the inputs: a group the encoder refuses is refused after its partition was granted,
-which then expires unused (the job's ``grant_ttl``).
+which then expires unused (the job's ``grant_ttl``). Nor is it the charge: a group whose bound passes the
+job's ``max_group_bytes`` is refused as too large even where its encoded bytes would fit (the bound is
+above them by the bitmaps and shared offsets for arrays, the padding of a ``Padded``, the inferred width
+of Python numbers).
 """
 
 from __future__ import annotations

@@ -311,8 +311,7 @@ class Writer:
         given = cast(Sequence[pa.RecordBatch], batches)
         reserved = [keyed_bound(_stored_bytes(b), b.num_rows, self.job_id) for b in given]
         grants = self._allocate_many(reserved, deadline)
-        keyed = [with_partitions(b, [Partition(*g.partition)]) for b, g in zip(given, grants, strict=True)]
-        return grants, keyed, reserved
+        return grants, with_partitions(given, [Partition(*g.partition) for g in grants]), reserved
 
     def _columns_of(self, groups: Sequence[Any]) -> list[dict[str, Any]]:
         """Groups given as mappings of their columns, checked as :meth:`put` checks them."""

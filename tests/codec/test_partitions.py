@@ -58,12 +58,23 @@ def test_groups_encoded_together_get_one_partition_each_and_their_sizes_counted_
     assert mixed.joined.column("epoch").to_pylist() == [1] * 4 + [2] * 4 + [1] * 4
 
 
+def test_a_list_of_batches_gets_one_partition_each_sharing_the_columns_of_one_job_and_length():
+    groups = make_workload(3, 4, seed=4, response_median=32)
+    batches = [g.encode("caller", 1) for g in groups]
+    keys = [Partition("job", 2, 10 + i) for i in range(3)]
+    keyed = with_partitions(batches, keys)
+    assert [validate_group(b, expect=k) for b, k in zip(keyed, keys, strict=True)] == keys
+    assert keyed[0].column("job_id").buffers()[2].address == keyed[1].column("job_id").buffers()[2].address
+
+
 def test_not_one_partition_per_group_is_refused():
     groups = make_workload(2, 2, seed=3, response_median=16)
     encoded = encode_groups(
         job_id="j", epoch=1, groups=[{**g.columns(), "group_id": i} for i, g in enumerate(groups)]
     )
-    with pytest.raises(InvalidRequestError, match="one per group"):
+    with pytest.raises(InvalidRequestError, match="one partition per group"):
         with_partitions(encoded, [Partition("j", 1, 0)])
-    with pytest.raises(InvalidRequestError, match="one partition"):
+    with pytest.raises(InvalidRequestError, match="one partition per group"):
         with_partitions(encoded[0], [Partition("j", 1, 0), Partition("j", 1, 1)])
+    with pytest.raises(InvalidRequestError, match="one partition per group"):
+        with_partitions(list(encoded), [Partition("j", 1, 0)])
