@@ -247,7 +247,7 @@ def _width(type_: pa.DataType | None) -> int:
     if isinstance(type_, pa.BaseExtensionType):
         type_ = type_.storage_type
     try:
-        bits = type_.bit_width
+        bits = int(type_.bit_width)
     except ValueError:
         return 0
     return max(1, bits // 8)

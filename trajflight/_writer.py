@@ -19,7 +19,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -146,18 +146,22 @@ class Writer:
             reserved = keyed_bound(_stored_bytes(batch), batch.num_rows, self.job_id)
             grant = self._allocate(reserved, deadline)
             key = Partition(*grant.partition)
-            batch = with_partitions(batch, [key])
+            stored: pa.RecordBatch = with_partitions(batch, [key])
         else:
             columns = self._group_columns(group)
             (reserved,) = reservations([columns], job_id=self.job_id, epoch=self.epoch)
             grant = self._allocate(reserved, deadline)
             key = Partition(*grant.partition)
-            batch = encode_group(job_id=key.job_id, epoch=key.epoch, group_id=key.group_id, **columns)
-        nbytes = _charged(_stored_bytes(batch), reserved)
+            stored = encode_group(job_id=key.job_id, epoch=key.epoch, group_id=key.group_id, **columns)
+        nbytes = _charged(_stored_bytes(stored), reserved)
         self.session.storage.put_group(
-            grant.location, key, batch, writer=self.writer_id, timeout=max(0.001, deadline - time.monotonic())
+            grant.location,
+            key,
+            stored,
+            writer=self.writer_id,
+            timeout=max(0.001, deadline - time.monotonic()),
         )
-        publication = self._publication(grant, batch, nbytes, tuple(batch.schema.names))
+        publication = self._publication(grant, stored, nbytes, tuple(stored.schema.names))
         info: GroupInfo = self.session.controller.publish(grant.partition, **publication)
         return info
 
@@ -308,10 +312,9 @@ class Writer:
             reserved = [keyed_bound(n, r, self.job_id) for n, r in zip(batches.nbytes, rows, strict=True)]
             grants = self._allocate_many(reserved, deadline)
             return grants, with_partitions(batches, [Partition(*g.partition) for g in grants]), reserved
-        given = cast(Sequence[pa.RecordBatch], batches)
-        reserved = [keyed_bound(_stored_bytes(b), b.num_rows, self.job_id) for b in given]
+        reserved = [keyed_bound(_stored_bytes(b), b.num_rows, self.job_id) for b in batches]
         grants = self._allocate_many(reserved, deadline)
-        return grants, with_partitions(given, [Partition(*g.partition) for g in grants]), reserved
+        return grants, with_partitions(batches, [Partition(*g.partition) for g in grants]), reserved
 
     def _columns_of(self, groups: Sequence[Any]) -> list[dict[str, Any]]:
         """Groups given as mappings of their columns, checked as :meth:`put` checks them."""
