@@ -6,6 +6,8 @@ Pure conversion: no I/O, no threads. torch is imported lazily, by the calls that
 * :func:`encode_group`: what rollout code holds -> one ``pyarrow.RecordBatch`` per group.
 * :func:`encode_groups` / :class:`EncodedGroups`: many groups -> one joined record batch (one copy), each
   group a zero-copy slice of it, with its rows and stored bytes.
+* :func:`with_partitions`: groups encoded elsewhere, their key columns set to the partitions they were
+  granted.
 * :func:`decode` / :func:`decode_numpy`: one or many groups -> torch tensors / numpy arrays.
 * :func:`validate_group`: typed checks of data that comes from outside.
 """
@@ -16,6 +18,7 @@ from trajflight.codec._containers import DoublyRagged, NumpyBatch, Padded, Ragge
 from trajflight.codec._decode import Layout, decode, decode_numpy
 from trajflight.codec._encode import default_sample_ids, encode_group
 from trajflight.codec._encode_many import EncodedGroups, encode_groups
+from trajflight.codec._partitions import with_partitions
 from trajflight.codec._schema import STANDARD_SCHEMA, TrajectorySchema
 from trajflight.codec._validate import validate_group
 
@@ -35,4 +38,5 @@ __all__ = [
     "encode_group",
     "encode_groups",
     "validate_group",
+    "with_partitions",
 ]

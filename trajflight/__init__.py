@@ -23,8 +23,8 @@ _LAZY = {
     "TrajflightError": "trajflight.errors",
     "connect": "trajflight._client",
     "Client": "trajflight._client",
-    "Writer": "trajflight._client",
-    "Trainer": "trajflight._client",
+    "Writer": "trajflight._writer",
+    "Trainer": "trajflight._trainer",
     "LocalCluster": "trajflight._cluster",
     "RayCluster": "trajflight._ray_plane",  # imports ray only when a plane starts or connects
     "LeasedBatch": "trajflight._lease",

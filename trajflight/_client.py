@@ -1,47 +1,40 @@
-"""The public client: ``connect(address)``, rollout writers and trainers.
+"""The public client: ``connect(address)`` and :class:`Client`, one connection to a data plane.
 
-* :class:`Writer` (a rollout worker): ``put`` one finished GRPO group (any input the codec accepts) and
-  get its :class:`~trajflight.controller.GroupInfo` back; when capacity is full the put waits up to its
-  deadline, then raises :class:`~trajflight.errors.CapacityExceededError` (backpressure, never an
-  unbounded queue).
-* :class:`Trainer`: ``lease`` a batch (long poll), then :class:`~trajflight._lease.LeasedBatch` fetches
-  it as torch tensors and drives prepare -> start_training -> finish_training -> commit.
+:class:`Client` opens jobs (fencing older epochs on every storage server), restores and checkpoints
+them, and makes the connection's :class:`~trajflight._writer.Writer` (a rollout worker) and
+:class:`~trajflight._trainer.Trainer` objects, which share its :class:`~trajflight._session.Session`.
 
 The same code runs against the embedded data plane (``grpc://`` address of its control server) and the
 Ray data plane (``ray://namespace/name``). Every call has a deadline.
+
+It does not own the plane: closing a client closes its connections, never a server or the controller.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import time
-import uuid
-from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from collections.abc import Mapping
+from typing import Any
 
-import numpy as np
-import pyarrow as pa
-
-from trajflight._lease import Renewals
-from trajflight._storage import ID_SLACK, StoragePool, Transport, with_key
+from trajflight._control import connect_control, host_identity
+from trajflight._ray_connect import connect_ray_plane, current_node_id
+from trajflight._renewals import Renewals
+from trajflight._session import Session
+from trajflight._storage import StoragePool, Transport
 from trajflight._trainer import FENCE_TIMEOUT, Trainer
-from trajflight.codec import EncodedGroups, encode_group, encode_groups
+from trajflight._writer import Writer
 from trajflight.controller import (
     ControllerClient,
-    GroupInfo,
     HeldGroup,
     JobConfig,
     LostGroup,
     OldReady,
-    Publication,
-    PutGrant,
 )
-from trajflight.errors import CapacityExceededError, DeadlineExceededError, InvalidRequestError
+from trajflight.errors import InvalidRequestError
 from trajflight.keys import Partition
 
-__all__ = ["Client", "Trainer", "Writer", "connect"]
+__all__ = ["Client", "connect"]
 
 log = logging.getLogger("trajflight")
 
@@ -62,33 +55,18 @@ def connect(address: str, *, timeout: float = 30.0, transport: Transport = "auto
         answers there.
     """
     if address.startswith("grpc://") or address.startswith("grpc+tcp://"):
-        from trajflight._control import connect_control
-
         return Client(
             connect_control(address, timeout=timeout), address=address, timeout=timeout, transport=transport
         )
     if address.startswith("ray://"):
-        from trajflight._ray_plane import connect_ray_plane
-
+        controller = connect_ray_plane(address, timeout=timeout)
+        # Ray plane servers register under their Ray node ids: writers are placed by this process's.
         return Client(
-            connect_ray_plane(address, timeout=timeout), address=address, timeout=timeout, transport=transport
+            controller, address=address, timeout=timeout, transport=transport, node=current_node_id()
         )
     raise InvalidRequestError(
         f"unknown data plane address {address!r}: use grpc://HOST:PORT (embedded) or ray://NAMESPACE/NAME"
     )
-
-
-def _node_identity(address: str) -> str:
-    """The node a writer of a client connected to ``address`` runs on, for same-node placement: the Ray
-    node id of this process on a Ray data plane (``ray://``; servers register under their Ray node ids),
-    else the hostname (the embedded plane registers its servers under it)."""
-    if address.startswith("ray://"):
-        from trajflight._ray_plane import current_node_id
-
-        return current_node_id()
-    from trajflight._control import host_identity
-
-    return host_identity()
 
 
 class Client:
@@ -100,6 +78,12 @@ class Client:
         timeout: Default deadline of every call.
         transport: ``"auto"`` (default: shared memory with storage servers on this host, decided by host
             identity; Flight otherwise), ``"shm"`` or ``"flight"`` to force one path.
+        node: Where this process runs, for same-node placement of its writers' groups: the Ray node id on
+            a Ray data plane (``connect`` and ``RayCluster.client`` pass it), else this host's identity
+            (the default; the embedded plane registers its servers under it).
+
+    Attributes:
+        session: What the client's writers, trainers and leases share (controller, storage, renewals).
     """
 
     def __init__(
@@ -109,12 +93,28 @@ class Client:
         address: str = "",
         timeout: float = 30.0,
         transport: Transport = "auto",
+        node: str | None = None,
     ) -> None:
-        self.controller = controller
+        self.session = Session(
+            controller, StoragePool(timeout=timeout, transport=transport), Renewals(), timeout
+        )
         self.address = address
-        self.timeout = timeout
-        self.storage = StoragePool(timeout=timeout, transport=transport)
-        self.renewals = Renewals()
+        self.node = host_identity() if node is None else node
+
+    @property
+    def controller(self) -> ControllerClient:
+        """The controller client."""
+        return self.session.controller
+
+    @property
+    def storage(self) -> StoragePool:
+        """The pool of storage-server connections."""
+        return self.session.storage
+
+    @property
+    def timeout(self) -> float:
+        """Default deadline of every call, seconds."""
+        return self.session.timeout
 
     def close(self) -> None:
         """Close storage connections and the controller transport."""
@@ -238,15 +238,15 @@ class Client:
     ) -> Writer:
         """Register a rollout worker of ``job_id`` at ``epoch`` and return its :class:`Writer`.
 
-        ``node`` is where it runs, for same-node placement (see :class:`Writer`)."""
+        ``node`` is where it runs, for same-node placement (default: the client's, see :class:`Writer`)."""
         return Writer(
-            self,
+            self.session,
             job_id,
             epoch,
+            node=self.node if node is None else node,
             writer_id=writer_id,
             policy_version=policy_version,
             put_timeout=put_timeout,
-            node=node,
         )
 
     def trainer(
@@ -258,7 +258,7 @@ class Client:
         fence_timeout: float = FENCE_TIMEOUT,
     ) -> Trainer:
         """A :class:`Trainer` leasing groups of ``job_id`` (see :class:`Trainer` for the arguments)."""
-        return Trainer(self, job_id, owner=owner, ttl=ttl, fence_timeout=fence_timeout)
+        return Trainer(self.session, job_id, owner=owner, ttl=ttl, fence_timeout=fence_timeout)
 
     def stats(self, job_id: str | None = None) -> dict[str, Any]:
         """Counters of the controller host, group counts per state, and every storage server's stats."""
@@ -273,334 +273,3 @@ class Client:
             out["counts"] = self.controller.counts(job_id)
             out["usage_bytes"], out["usage_groups"] = self.controller.usage(job_id)
         return out
-
-
-def _stored_bytes(batch: pa.RecordBatch) -> int:
-    """The bytes a group asks capacity for: its buffers' total size, or for a slice of a larger batch
-    (one group of an :class:`~trajflight.codec.EncodedGroups`) the bytes its rows take.
-
-    Not ``RecordBatch.nbytes`` for every batch: it walks every list column's offsets to count only the
-    referenced values (~20 us per group here; 1.3 ms of a 64-group ``put_many``). For a batch that owns
-    its buffers the whole buffers are what a storage server copies, so this is also the closer figure,
-    and never smaller; a slice's buffers are its parent's, which would ask capacity for every group.
-    """
-    if _is_slice(batch):
-        return int(batch.nbytes)
-    return int(batch.get_total_buffer_size())
-
-
-def _is_slice(batch: pa.RecordBatch) -> bool:
-    """Whether ``batch`` views part of larger buffers, judged by its ``reward`` column (every group has
-    it): an offset, or a data buffer longer than its rows need (beyond Arrow's 64-byte padding)."""
-    index = batch.schema.get_field_index("reward")
-    if index < 0:
-        return False
-    column = batch.column(index)
-    data = column.buffers()[1]
-    width = column.type.bit_width // 8
-    return column.offset > 0 or (data is not None and width > 0 and data.size > len(column) * width + 64)
-
-
-def _tokens_of(batch: pa.RecordBatch) -> int:
-    """Response tokens of a group (for token-budgeted leases), from the offsets with no kernel call."""
-    if "response_ids" not in batch.schema.names or batch.num_rows == 0:
-        return 0
-    offsets = batch.column("response_ids").offsets.to_numpy(zero_copy_only=False)
-    return int(offsets[-1] - offsets[0])
-
-
-class Writer:
-    """A registered rollout worker of one job and epoch. Thread-safe.
-
-    Args:
-        client: The data plane connection.
-        job_id: The job.
-        epoch: The epoch it writes under (a restarted job fences older ones).
-        writer_id: Stable id (default: a random one).
-        policy_version: Weights version its groups are generated with (updated by :meth:`ack_policy`).
-        put_timeout: Default deadline of a put, including waits for capacity.
-        node: The node it runs on; the controller places its groups on a storage server of that node
-            when one has room. Default: this process's Ray node id on a Ray data plane, else the hostname.
-    """
-
-    def __init__(
-        self,
-        client: Client,
-        job_id: str,
-        epoch: int,
-        *,
-        writer_id: str | None = None,
-        policy_version: int = 0,
-        put_timeout: float = 60.0,
-        node: str | None = None,
-    ) -> None:
-        self.client = client
-        self.job_id = job_id
-        self.epoch = epoch
-        self.writer_id = writer_id or f"writer-{uuid.uuid4().hex[:8]}"
-        self.policy_version = policy_version
-        self.put_timeout = put_timeout
-        self.node = node if node is not None else _node_identity(client.address)
-        client.controller.register_writer(
-            job_id, epoch, self.writer_id, node=self.node, policy_version=policy_version
-        )
-
-    def ack_policy(self, version: int) -> None:
-        """Acknowledge new weights: later groups carry ``version``."""
-        self.client.controller.ack_policy(self.job_id, self.epoch, self.writer_id, version)
-        self.policy_version = version
-
-    def put(
-        self, batch: pa.RecordBatch | None = None, *, timeout: float | None = None, **group: Any
-    ) -> GroupInfo:
-        """Store one finished group and make it READY; returns its metadata.
-
-        Args:
-            batch: A record batch of the group (its key columns are set here), or ``None`` and the group's
-                columns as keyword arguments of :func:`trajflight.codec.encode_group` (``prompt_ids``,
-                ``response_ids``, ``response_logprobs``, ``reward``, ...; no ``job_id``/``epoch``/
-                ``group_id``: the controller assigns the partition). Without ``sample_ids``, the samples get
-                the default ids of the partition the controller assigns
-                (``"{job_id}/{epoch}/{group_id}/{sample_index}"``).
-            timeout: Deadline of the whole put, waits for capacity included (default ``put_timeout``).
-
-        Raises:
-            CapacityExceededError: capacity stayed full until the deadline (``retry_after`` hints when to
-                try again); nothing was stored.
-            StaleFenceError: the epoch was fenced (the job restarted): stop this worker.
-            LeaseExpiredError: the partition's grant expired (the job's ``grant_ttl``) before the data
-                reached its storage server, which refuses it since the controller gave the partition up;
-                nothing was stored: put the group again.
-            SchemaError: bad group data, naming the column and row.
-        """
-        deadline = time.monotonic() + (self.put_timeout if timeout is None else timeout)
-        columns = self._group_columns(group)
-        default_ids = False
-        if batch is None:
-            default_ids = columns.get("sample_ids") is None
-            batch = encode_group(job_id=self.job_id, epoch=self.epoch, group_id=0, **columns)
-        elif group:
-            raise InvalidRequestError("pass either a record batch or the group's columns, not both")
-        nbytes = _stored_bytes(batch) + (ID_SLACK * batch.num_rows if default_ids else 0)
-        grant = self._allocate(nbytes, deadline)
-        key = Partition(*grant.partition)
-        batch = with_key(batch, key, default_ids=default_ids)
-        self.client.storage.put_group(
-            grant.location, key, batch, writer=self.writer_id, timeout=max(0.001, deadline - time.monotonic())
-        )
-        return self._publish(grant, batch, nbytes)
-
-    def _group_columns(self, group: Mapping[str, Any]) -> dict[str, Any]:
-        """A group's columns as given to :meth:`put`, checked, with the writer's policy version by default."""
-        for reserved in ("job_id", "epoch", "group_id"):
-            if reserved in group:
-                raise InvalidRequestError(f"put() assigns {reserved}; leave it out of the group's columns")
-        return {"policy_version": self.policy_version, **group}
-
-    def _allocate(self, nbytes: int, deadline: float) -> PutGrant:
-        """A placed partition from the controller, waiting for capacity until ``deadline``."""
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise DeadlineExceededError(f"put of a group to job {self.job_id!r} did not finish in time")
-            try:
-                return self.client.controller.allocate(
-                    self.job_id, self.epoch, self.writer_id, nbytes=nbytes, timeout=remaining
-                )
-            except CapacityExceededError as exc:
-                time.sleep(_capacity_wait(exc, deadline))
-
-    def _allocate_many(self, sizes: Sequence[int], deadline: float) -> list[PutGrant]:
-        """Placed partitions for groups of ``sizes``, in order, waiting for capacity until ``deadline``.
-
-        One controller operation grants every group that fits. When capacity runs out part way, the rest
-        is asked for again at once: capacity may have come back meanwhile; if not, the refusal carries the
-        job's ``retry_after`` and the put waits as :meth:`_allocate` does. Grants already made are held
-        while it waits (they expire ``grant_ttl`` after they were made).
-        """
-        grants: list[PutGrant] = []
-        while len(grants) < len(sizes):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise DeadlineExceededError(f"put of a group to job {self.job_id!r} did not finish in time")
-            try:
-                grants += self.client.controller.allocate_many(
-                    self.job_id, self.epoch, self.writer_id, nbytes=sizes[len(grants) :], timeout=remaining
-                )
-            except CapacityExceededError as exc:
-                time.sleep(_capacity_wait(exc, deadline))
-        return grants
-
-    def _publish(self, grant: PutGrant, batch: pa.RecordBatch, nbytes: int) -> GroupInfo:
-        publication = self._publication(grant, batch, nbytes, tuple(batch.schema.names))
-        info: GroupInfo = self.client.controller.publish(grant.partition, **publication)
-        return info
-
-    def _publication(
-        self,
-        grant: PutGrant,
-        batch: pa.RecordBatch,
-        nbytes: int,
-        columns: tuple[str, ...],
-        figures: tuple[int, int] | None = None,
-    ) -> dict[str, Any]:
-        """The arguments of ``publish`` for a stored group with ``columns``, beside its partition;
-        ``figures`` are its (tokens, oldest policy version) where already known (:func:`_group_figures`)."""
-        tokens, version = figures or (_tokens_of(batch), _policy_version(batch, self.policy_version))
-        return {
-            "token": grant.token,
-            "rows": batch.num_rows,
-            "nbytes": nbytes,
-            "tokens": tokens,
-            "policy_version": version,
-            "columns": columns,
-        }
-
-    def put_many(
-        self,
-        batches: Sequence[pa.RecordBatch] | Sequence[Mapping[str, Any]],
-        *,
-        timeout: float | None = None,
-    ) -> list[GroupInfo]:
-        """Store several finished groups (record batches of one schema) and make them READY, in order.
-
-        The groups get their partitions from the controller in one operation for all of them; when
-        capacity runs out part way, the put holds the partitions already granted, waits for capacity as
-        :meth:`put` does and asks for the rest (so a batch larger than the free capacity completes as
-        trainers commit, but one larger than the whole capacity waits until its deadline). The groups
-        bound for one storage server are then sent in one call (through shared memory on this host: one
-        segment, so a trainer leasing them in order reads them with no copy to join them; over Flight: one
-        stream, published all together). Groups become READY only after every storage call succeeded, all
-        in one controller operation that publishes every group or none; if a storage call fails, or the
-        deadline passes first, none of this call is published, and groups already stored are deleted when
-        their unpublished allocations expire (as for a failed :meth:`put`): put the batch again. The
-        deadline covers the publication too. An empty list stores nothing and returns ``[]``.
-
-        Args:
-            batches: The groups: record batches, or mappings of each group's columns (what :meth:`put`
-                takes as keyword arguments), which are encoded together with
-                :func:`~trajflight.codec.encode_groups` (cheaper than group by group). Batches from
-                ``encode_groups`` (an :class:`~trajflight.codec.EncodedGroups`) are already joined: on
-                shared memory they are written as they are, with no copy to join them.
-            timeout: Deadline of the whole put, waits for capacity included (default ``put_timeout``).
-
-        Raises:
-            Like :meth:`put`; InvalidRequestError: a list mixing record batches and mappings.
-        """
-        if not batches:
-            return []
-        deadline = time.monotonic() + (self.put_timeout if timeout is None else timeout)
-        default_ids: list[bool] = []
-        groups: Sequence[pa.RecordBatch]
-        if any(isinstance(b, Mapping) for b in batches):
-            groups, default_ids = self._encode_many(batches)
-        else:
-            groups = cast(Sequence[pa.RecordBatch], batches)
-        encoded = groups if isinstance(groups, EncodedGroups) else None
-        sizes = list(encoded.nbytes) if encoded is not None else [_stored_bytes(b) for b in groups]
-        if default_ids:
-            sizes = [
-                n + ID_SLACK * b.num_rows if d else n
-                for n, b, d in zip(sizes, groups, default_ids, strict=True)
-            ]
-        grants = self._allocate_many(sizes, deadline)
-        by_location: dict[str, list[tuple[Partition, pa.RecordBatch]]] = {}
-        flags: dict[str, list[bool]] = {}
-        for i, (grant, batch) in enumerate(zip(grants, groups, strict=True)):
-            # Key columns are set by the storage pool (on the joined batch, where it joins them).
-            by_location.setdefault(grant.location, []).append((Partition(*grant.partition), batch))
-            flags.setdefault(grant.location, []).append(bool(default_ids) and default_ids[i])
-        for location, placed in by_location.items():
-            self.client.storage.put_groups(
-                location,
-                placed,
-                writer=self.writer_id,
-                timeout=max(0.001, deadline - time.monotonic()),
-                joined=encoded.joined if encoded is not None and len(by_location) == 1 else None,
-                default_ids=flags[location],
-            )
-        # Every group is stored: publish them all in one controller operation (all of them or none).
-        columns = tuple(with_key(groups[0].slice(0, 0), Partition(self.job_id, self.epoch, 0)).schema.names)
-        figures = _group_figures(encoded, self.policy_version) if encoded is not None else None
-        items = [
-            Publication(
-                grant.partition,
-                **self._publication(grant, batch, nbytes, columns, None if figures is None else figures[i]),
-            )
-            for i, (grant, batch, nbytes) in enumerate(zip(grants, groups, sizes, strict=True))
-        ]
-        return self.client.controller.publish_many(items, timeout=max(0.001, deadline - time.monotonic()))
-
-    def _encode_many(self, groups: Sequence[Any]) -> tuple[EncodedGroups, list[bool]]:
-        """Groups given as mappings of their columns, encoded together under placeholder group ids ``0..``
-        (the pool sets the keys), and per group whether its sample ids are left to the writer."""
-        columns = []
-        for i, group in enumerate(groups):
-            if not isinstance(group, Mapping):
-                raise InvalidRequestError(
-                    f"put_many() got mappings of groups' columns and, as item {i}, a {type(group).__name__}; "
-                    "pass all groups as record batches or all as mappings of their columns"
-                )
-            columns.append({**self._group_columns(group), "group_id": i})
-        encoded = encode_groups(job_id=self.job_id, epoch=self.epoch, groups=columns)
-        return encoded, [c.get("sample_ids") is None for c in columns]
-
-    async def put_many_async(
-        self,
-        batches: Sequence[pa.RecordBatch] | Sequence[Mapping[str, Any]],
-        *,
-        timeout: float | None = None,
-    ) -> list[GroupInfo]:
-        """The ``asyncio`` twin of :meth:`put_many`."""
-        return await asyncio.to_thread(self.put_many, batches, timeout=timeout)
-
-    async def put_async(
-        self, batch: pa.RecordBatch | None = None, *, timeout: float | None = None, **group: Any
-    ) -> GroupInfo:
-        """The ``asyncio`` twin of :meth:`put` (same implementation, run off the event loop)."""
-        return await asyncio.to_thread(self.put, batch, timeout=timeout, **group)
-
-
-def _capacity_wait(exc: CapacityExceededError, deadline: float) -> float:
-    """Seconds to wait before asking for capacity again, as ``exc`` hints; raise if past ``deadline``."""
-    wait = float(getattr(exc, "retry_after", 1.0) or 1.0)
-    if time.monotonic() + wait > deadline:
-        raise CapacityExceededError(
-            f"{exc.message} (waited until the put's deadline; retry later or raise capacity)",
-            retry_after=wait,
-        ) from exc
-    return wait
-
-
-def _policy_version(batch: pa.RecordBatch, default: int) -> int:
-    """The oldest weights version of a group's samples (``default`` without the column)."""
-    if "policy_version" not in batch.schema.names or batch.num_rows == 0:
-        return default
-    column = batch.column("policy_version")
-    if column.null_count:
-        return int(pa.compute.min(column).as_py())
-    return int(column.to_numpy(zero_copy_only=False).min())
-
-
-def _group_figures(encoded: EncodedGroups, default: int) -> list[tuple[int, int]] | None:
-    """Per group, (response tokens, oldest policy version) of groups encoded together, read from their
-    joined batch at once (as :func:`_tokens_of` and :func:`_policy_version` read each group: ~7 us a
-    group); ``None`` where a group has no rows or the versions hold nulls, to read them group by group."""
-    rows = np.asarray(encoded.rows, dtype=np.int64)
-    if not len(rows) or not rows.all():
-        return None
-    joined = encoded.joined
-    names = joined.schema.names
-    bounds = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum(rows, out=bounds[1:])
-    tokens = [0] * len(rows)
-    if "response_ids" in names:
-        offsets = joined.column("response_ids").offsets.to_numpy(zero_copy_only=False)
-        tokens = np.diff(offsets[bounds]).tolist()
-    versions = [default] * len(rows)
-    if "policy_version" in names:
-        column = joined.column("policy_version")
-        if column.null_count:
-            return None
-        versions = np.minimum.reduceat(column.to_numpy(zero_copy_only=False), bounds[:-1]).tolist()
-    return list(zip(tokens, versions, strict=True))

@@ -15,27 +15,24 @@ the lease then expires, and every later call on it is refused (that is the point
 
 from __future__ import annotations
 
-import heapq
 import threading
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
 from trajflight._handles import BatchHandle
+from trajflight._session import Session
 from trajflight._storage import StoragePool, read_handle
 from trajflight.codec import Layout, TorchBatch, decode
 from trajflight.errors import InvalidStateError, LeaseExpiredError, TrajflightError
 from trajflight.flight_server import LeaseToken, ShmOpened
 from trajflight.keys import Partition
 
-if TYPE_CHECKING:
-    from trajflight._client import Client
-
-__all__ = ["LeasedBatch", "Renewals", "fetch", "fetch_table"]
+__all__ = ["LeasedBatch", "fetch", "fetch_table"]
 
 _DEFAULT_POOL: StoragePool | None = None
 _POOL_LOCK = threading.Lock()
@@ -83,55 +80,15 @@ def fetch(
     return decode(table, layout=layout, device=device, padding_value=padding_value, fill_nulls=fill_nulls)
 
 
-class Renewals:
-    """One background thread that renews every held lease of a client when it falls due.
-
-    Leases register with an interval; the thread sleeps until the earliest is due (or a new one
-    arrives), renews it, and schedules the next renewal. A lease that the controller reports expired,
-    superseded or finished is dropped and its ``lost`` is set. One thread serves any number of leases.
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, LeasedBatch]] = []
-        self._live: set[int] = set()
-        self._thread: threading.Thread | None = None
-
-    def add(self, batch: LeasedBatch, interval: float) -> None:
-        """Renew ``batch`` every ``interval`` seconds until :meth:`remove`."""
-        with self._cond:
-            self._live.add(id(batch))
-            heapq.heappush(self._heap, (time.monotonic() + interval, id(batch), batch))
-            batch._interval = interval
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="trajflight-renewals", daemon=True)
-                self._thread.start()
-            self._cond.notify()
-
-    def remove(self, batch: LeasedBatch) -> None:
-        """Stop renewing ``batch`` (idempotent)."""
-        with self._cond:
-            self._live.discard(id(batch))
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._heap or self._heap[0][0] > time.monotonic():
-                    timeout = None if not self._heap else self._heap[0][0] - time.monotonic()
-                    self._cond.wait(timeout)
-                _, key, batch = heapq.heappop(self._heap)
-                if key not in self._live:
-                    continue
-            keep = batch._renew_once()
-            with self._cond:
-                if keep and key in self._live:
-                    heapq.heappush(self._heap, (time.monotonic() + batch._interval, key, batch))
-                else:
-                    self._live.discard(key)
-
-
 class LeasedBatch:
     """Groups held under one fenced lease. Thread-safe for reads; drive transitions from one thread.
+
+    Args:
+        session: The connection's collaborators (controller, storage, renewals).
+        handle: The lease's groups, as opened on their servers.
+        ttl: Time-to-live each renewal asks for (default: the job's).
+        renew: Renew the lease in the background (at a third of its time-to-live) while it is held.
+        opened: Segments the lease's fencing call opened on servers of this host, by location.
 
     Attributes:
         handle: The picklable handle of the lease (split it with ``handle.split(n)`` for ranks).
@@ -140,14 +97,14 @@ class LeasedBatch:
 
     def __init__(
         self,
-        client: Client,
+        session: Session,
         handle: BatchHandle,
         *,
         ttl: float | None = None,
         renew: bool = True,
         opened: Mapping[str, ShmOpened] | None = None,
     ) -> None:
-        self.client = client
+        self.session = session
         self.handle = handle
         # Segments the lease's fencing call opened on servers of this host: reads need no call of their own.
         self._opened: dict[str, ShmOpened] = dict(opened or {})
@@ -157,17 +114,15 @@ class LeasedBatch:
         self.lost: TrajflightError | None = None
         self.renewals = 0
         self.renew_errors: list[str] = []
-        self._expires_at = handle.expires_at
-        self._interval = 0.0
-        self._renewing = renew
+        self._renewal: int | None = None
         if renew:
             remaining = ttl if ttl is not None else max(0.3, handle.expires_at - time.time())
-            client.renewals.add(self, max(0.05, remaining / 3))
+            self._renewal = session.renewals.add(self._renew_once, max(0.05, remaining / 3))
 
     def _renew_once(self) -> bool:
-        """One heartbeat (called by :class:`Renewals`); False when the lease is gone for good."""
+        """One heartbeat (run by the session's renewals); False when the lease is gone for good."""
         try:
-            self._expires_at = self.client.controller.renew(self.token, ttl=self.ttl)
+            self.session.controller.renew(self.token, ttl=self.ttl)
             self.renewals += 1
             return True
         except TrajflightError as exc:  # expired, superseded or committed: stop, remember why
@@ -197,9 +152,9 @@ class LeasedBatch:
         (see :func:`fetch_table`). From servers on this host it reuses the segments opened when the lease
         was taken, with no call to the server."""
         return read_handle(
-            self.client.storage,
+            self.session.storage,
             self._projected(columns),
-            timeout=self.client.timeout,
+            timeout=self.session.timeout,
             opened=self._opened,
         )
 
@@ -236,7 +191,7 @@ class LeasedBatch:
         meta = next((g for g in self.handle.groups if g.partition == part), None)
         if meta is None:
             raise InvalidStateError(f"group {tuple(part)} is not part of lease {self.token}")
-        self.client.storage.client(meta.location).append_columns(
+        self.session.storage.client(meta.location).append_columns(
             Partition(*part), columns, LeaseToken(meta.generation)
         )
         self._opened.pop(meta.location, None)  # the group has a new part: read it through the server
@@ -250,7 +205,7 @@ class LeasedBatch:
         """LEASED -> PREPARED: the groups form training batch ``batch_id`` (default: a new id)."""
         self._check()
         self.batch_id = batch_id or self.batch_id or f"batch-{uuid.uuid4().hex[:12]}"
-        self.client.controller.prepare(self.token, self.batch_id)
+        self.session.controller.prepare(self.token, self.batch_id)
         self.stage = "PREPARED"
         return self.batch_id
 
@@ -259,13 +214,13 @@ class LeasedBatch:
         if self.batch_id is None:
             self.prepare()
         self._check()
-        self.client.controller.start_training(self.token, str(self.batch_id))
+        self.session.controller.start_training(self.token, str(self.batch_id))
         self.stage = "TRAINING"
 
     def finish_training(self) -> None:
         """TRAINING -> TRAINED."""
         self._check()
-        self.client.controller.finish_training(self.token, str(self.batch_id))
+        self.session.controller.finish_training(self.token, str(self.batch_id))
         self.stage = "TRAINED"
 
     def commit(self) -> tuple[Partition, ...]:
@@ -284,7 +239,7 @@ class LeasedBatch:
         # maps when its groups are deleted goes straight back to the server's pool of warm segments.
         self._opened.clear()
         # The remaining transitions in one round trip; each is still a compare-and-set on the controller.
-        committed: tuple[Partition, ...] = self.client.controller.call_many([(s, args) for s in steps])[-1]
+        committed: tuple[Partition, ...] = self.session.controller.call_many([(s, args) for s in steps])[-1]
         self.stage = "COMMITTED"
         self.close()
         return committed
@@ -292,16 +247,16 @@ class LeasedBatch:
     def release(self, columns: Iterable[str] = ()) -> tuple[Partition, ...]:
         """Give LEASED/PREPARED groups back to READY, recording columns this holder appended."""
         self._opened.clear()
-        released = self.client.controller.release(self.token, columns=tuple(columns))
+        released = self.session.controller.release(self.token, columns=tuple(columns))
         self.stage = "RELEASED"
         self.close()
         return released
 
     def close(self) -> None:
         """Stop renewing (the lease then expires on its own unless committed or released)."""
-        if self._renewing:
-            self.client.renewals.remove(self)
-            self._renewing = False
+        if self._renewal is not None:
+            self.session.renewals.remove(self._renewal)
+            self._renewal = None
 
     def __enter__(self) -> LeasedBatch:
         return self

@@ -19,15 +19,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from trajflight._handles import BatchHandle
+from trajflight._session import Session
 from trajflight.controller import GroupInfo, Lease, Partition
 from trajflight.errors import DeadlineExceededError, NotFoundError, UnavailableError
 from trajflight.flight_server import ShmOpened
-
-if TYPE_CHECKING:
-    from trajflight._client import Client
 
 __all__ = ["open_lease"]
 
@@ -36,7 +33,7 @@ _SILENT = (UnavailableError, DeadlineExceededError)
 
 
 def open_lease(
-    client: Client, lease: Lease, *, timeout: float
+    session: Session, lease: Lease, *, timeout: float
 ) -> tuple[BatchHandle, dict[str, ShmOpened]] | None:
     """Fence (and on this host map) the lease's groups on their servers, each call under ``timeout``.
 
@@ -49,15 +46,15 @@ def open_lease(
         were given back first (best effort).
     """
     try:
-        return _open(client, lease, timeout)
+        return _open(session, lease, timeout)
     except BaseException:
-        _give_back(client, lease)
+        _give_back(session, lease)
         raise
 
 
-def _open(client: Client, lease: Lease, timeout: float) -> tuple[BatchHandle, dict[str, ShmOpened]] | None:
+def _open(session: Session, lease: Lease, timeout: float) -> tuple[BatchHandle, dict[str, ShmOpened]] | None:
     handle = _handle(lease, lease.groups)
-    opened, failed = client.storage.advance_each(handle, timeout=timeout)
+    opened, failed = session.storage.advance_each(handle, timeout=timeout)
     if not failed:
         return handle, opened
     missing: list[Partition] = []
@@ -69,19 +66,19 @@ def _open(client: Client, lease: Lease, timeout: float) -> tuple[BatchHandle, di
             unreachable.append(groups[0].server_id)
         elif not isinstance(exc, NotFoundError):
             raise exc
-        elif (held := _held(client, location, lease.job_id, timeout)) is None:
+        elif (held := _held(session, location, lease.job_id, timeout)) is None:
             unreachable.append(groups[0].server_id)  # it stopped answering meanwhile
         else:
             missing += [g.partition for g in groups if tuple(g.partition) not in held]
             present = [g for g in groups if tuple(g.partition) in held]
             if present:  # refused with a missing one: open them again on their own
-                got, again = client.storage.advance_each(_handle(lease, present), timeout=timeout)
+                got, again = session.storage.advance_each(_handle(lease, present), timeout=timeout)
                 if again:
                     give_back += [g.partition for g in present]
                 opened.update(got)
-    left = set(client.controller.report_unusable(lease.token, missing=missing, unreachable=unreachable))
+    left = set(session.controller.report_unusable(lease.token, missing=missing, unreachable=unreachable))
     if give_back:
-        client.controller.release(lease.token, partitions=give_back)
+        session.controller.release(lease.token, partitions=give_back)
     out = set(give_back) | left
     remaining = tuple(g for g in lease.groups if g.partition not in out)
     if not remaining:
@@ -94,15 +91,15 @@ def _handle(lease: Lease, groups: Sequence[GroupInfo]) -> BatchHandle:
     return BatchHandle(lease.job_id, lease.token, tuple(groups), expires_at=lease.expires_at)
 
 
-def _held(client: Client, location: str, job_id: str, timeout: float) -> set[tuple[object, ...]] | None:
+def _held(session: Session, location: str, job_id: str, timeout: float) -> set[tuple[object, ...]] | None:
     """The keys of the job's groups the server at ``location`` holds; ``None`` if it did not answer."""
     try:
-        return {tuple(g.key) for g in client.storage.client(location).list_groups(job_id, timeout=timeout)}
+        return {tuple(g.key) for g in session.storage.client(location).list_groups(job_id, timeout=timeout)}
     except _SILENT:
         return None
 
 
-def _give_back(client: Client, lease: Lease) -> None:
+def _give_back(session: Session, lease: Lease) -> None:
     """Release whatever is left of the lease (after an unexpected failure); never raises."""
     with contextlib.suppress(Exception):  # the controller is away too: the lease expires on its own
-        client.controller.release(lease.token)
+        session.controller.release(lease.token)

@@ -4,17 +4,18 @@
 
 * the controller is the named async actor of :func:`trajflight.controller._ray_host.start_ray_actor`
   (``ray://NAMESPACE/NAME`` is the plane's address), restarted by Ray when it dies; its sweeper deletes
-  committed groups through :class:`FlightDeleter`, straight from the storage servers over Flight, and
-  fences the groups of leases that ended without their holder through :class:`FlightFencer`;
+  committed groups through :class:`FlightStorage`, straight from the storage servers over Flight, and
+  fences the groups of leases that ended without their holder through it too;
 * storage servers are :class:`StorageServerActor` actors pinned to their nodes
   (``NodeAffinitySchedulingStrategy(node_id, soft=False)``), one per node by default, each running a
   :class:`~trajflight.flight_server.StorageServer` on its node's IP address, port 0, registered with the
   controller under its Ray node id, so that writers on a node put to that node's server.
 
 Flight carries the data; Ray only places and supervises. Other processes reach the plane with
-``trajflight.connect(cluster.address)``; in a process where Ray is not initialised, :func:`connect_ray_plane`
-joins the running Ray cluster first (``RAY_ADDRESS``, which :class:`RayCluster` exports to the processes it
-spawns, or else the cluster last started on this machine).
+``trajflight.connect(cluster.address)``; in a process where Ray is not initialised,
+:func:`~trajflight._ray_connect.connect_ray_plane` joins the running Ray cluster first (``RAY_ADDRESS``,
+which :class:`RayCluster` exports to the processes it spawns, or else the cluster last started on this
+machine).
 
 Ray is imported only when a Ray plane is started or connected to (``pip install 'trajflight[ray]'``).
 
@@ -32,12 +33,13 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 from trajflight._client import Client
+from trajflight._ray_connect import SCHEME, current_node_id, loopback_addresses, parse_ray_address
 from trajflight._storage import StoragePool
 from trajflight.controller import (
     DEFAULT_NAME,
@@ -52,167 +54,24 @@ from trajflight.errors import (
     AlreadyExistsError,
     ConfigError,
     InvalidRequestError,
-    NotFoundError,
     UnavailableError,
 )
 from trajflight.units import parse_size
 
-__all__ = [
-    "SCHEME",
-    "FlightDeleter",
-    "FlightFencer",
-    "RayCluster",
-    "RayServer",
-    "StorageServerActor",
-    "connect_ray_plane",
-    "current_node_id",
-    "parse_ray_address",
-]
-
-SCHEME = "ray://"
-_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
-
-
-# ---------------------------------------------------------------------------------------- addresses
-
-
-def parse_ray_address(address: str) -> tuple[str, str]:
-    """Split ``ray://NAMESPACE/NAME`` into ``(namespace, name)``.
-
-    Both parts are non-empty and made of letters, digits, ``-``, ``_`` and ``.``.
-
-    Raises:
-        InvalidRequestError: anything else, saying what the address should look like.
-    """
-    expected = "expected ray://NAMESPACE/NAME (what RayCluster.address returns)"
-    if not isinstance(address, str) or not address.startswith(SCHEME):
-        raise InvalidRequestError(f"not a Ray data plane address: {address!r}; {expected}")
-    parts = address[len(SCHEME) :].split("/")
-    if len(parts) == 1 and ":" in parts[0]:
-        raise InvalidRequestError(
-            f"{address!r} looks like a Ray Client address (ray://HOST:PORT); {expected}. To use Ray Client, "
-            "call ray.init('ray://HOST:PORT') yourself, then trajflight.connect('ray://NAMESPACE/NAME')"
-        )
-    if len(parts) != 2 or not all(parts) or not all(set(p) <= _NAME_CHARS for p in parts):
-        raise InvalidRequestError(f"malformed Ray data plane address {address!r}; {expected}")
-    return parts[0], parts[1]
-
-
-def current_node_id() -> str:
-    """The Ray node id of this process (a Ray worker, or a driver with Ray initialised).
-
-    Raises:
-        UnavailableError: Ray is not initialised in this process.
-    """
-    ray = import_ray()
-    if not ray.is_initialized():
-        raise UnavailableError("Ray is not initialised in this process: ray.init(...) or connect first")
-    node_id: str = ray.get_runtime_context().get_node_id()
-    return node_id
-
-
-_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
-
-
-@contextlib.contextmanager
-def _loopback_addresses(active: bool) -> Iterator[None]:
-    """While active, make Ray keep loopback addresses as they are.
-
-    Ray resolves ``127.0.0.1`` (a node address, a GCS address) to the machine's outward IP unless
-    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` was set before ``import ray`` (the opt-in flag of
-    ray-project/ray#31166, for ray-project/ray#30770): a Ray bound to loopback would then be unreachable
-    (``ray.init`` hangs). Ray reads the flag into
-    ``ray_constants.ENABLE_RAY_CLUSTER`` at import, so it is turned off here for the ``ray.init`` call.
-    """
-    try:
-        from ray._private import ray_constants
-    except ImportError:  # a private module of Ray: without it, Ray's own resolution decides
-        active = False
-    if not active or not hasattr(ray_constants, "ENABLE_RAY_CLUSTER"):
-        yield
-        return
-    enabled = ray_constants.ENABLE_RAY_CLUSTER
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
-        yield
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = enabled
-
-
-def _cluster_host() -> str | None:
-    """Host of the GCS that ``ray.init(address="auto")`` would join (``RAY_ADDRESS``, else the cluster
-    recorded or running on this machine), or ``None`` when unknown or ambiguous."""
-    address = os.environ.get("RAY_ADDRESS") or None
-    if address is None:
-        try:  # Ray's own lookup for "auto": the recorded cluster, else the one GCS process running here
-            from ray._private.services import find_bootstrap_address, find_gcs_addresses
-
-            address = find_bootstrap_address(None)
-            if address is None:
-                found = sorted(find_gcs_addresses())  # type: ignore[no-untyped-call]
-                address = found[0] if len(found) == 1 else None
-        except Exception:  # private helpers of Ray: without them, Ray's own resolution decides
-            return None
-    if not address or "://" in address:
-        return None
-    return address.rsplit(":", 1)[0]
-
-
-def _join_ray(ray: Any, namespace: str) -> None:
-    """Join the running Ray cluster from a process that is not part of it yet."""
-    try:
-        with _loopback_addresses(_cluster_host() in _LOOPBACK):
-            ray.init(
-                address="auto",  # RAY_ADDRESS when set, else the cluster last started on this machine
-                namespace=namespace,
-                log_to_driver=False,
-                logging_level=logging.WARNING,
-            )
-    except ConnectionError as exc:
-        raise UnavailableError(
-            f"no running Ray cluster to join ({exc}); start the data plane first (RayCluster), set "
-            "RAY_ADDRESS to its GCS address (host:port), or call ray.init(...) before trajflight.connect"
-        ) from None
-
-
-def connect_ray_plane(address: str, *, timeout: float = 30.0) -> ControllerClient:
-    """A controller client of the Ray data plane at ``ray://NAMESPACE/NAME``.
-
-    In a process where Ray is not initialised, joins the running cluster first (``ray.init(address=
-    "auto")``: ``RAY_ADDRESS`` if set, else the cluster recorded or running on this machine) and leaves
-    it joined for the life of the process. That join has no deadline of its own (``ray.init`` has
-    none): set ``RAY_ADDRESS`` where several Ray clusters run on one machine.
-
-    Raises:
-        InvalidRequestError: a malformed address. UnavailableError: no Ray cluster to join, or Ray is not
-        installed. NotFoundError: no controller of that name in that namespace.
-    """
-    namespace, name = parse_ray_address(address)
-    ray = import_ray()
-    if not ray.is_initialized():
-        _join_ray(ray, namespace)
-    try:
-        actor = ray.get_actor(name, namespace=namespace)
-    except ValueError:
-        raise NotFoundError(
-            f"no trajflight controller {name!r} in Ray namespace {namespace!r} of the Ray cluster at "
-            f"{ray.get_runtime_context().gcs_address}; is the data plane running (RayCluster), and is this "
-            "the right cluster (RAY_ADDRESS)?"
-        ) from None
-    return ControllerClient(RayTransport(actor), timeout=timeout)
-
+__all__ = ["FlightStorage", "RayCluster", "RayServer", "StorageServerActor"]
 
 # ---------------------------------------------------------------------------------------- actors
 
 
-class FlightDeleter:
-    """The controller actor's deleter: deletes one group from its storage server over Flight.
+class FlightStorage:
+    """The controller actor's hands on the storage servers: its ``deleter`` (:meth:`delete`) and its
+    ``fencer`` (:meth:`fence`), straight to the servers over Flight.
 
-    Picklable (Ray ships it to the controller actor); the connections are made on first use in the
-    process that calls it, and are not pickled. Thread-safe.
+    Picklable (Ray ships it, or a bound method of it, to the controller actor); the connections are made
+    on first use in the process that calls it, and are not pickled. Thread-safe.
 
     Args:
-        timeout: Deadline of each delete, seconds.
+        timeout: Deadline of each call to a storage server, seconds.
     """
 
     def __init__(self, timeout: float = 10.0) -> None:
@@ -226,27 +85,21 @@ class FlightDeleter:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["timeout"])  # type: ignore[misc]
 
-    def __call__(self, work: DeleteWork) -> None:
+    def _storage(self) -> StoragePool:
+        with self._lock:
+            if self._pool is None:
+                self._pool = StoragePool(timeout=self.timeout)
+            return self._pool
+
+    def delete(self, work: DeleteWork) -> None:
         """Delete ``work``'s group (a group the server no longer has counts as deleted); raise on failure,
         and the controller keeps it on its GC list and retries."""
-        with self._lock:
-            if self._pool is None:
-                self._pool = StoragePool(timeout=self.timeout)
-            pool = self._pool
-        pool.delete(work)
+        self._storage().delete(work)
 
-
-class FlightFencer(FlightDeleter):
-    """The controller actor's fencer: raises the generation of groups of one storage server over Flight
-    (see :meth:`StoragePool.fence_groups`). Picklable and thread-safe, as :class:`FlightDeleter`."""
-
-    def __call__(self, work: Sequence[FenceWork]) -> None:
-        """Fence ``work`` (the fences of one location); raise on failure (the controller retries)."""
-        with self._lock:
-            if self._pool is None:
-                self._pool = StoragePool(timeout=self.timeout)
-            pool = self._pool
-        pool.fence_groups(work)
+    def fence(self, work: Sequence[FenceWork]) -> None:
+        """Raise the generation of ``work``'s groups (the fences of one location) on their server (see
+        :meth:`StoragePool.fence_groups`); raise on failure (the controller retries)."""
+        self._storage().fence_groups(work)
 
 
 class StorageServerActor:
@@ -402,7 +255,7 @@ class RayCluster:
 
     def _init_local_ray(self, ray: Any) -> None:
         """Start a local Ray runtime whose every address is loopback."""
-        with _loopback_addresses(True):
+        with loopback_addresses(True):
             ray.init(
                 address="local",
                 _node_ip_address="127.0.0.1",
@@ -420,13 +273,14 @@ class RayCluster:
         # journal must be where Ray restarts the actor); otherwise Ray may move it if the node dies.
         here = ray.get_runtime_context().get_node_id()
         strategy = NodeAffinitySchedulingStrategy(here, soft=self.state_dir is None)
+        storage = FlightStorage(timeout=self.timeout)
         try:
             actor = start_ray_actor(
                 name=self.name,
                 namespace=self.namespace,
                 state_dir=self.state_dir,
-                deleter=FlightDeleter(timeout=self.timeout),
-                fencer=FlightFencer(timeout=self.timeout),
+                deleter=storage.delete,
+                fencer=storage.fence,
                 options={"scheduling_strategy": strategy},
             )
         except ValueError as exc:  # Ray: the name is already taken
@@ -580,6 +434,7 @@ class RayCluster:
             ControllerClient(controller.transport, timeout=self.timeout),
             address=self.address,
             timeout=self.timeout,
+            node=current_node_id(),
         )
 
     def kill_server(self, index: int) -> None:

@@ -6,8 +6,9 @@ counts per state of a job when ``--job`` is given, and every storage server's ho
 Two byte counts appear, and they measure different things:
 
 * **charged** (the controller: ``bytes_published``, a job's usage): the size each writer announced for
-  its group, the Arrow buffers of its record batch (plus room for sample ids the controller assigns).
-  Capacity is charged this, from allocation until the delete is confirmed.
+  its group, the Arrow buffers of its record batch as encoded under its partition. Capacity is charged
+  this from publication until the delete is confirmed; between allocation and publication, a bound of
+  it computed from the writer's inputs, which publication trims.
 * **held** (a storage server's ``bytes``, and each group's FlightInfo ``total_bytes``): the memory the
   server keeps for the group, its Arrow IPC stream (schema message, record batch framing and padding)
   in the server's shared-memory arena or received buffers. For small groups the framing dominates, so

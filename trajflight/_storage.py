@@ -45,7 +45,6 @@ from trajflight.keys import Partition
 T = TypeVar("T")
 
 __all__ = [
-    "ID_SLACK",
     "TRANSPORTS",
     "StoragePool",
     "Transport",
@@ -337,20 +336,13 @@ def with_key(batch: pa.RecordBatch, key: Partition, *, default_ids: bool = False
     Other columns are not copied; the key columns are new arrays (the job's and epoch's are shared by the
     groups of one size, Arrow arrays being immutable). ``default_ids``: the group's sample ids were left
     to the writer (encoded under a placeholder key); they are set to the key's default ids
-    ``"{job_id}/{epoch}/{group_id}/{sample_index}"``, so that they stay unique across groups. They may
-    then take up to :data:`ID_SLACK` more bytes a sample than the placeholder's.
+    ``"{job_id}/{epoch}/{group_id}/{sample_index}"``, so that they stay unique across groups.
     """
     rows = batch.num_rows
     job_col, epoch_col = _constant_keys(key.job_id, key.epoch, rows)
     group_col = pa.repeat(pa.scalar(key.group_id, pa.int64()), rows)
     ids = default_sample_ids(key.job_id, key.epoch, [key.group_id], [rows]) if default_ids else None
     return _set_keys(batch, [job_col, epoch_col, group_col], ids)
-
-
-# Bytes a default sample id may grow by when the placeholder key it was encoded under is replaced: a group
-# id of up to 19 digits for a placeholder's one (writers encode under group id 0 before the controller
-# names the group).
-ID_SLACK = 18
 
 
 @functools.lru_cache(maxsize=64)

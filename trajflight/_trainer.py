@@ -10,14 +10,11 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from trajflight._lease import LeasedBatch
 from trajflight._opening import open_lease
+from trajflight._session import Session
 from trajflight.errors import DeadlineExceededError, InvalidRequestError
-
-if TYPE_CHECKING:
-    from trajflight._client import Client
 
 __all__ = ["FENCE_TIMEOUT", "Trainer"]
 
@@ -29,7 +26,7 @@ class Trainer:
     """Leases batches of one job. Thread-safe.
 
     Args:
-        client: The data plane connection.
+        session: The connection's collaborators (controller, storage, renewals).
         job_id: The job.
         owner: Name shown to operators (default: a random one).
         ttl: Lease time-to-live (default: the job's); leases renew themselves while held.
@@ -42,7 +39,7 @@ class Trainer:
 
     def __init__(
         self,
-        client: Client,
+        session: Session,
         job_id: str,
         *,
         owner: str | None = None,
@@ -57,7 +54,7 @@ class Trainer:
             raise InvalidRequestError(
                 f"fence_timeout must be a positive number of seconds, got {fence_timeout!r}"
             )
-        self.client = client
+        self.session = session
         self.job_id = job_id
         self.owner = owner or f"trainer-{uuid.uuid4().hex[:8]}"
         self.ttl = ttl
@@ -65,7 +62,7 @@ class Trainer:
 
     def announce_policy(self, version: int) -> None:
         """Announce new weights to the job's writers."""
-        self.client.controller.announce_policy(self.job_id, version)
+        self.session.controller.announce_policy(self.job_id, version)
 
     def try_lease(
         self,
@@ -98,7 +95,7 @@ class Trainer:
         deadline = time.monotonic() + wait
         while True:
             remaining = max(0.0, deadline - time.monotonic())
-            lease = self.client.controller.acquire(
+            lease = self.session.controller.acquire(
                 self.job_id,
                 self.owner,
                 max_groups=max_groups,
@@ -108,16 +105,16 @@ class Trainer:
                 max_staleness=max_staleness,
                 require=tuple(require),
                 lack=tuple(lack),
-                timeout=max(self.client.timeout, remaining + 5.0),
+                timeout=max(self.session.timeout, remaining + 5.0),
             )
             if lease is None:
                 return None
             # Fence before anyone reads: a zombie holding an older lease of these groups is refused from
             # now on.
-            got = open_lease(self.client, lease, timeout=self.fence_timeout)
+            got = open_lease(self.session, lease, timeout=self.fence_timeout)
             if got is not None:
                 handle, opened = got
-                return LeasedBatch(self.client, handle, ttl=self.ttl, renew=renew, opened=opened)
+                return LeasedBatch(self.session, handle, ttl=self.ttl, renew=renew, opened=opened)
             if time.monotonic() >= deadline:
                 return None
 

@@ -17,7 +17,6 @@ import pytest
 import torch
 
 import trajflight
-from trajflight._storage import with_key
 from trajflight.errors import (
     CapacityExceededError,
     DeadlineExceededError,
@@ -252,7 +251,8 @@ def test_restore_purges_and_counts_puts_made_after_the_checkpoint(cluster, job, 
     batch = _one_group(job, 1, 0)
     grant = client.controller.allocate(job, 1, writer.writer_id, nbytes=batch.get_total_buffer_size())
     key = Partition(*grant.partition)
-    client.storage.put_group(grant.location, key, with_key(batch, key), writer=writer.writer_id, timeout=10)
+    keyed = trajflight.codec.with_partitions(batch, [key])
+    client.storage.put_group(grant.location, key, keyed, writer=writer.writer_id, timeout=10)
     assert sum(len(client.storage.client(loc).list_groups(job)) for loc in cluster.server_locations) == 6
 
     cluster.restart_controller()
@@ -393,6 +393,9 @@ def test_put_async_is_the_twin_of_put(cluster, job):
     metas = asyncio.run(main())
     assert len({m.partition for m in metas}) == 3
     assert all(m.state == "READY" and m.rows == 4 for m in metas)
+    many = asyncio.run(writer.put_many_async([g.columns(), g.columns()]))
+    assert [m.state for m in many] == ["READY"] * 2
+    assert len({m.partition for m in [*metas, *many]}) == 5
 
 
 def test_lease_raises_when_nothing_becomes_ready(cluster, job):
@@ -556,6 +559,39 @@ def test_groups_put_from_their_columns_get_the_sample_ids_of_their_own_partition
         set(table.column("group_id").to_pylist())
     )
     assert len(set(ids)) == len(ids) == 27
+    assert cluster.wait_idle(job) == (0, 0)
+
+
+def test_groups_put_from_their_columns_are_encoded_once_under_their_partition_and_charged_exactly(
+    cluster, job
+):
+    """Regression (issue 15): the writer encoded a group under the placeholder group id 0, reserved a
+    guessed 18 bytes a sample (``ID_SLACK``) for the ids the real partition would give it, re-stamped the
+    key columns and published the guess. Now the partition is granted first, for a bound of the inputs,
+    the group is encoded once under it, and it is charged what it takes (the rest comes back)."""
+    client = cluster.client()
+    client.open_job(job, 1)
+    writer = client.writer(job, 1)
+    groups = trajflight.workload.make_workload(6, 4, response_median=64, seed=12)
+    singles = [writer.put(**g.columns()) for g in groups[:3]]
+    many = writer.put_many([g.columns() for g in groups[3:]])
+    for info, g in zip(singles, groups[:3], strict=True):
+        own = trajflight.encode_group(
+            job_id=job, epoch=1, group_id=info.partition.group_id, policy_version=0, **g.columns()
+        )
+        assert info.nbytes == own.get_total_buffer_size()
+    together = trajflight.codec.encode_groups(
+        job_id=job,
+        epoch=1,
+        groups=[
+            {**g.columns(), "policy_version": 0, "group_id": i.partition.group_id}
+            for g, i in zip(groups[3:], many, strict=True)
+        ],
+    )
+    assert [i.nbytes for i in many] == list(together.nbytes)
+    assert client.controller.usage(job) == (sum(i.nbytes for i in [*singles, *many]), 6)
+    with client.trainer(job).lease(6, wait=5) as batch:
+        batch.fetch_table(["reward"])
     assert cluster.wait_idle(job) == (0, 0)
 
 

@@ -20,7 +20,8 @@ import pyarrow as pa
 import pytest
 
 import trajflight
-from trajflight._ray_plane import RayCluster, parse_ray_address
+from trajflight._ray_connect import parse_ray_address
+from trajflight._ray_plane import RayCluster
 from trajflight.controller import GroupState
 from trajflight.errors import (
     AlreadyExistsError,
@@ -230,8 +231,9 @@ def test_a_process_outside_ray_joins_by_address(plane, ray_runtime):
 
 @pytest.mark.ray
 def test_an_expired_lease_is_fenced_on_its_storage_server_by_the_controller_actor(plane, ray_runtime):
-    """Issue 14 item 9 on Ray: the controller actor's FlightFencer raises the generation of an expired
-    lease's groups on their servers, so the old token is refused there (a zombie's read and append)."""
+    """Issue 14 item 9 on Ray: the controller actor's fencer (``FlightStorage.fence``) raises the
+    generation of an expired lease's groups on their servers, so the old token is refused there (a
+    zombie's read and append)."""
     job = _job()
     client = plane.client()
     client.open_job(job, 1, {"default_lease_ttl": "1s"})
