@@ -24,11 +24,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
-import numpy as np
 import pyarrow as pa
 
 from trajflight._handles import BatchHandle
-from trajflight.codec import default_sample_ids
 from trajflight.controller import DeleteWork, FenceWork
 from trajflight.errors import ConfigError, DeadlineExceededError, InvalidRequestError, NotFoundError
 from trajflight.flight_server import (
@@ -37,7 +35,6 @@ from trajflight.flight_server import (
     ShmOpened,
     StorageClient,
     host_id,
-    join_batches,
     run_parallel,
 )
 from trajflight.keys import Partition
@@ -48,9 +45,7 @@ __all__ = [
     "TRANSPORTS",
     "StoragePool",
     "Transport",
-    "joined_with_keys",
     "read_handle",
-    "with_key",
 ]
 
 Transport = Literal["auto", "shm", "flight"]
@@ -126,13 +121,6 @@ class StoragePool:
             self._routes[location] = use
         return use
 
-    def put_group(
-        self, location: str, key: Partition, batch: pa.RecordBatch, *, writer: str, timeout: float
-    ) -> None:
-        """Put one group on the server at ``location`` through shared memory or Flight (see the module
-        docstring): a list of one, see :meth:`put_groups`. Raises like :meth:`StorageClient.put_groups`."""
-        self._put(location, [(key, batch)], None, writer=writer, timeout=timeout)
-
     def put_groups(
         self,
         location: str,
@@ -141,47 +129,28 @@ class StoragePool:
         writer: str,
         timeout: float,
         joined: pa.RecordBatch | None = None,
-        default_ids: Sequence[bool] = (),
     ) -> None:
-        """Put several groups on one server in one call, published together: through shared memory as
-        one contiguous segment (read back in order with no copy), or as one Flight stream.
+        """Put groups, already keyed under their partitions, on one server in one call, published
+        together: through shared memory as one contiguous segment (read back in order with no copy), or
+        as one Flight stream. One group is a list of one.
 
-        Each batch's key columns are set to its key here (see :func:`with_key`); on the shared-memory path
-        once, on the joined batch, rather than group by group. ``joined`` is the groups' batches already
-        joined, rows in order (:class:`~trajflight.codec.EncodedGroups`): the shared-memory path then skips
-        its copy to join them. ``default_ids``, per group (none: all ``False``): its sample ids were left
-        to the writer, and follow its key (see :func:`with_key`).
+        ``joined``: the groups' rows already joined in one batch, in order (an
+        :class:`~trajflight.codec.EncodedGroups`' joined batch); the shared-memory path then writes it as
+        it is, with no copy to join them, and Flight sends the groups as its slices.
+
+        Raises:
+            Like :meth:`StorageClient.put_groups` and :meth:`StorageClient.shm_put_groups`;
+            InvalidRequestError: ``joined`` does not hold the groups' rows.
         """
-        if self.uses_shm(location) and len(groups) > 1:
-            # Keyed once on the joined batch the shared-memory put writes as it is; the groups are its rows.
-            keys = [key for key, _ in groups]
-            data = joined_with_keys(
-                [batch for _, batch in groups], keys, joined=joined, default_ids=default_ids
-            )
+        if joined is not None:
+            rows = sum(batch.num_rows for _, batch in groups)
+            if joined.num_rows != rows:
+                raise InvalidRequestError(f"the joined batch has {joined.num_rows} rows, its groups {rows}")
             starts = itertools.accumulate((batch.num_rows for _, batch in groups), initial=0)
-            slices = [
-                (key, data.slice(at, batch.num_rows))
+            groups = [
+                (key, joined.slice(at, batch.num_rows))
                 for (key, batch), at in zip(groups, starts, strict=False)
             ]
-            self._put(location, slices, data, writer=writer, timeout=timeout)
-            return
-        flags = list(default_ids) or [False] * len(groups)
-        keyed = [
-            (key, with_key(batch, key, default_ids=d)) for (key, batch), d in zip(groups, flags, strict=True)
-        ]
-        self._put(location, keyed, None, writer=writer, timeout=timeout)
-
-    def _put(
-        self,
-        location: str,
-        groups: Sequence[tuple[Partition, pa.RecordBatch]],
-        joined: pa.RecordBatch | None,
-        *,
-        writer: str,
-        timeout: float,
-    ) -> None:
-        """The one put of each transport: the groups (keyed; ``joined``: their rows in one batch, for
-        shared memory) in one call, published together."""
         client = self.client(location)
         if self.uses_shm(location):
             client.shm_put_groups(
@@ -305,102 +274,6 @@ def _open_and_lock(client: StorageClient, reads: Sequence[GroupRead], timeout: f
     opened = client.shm_open(reads, timeout=timeout)
     client.shm_lock(opened)  # a read asks the server if the board does not vouch for the groups
     return opened
-
-
-_KEY_TYPES = (("job_id", pa.string()), ("epoch", pa.int64()), ("group_id", pa.int64()))
-
-
-def _set_keys(
-    batch: pa.RecordBatch, values: Sequence[pa.Array], sample_ids: pa.Array | None
-) -> pa.RecordBatch:
-    """``batch`` with its key columns replaced by ``values`` (added in front, in key order, where missing),
-    and its ``sample_id`` column by ``sample_ids`` where given."""
-    for front, ((name, type_), column) in enumerate(zip(_KEY_TYPES, values, strict=True)):
-        index = batch.schema.get_field_index(name)
-        field = batch.schema.field(index) if index >= 0 else pa.field(name, type_, nullable=False)
-        batch = (
-            batch.set_column(index, field.with_type(type_), column)
-            if index >= 0
-            else batch.add_column(front, field, column)
-        )
-    if sample_ids is not None:
-        index = batch.schema.get_field_index("sample_id")
-        if index >= 0:
-            batch = batch.set_column(index, batch.schema.field(index), sample_ids)
-    return batch
-
-
-def with_key(batch: pa.RecordBatch, key: Partition, *, default_ids: bool = False) -> pa.RecordBatch:
-    """The group with its key columns set to ``key`` (a writer builds it before the controller names it).
-
-    Other columns are not copied; the key columns are new arrays (the job's and epoch's are shared by the
-    groups of one size, Arrow arrays being immutable). ``default_ids``: the group's sample ids were left
-    to the writer (encoded under a placeholder key); they are set to the key's default ids
-    ``"{job_id}/{epoch}/{group_id}/{sample_index}"``, so that they stay unique across groups.
-    """
-    rows = batch.num_rows
-    job_col, epoch_col = _constant_keys(key.job_id, key.epoch, rows)
-    group_col = pa.repeat(pa.scalar(key.group_id, pa.int64()), rows)
-    ids = default_sample_ids(key.job_id, key.epoch, [key.group_id], [rows]) if default_ids else None
-    return _set_keys(batch, [job_col, epoch_col, group_col], ids)
-
-
-@functools.lru_cache(maxsize=64)
-def _constant_keys(job_id: str, epoch: int, rows: int) -> tuple[pa.Array, pa.Array]:
-    return pa.repeat(pa.scalar(job_id, pa.string()), rows), pa.repeat(pa.scalar(epoch, pa.int64()), rows)
-
-
-def joined_with_keys(
-    batches: Sequence[pa.RecordBatch],
-    keys: Sequence[Partition],
-    *,
-    joined: pa.RecordBatch | None = None,
-    default_ids: Sequence[bool] = (),
-) -> pa.RecordBatch:
-    """The groups as one batch (one copy, to join them), rows in order, key columns set per group.
-
-    The key columns are built once for all groups (vectorised), not group by group. ``joined``: the
-    batches already joined (their rows in order), used as it is: no copy. ``default_ids``, per group
-    (none: all ``False``): as for :func:`with_key`.
-
-    Raises:
-        InvalidRequestError: the batches do not share one schema.
-    """
-    rows = np.fromiter((b.num_rows for b in batches), dtype=np.int64, count=len(batches))
-    total = int(rows.sum())
-    if joined is not None and joined.num_rows != total:
-        raise InvalidRequestError(f"the joined batch has {joined.num_rows} rows, its groups {total}")
-    if joined is None:
-        try:
-            joined = join_batches(batches)
-        except pa.ArrowInvalid as exc:
-            raise InvalidRequestError(
-                f"the groups of one put_many must share one schema ({exc}); put groups of other schemas apart"
-            ) from None
-    job_ids = {k.job_id for k in keys}
-    epochs = {k.epoch for k in keys}
-    if len(job_ids) == 1 and len(epochs) == 1:
-        job_col, epoch_col = _constant_keys(keys[0].job_id, keys[0].epoch, total)
-    else:
-        job_col = pa.array(np.repeat(np.array([k.job_id for k in keys], dtype=object), rows), pa.string())
-        epoch_col = pa.array(np.repeat(np.array([k.epoch for k in keys], dtype=np.int64), rows))
-    group_col = pa.array(np.repeat(np.array([k.group_id for k in keys], dtype=np.int64), rows))
-    ids = None
-    if any(default_ids):
-        if all(default_ids) and len(job_ids) == 1 and len(epochs) == 1:
-            ids = default_sample_ids(keys[0].job_id, keys[0].epoch, [k.group_id for k in keys], rows.tolist())
-        else:
-            given = joined.column("sample_id")
-            starts = np.cumsum(rows) - rows
-            ids = pa.concat_arrays(
-                [
-                    default_sample_ids(key.job_id, key.epoch, [key.group_id], [int(n)])
-                    if default
-                    else given.slice(int(start), int(n))
-                    for key, n, start, default in zip(keys, rows, starts, default_ids, strict=True)
-                ]
-            )
-    return _set_keys(joined, [job_col, epoch_col, group_col], ids)
 
 
 def _by_location(handle: BatchHandle) -> dict[str, list[Any]]:

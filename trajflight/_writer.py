@@ -39,7 +39,7 @@ def _stored_bytes(batch: pa.RecordBatch) -> int:
     (one group of an :class:`~trajflight.codec.EncodedGroups`) the bytes its rows take.
 
     Not ``RecordBatch.nbytes`` for every batch: it walks every list column's offsets to count only the
-    referenced values (~20 us per group here; 1.3 ms of a 64-group ``put_many``). For a batch that owns
+    referenced values, a cost per group that a large ``put_many`` feels. For a batch that owns
     its buffers the whole buffers are what a storage server copies, so this is also the closer figure,
     and never smaller; a slice's buffers are its parent's, which would ask capacity for every group.
     """
@@ -80,7 +80,8 @@ class Writer:
         put_timeout: Default deadline of a put, including waits for capacity.
         node: The node it runs on; the controller places its groups on a storage server of that node
             when one has room (``Client.writer`` passes the client's: this process's Ray node id on a Ray
-            data plane, else the hostname).
+            data plane, else this host's ``host_id``: hostname and boot id, as storage
+            servers report it for the transport's choice).
     """
 
     def __init__(
@@ -154,10 +155,9 @@ class Writer:
             key = Partition(*grant.partition)
             stored = encode_group(job_id=key.job_id, epoch=key.epoch, group_id=key.group_id, **columns)
         nbytes = _charged(_stored_bytes(stored), reserved)
-        self.session.storage.put_group(
+        self.session.storage.put_groups(
             grant.location,
-            key,
-            stored,
+            [(key, stored)],
             writer=self.writer_id,
             timeout=max(0.001, deadline - time.monotonic()),
         )
@@ -383,8 +383,8 @@ def _policy_version(batch: pa.RecordBatch, default: int) -> int:
 
 def _group_figures(encoded: EncodedGroups, default: int) -> list[tuple[int, int]] | None:
     """Per group, (response tokens, oldest policy version) of groups encoded together, read from their
-    joined batch at once (as :func:`_tokens_of` and :func:`_policy_version` read each group: ~7 us a
-    group); ``None`` where a group has no rows or the versions hold nulls, to read them group by group."""
+    joined batch at once rather than group by group (as :func:`_tokens_of` and :func:`_policy_version`
+    read one); ``None`` where a group has no rows or the versions hold nulls, to read them group by group."""
     rows = np.asarray(encoded.rows, dtype=np.int64)
     if not len(rows) or not rows.all():
         return None

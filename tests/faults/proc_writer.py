@@ -56,7 +56,7 @@ def _hook(events: kit.Events, points: kit.FaultPoints, client: Any, current: dic
     ctrl, storage = client.controller, client.storage
     allocate, allocate_many = ctrl.allocate, ctrl.allocate_many
     publish, publish_many = ctrl.publish, ctrl.publish_many
-    put_group, put_groups = storage.put_group, storage.put_groups
+    put_groups = storage.put_groups
 
     def granted(grants: list[Any]) -> None:
         first = current["granted"]
@@ -79,11 +79,6 @@ def _hook(events: kit.Events, points: kit.FaultPoints, client: Any, current: dic
         granted(list(grants))
         return grants
 
-    def h_put_group(*a: Any, **k: Any) -> Any:
-        out = put_group(*a, **k)
-        points.reached("stored")
-        return out
-
     def h_put_groups(*a: Any, **k: Any) -> Any:
         out = put_groups(*a, **k)
         points.reached("stored")
@@ -101,7 +96,7 @@ def _hook(events: kit.Events, points: kit.FaultPoints, client: Any, current: dic
 
     ctrl.allocate, ctrl.allocate_many = h_allocate, h_allocate_many
     ctrl.publish, ctrl.publish_many = h_publish, h_publish_many
-    storage.put_group, storage.put_groups = h_put_group, h_put_groups
+    storage.put_groups = h_put_groups
 
     action = StorageClient._action
 

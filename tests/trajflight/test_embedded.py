@@ -252,7 +252,7 @@ def test_restore_purges_and_counts_puts_made_after_the_checkpoint(cluster, job, 
     grant = client.controller.allocate(job, 1, writer.writer_id, nbytes=batch.get_total_buffer_size())
     key = Partition(*grant.partition)
     keyed = trajflight.codec.with_partitions(batch, [key])
-    client.storage.put_group(grant.location, key, keyed, writer=writer.writer_id, timeout=10)
+    client.storage.put_groups(grant.location, [(key, keyed)], writer=writer.writer_id, timeout=10)
     assert sum(len(client.storage.client(loc).list_groups(job)) for loc in cluster.server_locations) == 6
 
     cluster.restart_controller()

@@ -178,12 +178,12 @@ def test_put_many_lands_as_one_segment_and_a_lease_in_order_decodes_with_no_copy
 def test_put_many_of_encoded_groups_writes_their_joined_batch_with_no_copy_to_join(monkeypatch):
     """Groups from encode_groups are slices of one joined batch: the shared-memory put writes it as it
     is (no join), and a lease in order reads exactly the groups' data from one segment."""
-    import trajflight._storage as storage
+    import trajflight.flight_server.shm._client as shm_client
 
     def no_join(*args: object, **kwargs: object) -> None:
         raise AssertionError("the groups were joined again")
 
-    monkeypatch.setattr(storage, "join_batches", no_join)
+    monkeypatch.setattr(shm_client, "join_batches", no_join)
     with trajflight.LocalCluster(servers=1, processes=False) as cluster:
         client = cluster.client()
         client.open_job("j", 1)
