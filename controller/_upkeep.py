@@ -18,6 +18,7 @@ from typing import Any
 
 from ._entries import _Group, check_int, check_partition
 from ._fences import FenceList
+from ._gc import GcEntry
 from ._groups import Groups
 from ._jobs import Jobs
 from ._reach import Reachability
@@ -58,18 +59,7 @@ class Upkeep:
         """See :meth:`~._ledger.Ledger.take_deletes`."""
         out: list[DeleteWork] = []
         for job in self._jobs:
-            for entry in job.gc.take(now, limit - len(out)):
-                g = self._groups.table[entry.key]
-                out.append(
-                    DeleteWork(
-                        g.key,
-                        g.server_id,
-                        self._servers.by_id[g.server_id].location,
-                        g.generation,
-                        entry.attempts,
-                        entry.last_error,
-                    )
-                )
+            out.extend(self._delete_work(entry) for entry in job.gc.take(now, limit - len(out)))
             if len(out) >= limit:
                 break
         return out
@@ -88,24 +78,19 @@ class Upkeep:
         self._groups.unpark(self.reach.reached(g.server_id))  # the server answered
         return True
 
+    def _delete_work(self, entry: GcEntry[Partition]) -> DeleteWork:
+        """The delete an entry of a job's GC list asks for, addressed to its group's server."""
+        g = self._groups.table[entry.key]
+        location = self._servers.by_id[g.server_id].location
+        return DeleteWork(g.key, g.server_id, location, g.generation, entry.attempts, entry.last_error)
+
     def gc_list(self, job_id: str | None) -> tuple[DeleteWork, ...]:
         """See :meth:`~._ledger.Ledger.gc_list`."""
-        out = []
+        out: list[DeleteWork] = []
         for job in self._jobs:
             if job_id is not None and job.job_id != job_id:
                 continue
-            for entry in job.gc:
-                g = self._groups.table[entry.key]
-                out.append(
-                    DeleteWork(
-                        g.key,
-                        g.server_id,
-                        self._servers.by_id[g.server_id].location,
-                        g.generation,
-                        entry.attempts,
-                        entry.last_error,
-                    )
-                )
+            out.extend(self._delete_work(entry) for entry in job.gc)
         return tuple(out)
 
     # ------------------------------------------------------------------ fences

@@ -17,7 +17,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from trajflight._control import connect_control, host_identity
+from trajflight._control import connect_control
 from trajflight._ray_connect import connect_ray_plane, current_node_id
 from trajflight._renewals import Renewals
 from trajflight._session import Session
@@ -32,6 +32,7 @@ from trajflight.controller import (
     OldReady,
 )
 from trajflight.errors import InvalidRequestError
+from trajflight.flight_server import host_id
 from trajflight.keys import Partition
 
 __all__ = ["Client", "connect"]
@@ -99,7 +100,7 @@ class Client:
             controller, StoragePool(timeout=timeout, transport=transport), Renewals(), timeout
         )
         self.address = address
-        self.node = host_identity() if node is None else node
+        self.node = host_id() if node is None else node
 
     @property
     def controller(self) -> ControllerClient:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -32,11 +33,11 @@ from types import TracebackType
 from typing import IO, Any
 
 from trajflight._client import Client
-from trajflight._control import ControlServer, host_identity
+from trajflight._control import ControlServer
 from trajflight._storage import StoragePool, Transport
 from trajflight.controller import ControllerClient, LocalController, LocalTransport
 from trajflight.errors import ConfigError, UnavailableError
-from trajflight.flight_server import sweep_dead_arenas
+from trajflight.flight_server import host_id, sweep_dead_arenas
 from trajflight.units import parse_size
 
 __all__ = ["LocalCluster"]
@@ -105,7 +106,7 @@ class LocalCluster:
         if not os.path.isdir(root):
             root = tempfile.gettempdir()
         self.shm_dir: str | None = os.path.join(root, f"trajflight-{uuid.uuid4().hex}") if shm else None
-        self.node = host_identity()
+        self.node = host_id()
         self.server_locations: list[str] = []
         self._procs: list[subprocess.Popen[str]] = []
         self._threads: list[Any] = []
@@ -138,7 +139,7 @@ class LocalCluster:
         local = ControllerClient(LocalTransport(self.controller), timeout=self.timeout)
         for i, location in enumerate(self.server_locations):
             local.register_server(
-                f"{self.node}/server-{i}",
+                f"{socket.gethostname()}/server-{i}",
                 node=self.node,
                 location=location,
                 capacity_bytes=self.capacity,

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import socket
 import threading
 import time
 from collections import Counter
@@ -56,7 +55,7 @@ from trajflight.controller import (
     client_call,
 )
 from trajflight.errors import InvalidRequestError, TrajflightError, UnavailableError, brief
-from trajflight.flight_server import server_errors, translate_errors
+from trajflight.flight_server import host_id, server_errors, translate_errors
 
 __all__ = [
     "CALLS",
@@ -85,11 +84,6 @@ _COUNTED = {
     "release": "releases",
     "resolve": "resolves",
 }
-
-
-def host_identity() -> str:
-    """This machine's identity for same-node placement: its hostname (not an IP address)."""
-    return socket.gethostname()
 
 
 class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow has no type stubs
@@ -243,7 +237,7 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
         return {
             "v": 1,
             "kind": "embedded",
-            "node": host_identity(),
+            "node": host_id(),
             "servers": [dataclasses.asdict(s) for s in servers],
             "counters": counters,
             "uptime_s": time.time() - self.started_at,

@@ -31,8 +31,7 @@ from typing import Any
 import psutil
 
 import trajflight
-from trajflight._control import host_identity
-from trajflight.flight_server import StorageClient
+from trajflight.flight_server import StorageClient, host_id
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
@@ -409,7 +408,7 @@ class Plane:
         for s in self.servers:
             self.client().controller.register_server(
                 s.server_id,
-                node=host_identity(),
+                node=host_id(),
                 location=s.location,
                 capacity_bytes=self.capacity,
                 capacity_groups=self.max_groups,

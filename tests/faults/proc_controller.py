@@ -35,9 +35,10 @@ def main() -> None:
     parser.add_argument("--delete-timeout", type=float, default=3.0)
     args = parser.parse_args()
 
-    from trajflight._control import ControlServer, host_identity
+    from trajflight._control import ControlServer
     from trajflight._storage import StoragePool
     from trajflight.controller import ControllerClient, LocalController, LocalTransport
+    from trajflight.flight_server import host_id
 
     pool = StoragePool(timeout=args.delete_timeout)
     controller = LocalController(deleter=pool.delete, fencer=pool.fence_groups, state_dir=args.state_dir)
@@ -47,7 +48,7 @@ def main() -> None:
         server_id, _, location = spec.partition("=")
         local.register_server(
             server_id,
-            node=host_identity(),
+            node=host_id(),
             location=location,
             capacity_bytes=args.capacity,
             capacity_groups=args.max_groups,
