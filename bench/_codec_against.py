@@ -11,14 +11,12 @@ Run it with ``python bench/bench_codec.py --against DIR`` (BENCHMARKS.md, "The c
 
 from __future__ import annotations
 
-import gc
 import importlib.abc
 import importlib.machinery
 import importlib.util
 import io
 import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -27,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from trajflight.bench._stats import cpu_per_call
 from trajflight.keys import Partition
 from trajflight.workload import SyntheticGroup
 
@@ -131,16 +130,7 @@ def compare(
         times: dict[str, list[float]] = {"other": [], "this": []}
         for r in range(rounds):
             for side in ("other", "this") if r % 2 == 0 else ("this", "other"):
-                fn = sides[side][name]
-                fn()
-                gc.disable()
-                try:
-                    start = time.process_time()
-                    for _ in range(calls):
-                        fn()
-                    times[side].append((time.process_time() - start) / calls)
-                finally:
-                    gc.enable()
+                times[side].append(cpu_per_call(sides[side][name], calls))
         row: dict[str, Any] = {"operation": name}
         for side, values in times.items():
             q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")

@@ -11,11 +11,9 @@ Run it with ``python bench/bench_codec.py --tiers`` (BENCHMARKS.md, "The codec")
 
 from __future__ import annotations
 
-import gc
 import io
 import statistics
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -26,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from trajflight.bench._stats import cpu_per_call
 from trajflight.codec import (
     STANDARD_SCHEMA,
     _arrays,
@@ -299,15 +298,7 @@ def run_tiers(
                 with ExitStack() as stack:
                     if not on:
                         stack.enter_context(switch.off())
-                    fn()
-                    gc.disable()
-                    try:
-                        start = time.process_time()
-                        for _ in range(calls):
-                            fn()
-                        times[on].append((time.process_time() - start) / calls)
-                    finally:
-                        gc.enable()
+                    times[on].append(cpu_per_call(fn, calls))
         out.append(TierResult(switch, times[True], times[False]))
     return out
 

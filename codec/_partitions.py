@@ -48,7 +48,7 @@ def with_partitions(
     Raises:
         InvalidRequestError: not one partition per group.
     """
-    keys = [Partition(*p) for p in partitions]
+    keys = [p if type(p) is Partition else Partition(*p) for p in partitions]
     if isinstance(groups, EncodedGroups):
         _check_count(len(keys), len(groups.rows))
         joined = _keyed(groups.joined, keys, groups.rows, {})

@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from trajflight.codec import STANDARD_SCHEMA, DoublyRagged, Padded, Ragged, TrajectorySchema
 
-__all__ = ["keyed_bound", "reservations"]
+__all__ = ["keyed_bound", "keyed_bounds", "reservations"]
 
 _ID_DIGITS = len(str(np.iinfo(np.int64).max))  # the longest group id a default sample id can hold
 _MASK = pa.list_(pa.uint8())  # the default loss mask: one byte per response token
@@ -62,7 +62,13 @@ def reservations(groups: Sequence[Mapping[str, Any]], *, job_id: str, epoch: int
 def keyed_bound(nbytes: int, rows: int, job_id: str) -> int:
     """The bound of a group already encoded (charged ``nbytes``, with ``rows`` samples) once its key
     columns are set to a partition of ``job_id`` (they are replaced, or added where missing)."""
-    return nbytes + _Fixed(job_id, 0).keys(rows)
+    return keyed_bounds([nbytes], [rows], job_id)[0]
+
+
+def keyed_bounds(nbytes: Sequence[int], rows: Sequence[int], job_id: str) -> list[int]:
+    """:func:`keyed_bound` of each of several groups already encoded, for one job."""
+    fixed = _Fixed(job_id, 0)
+    return [n + fixed.keys(r) for n, r in zip(nbytes, rows, strict=True)]
 
 
 class _Fixed:

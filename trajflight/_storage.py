@@ -17,7 +17,6 @@ It does not retry: a failed read raises the server's typed error, and nothing wa
 from __future__ import annotations
 
 import functools
-import itertools
 import os
 import threading
 import time
@@ -134,9 +133,9 @@ class StoragePool:
         together: through shared memory as one contiguous segment (read back in order with no copy), or
         as one Flight stream. One group is a list of one.
 
-        ``joined``: the groups' rows already joined in one batch, in order (an
-        :class:`~trajflight.codec.EncodedGroups`' joined batch); the shared-memory path then writes it as
-        it is, with no copy to join them, and Flight sends the groups as its slices.
+        ``joined``: the groups' rows already joined in one batch, in order (the joined batch of the
+        :class:`~trajflight.codec.EncodedGroups` the groups are slices of); the shared-memory path then
+        writes it as it is, with no copy to join them.
 
         Raises:
             Like :meth:`StorageClient.put_groups` and :meth:`StorageClient.shm_put_groups`;
@@ -146,11 +145,6 @@ class StoragePool:
             rows = sum(batch.num_rows for _, batch in groups)
             if joined.num_rows != rows:
                 raise InvalidRequestError(f"the joined batch has {joined.num_rows} rows, its groups {rows}")
-            starts = itertools.accumulate((batch.num_rows for _, batch in groups), initial=0)
-            groups = [
-                (key, joined.slice(at, batch.num_rows))
-                for (key, batch), at in zip(groups, starts, strict=False)
-            ]
         client = self.client(location)
         if self.uses_shm(location):
             client.shm_put_groups(

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from trajflight._session import Session
-from trajflight._sizing import keyed_bound, reservations
+from trajflight._sizing import keyed_bound, keyed_bounds, reservations
 from trajflight.codec import EncodedGroups, encode_group, encode_groups, with_partitions
 from trajflight.controller import GroupInfo, Publication, PutGrant
 from trajflight.errors import CapacityExceededError, DeadlineExceededError, InvalidRequestError
@@ -146,13 +146,13 @@ class Writer:
                 raise InvalidRequestError("pass either a record batch or the group's columns, not both")
             reserved = keyed_bound(_stored_bytes(batch), batch.num_rows, self.job_id)
             grant = self._allocate(reserved, deadline)
-            key = Partition(*grant.partition)
+            key = grant.partition
             stored: pa.RecordBatch = with_partitions(batch, [key])
         else:
             columns = self._group_columns(group)
             (reserved,) = reservations([columns], job_id=self.job_id, epoch=self.epoch)
             grant = self._allocate(reserved, deadline)
-            key = Partition(*grant.partition)
+            key = grant.partition
             stored = encode_group(job_id=key.job_id, epoch=key.epoch, group_id=key.group_id, **columns)
         nbytes = _charged(_stored_bytes(stored), reserved)
         self.session.storage.put_groups(
@@ -275,7 +275,7 @@ class Writer:
         sizes = [_charged(n, r) for n, r in zip(sizes, reserved, strict=True)]
         by_location: dict[str, list[tuple[Partition, pa.RecordBatch]]] = {}
         for grant, batch in zip(grants, groups, strict=True):
-            by_location.setdefault(grant.location, []).append((Partition(*grant.partition), batch))
+            by_location.setdefault(grant.location, []).append((grant.partition, batch))
         for location, placed in by_location.items():
             self.session.storage.put_groups(
                 location,
@@ -304,17 +304,18 @@ class Writer:
             columns = self._columns_of(batches)
             reserved = reservations(columns, job_id=self.job_id, epoch=self.epoch)
             grants = self._allocate_many(reserved, deadline)
-            ids = [Partition(*g.partition).group_id for g in grants]
+            ids = [g.partition.group_id for g in grants]
             groups = [{**c, "group_id": i} for c, i in zip(columns, ids, strict=True)]
             return grants, encode_groups(job_id=self.job_id, epoch=self.epoch, groups=groups), reserved
         if isinstance(batches, EncodedGroups):
-            rows = batches.rows
-            reserved = [keyed_bound(n, r, self.job_id) for n, r in zip(batches.nbytes, rows, strict=True)]
+            reserved = keyed_bounds(batches.nbytes, batches.rows, self.job_id)
             grants = self._allocate_many(reserved, deadline)
-            return grants, with_partitions(batches, [Partition(*g.partition) for g in grants]), reserved
-        reserved = [keyed_bound(_stored_bytes(b), b.num_rows, self.job_id) for b in batches]
+            return grants, with_partitions(batches, [g.partition for g in grants]), reserved
+        reserved = keyed_bounds(
+            [_stored_bytes(b) for b in batches], [b.num_rows for b in batches], self.job_id
+        )
         grants = self._allocate_many(reserved, deadline)
-        return grants, with_partitions(batches, [Partition(*g.partition) for g in grants]), reserved
+        return grants, with_partitions(batches, [g.partition for g in grants]), reserved
 
     def _columns_of(self, groups: Sequence[Any]) -> list[dict[str, Any]]:
         """Groups given as mappings of their columns, checked as :meth:`put` checks them."""
