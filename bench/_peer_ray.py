@@ -6,7 +6,7 @@ refs (the consumer can read them). The driver (the trainer) ``ray.get``s the ref
 shared-memory object store, no copy) and joins them into torch tensors with one copy, as
 :func:`~trajflight.bench._system.torch_from_arrays` does, jagged or padded.
 
-Ray is bound to loopback (``../shared/PITFALLS.md``). A Ray runtime already initialised in this process
+Ray is bound to loopback. A Ray runtime already initialised in this process
 (a test fixture, a user's) is reused and left running; one started here is shut down by
 :func:`shutdown_ray`.
 """

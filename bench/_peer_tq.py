@@ -8,7 +8,7 @@ the padded figures the consumer converts them with ``to_padded_tensor``, counted
 trajflight's decode is.
 
 Install it without letting it change torch: ``pip install -c constraints.txt transferqueue==0.1.11``
-(it does not pin torch; ``../shared/PITFALLS.md``).
+(it does not pin torch).
 """
 
 from __future__ import annotations

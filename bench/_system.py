@@ -12,7 +12,7 @@ then, where the system offers one, ``put_batched_all()`` (timed: the whole workl
 ``drain()``; and, for latency, ``small_roundtrip(i)`` (timed: put one group, then lease/get it to
 torch) followed by the untimed ``small_cleanup()``.
 
-"Payload" is the values only (no offsets, no padding), as ``BENCHMARK.md`` defines it.
+"Payload" is the values only (no offsets, no padding), as BENCHMARKS.md defines it.
 """
 
 from __future__ import annotations

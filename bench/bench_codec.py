@@ -1,4 +1,4 @@
-"""Codec benchmark on the standard workload (BENCHMARK.md), against numpy memcpy in the same run.
+"""Codec benchmark on the standard workload (``trajflight.workload``), against numpy memcpy in the same run.
 
 Measures, per repetition, over the whole workload (G groups, one encode and one decode per group):
 

@@ -1,6 +1,6 @@
 """Benchmark of the trajflight storage server against a bare ``pyarrow.flight`` server, same run.
 
-Standard GRPO workload (BENCHMARK.md; G=64 groups x K=8 samples, seeded), one server process and one
+Standard GRPO workload (``trajflight.workload``; G=64 groups x K=8 samples), one server process and one
 client (this process) on loopback. Measured, each repeated and reported as median [min..max]:
 
 * put: one ``do_put`` per group, the whole workload; trajflight vs a bare server that just keeps the table.
@@ -45,7 +45,7 @@ def _list(offsets: np.ndarray, values: np.ndarray) -> pa.ListArray:
 
 
 def make_workload(groups: int, samples: int, *, job_id: str = "bench", seed: int = 0) -> list[pa.RecordBatch]:
-    """The standard workload: G groups of K samples, columns and distributions of BENCHMARK.md."""
+    """The standard workload: G groups of K samples, columns and distributions of ``trajflight.workload``."""
     rng = np.random.default_rng(seed)
     out = []
     for g in range(groups):
@@ -81,7 +81,7 @@ def make_workload(groups: int, samples: int, *, job_id: str = "bench", seed: int
 
 
 def payload_bytes(batches: list[pa.RecordBatch], columns: list[str] | None = None) -> int:
-    """Bytes of the values only (no offsets, no validity), per BENCHMARK.md."""
+    """Bytes of the values only (no offsets, no validity), as BENCHMARKS.md counts payload."""
     total = 0
     for batch in batches:
         for name in columns or batch.schema.names:

@@ -6,7 +6,7 @@ Same run, same machine, the standard workload (``make_workload(64, 8)``, about 9
   ``trajflight bench`` does), back to back (hot caches) and after the pause the puts follow (cold); and
   Ray's object store with **one object per batch**: a producer actor ``ray.put``s the whole batch's arrays
   (concatenated per column), the driver ``ray.get``s it and builds jagged torch tensors over the returned
-  numpy views (no copy). Ray runs on loopback (PITFALLS.md).
+  numpy views (no copy). Ray runs on loopback.
 * trajflight, public client over ``LocalCluster(servers=1)`` (one storage server process with its arena,
   the controller in this process), with the transport chosen automatically (shared memory here) and,
   beside it, forced to Flight:

@@ -338,7 +338,7 @@ def ragged_array(
 ) -> pa.ListArray:
     """Build a ``list<value_type>`` array from any ragged input listed in the module docstring.
 
-    ``null_entries`` keeps nulls inside rows of a numeric column (a user column: DESIGN.md has every user
+    ``null_entries`` keeps nulls inside rows of a numeric column (a user column: the schema has every user
     column round-trip, nulls included); otherwise they are refused, as decode would refuse them.
 
     Raises:

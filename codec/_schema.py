@@ -1,6 +1,7 @@
 """The trajectory schema (:class:`TrajectorySchema`): a group's columns, their types, and memos of both.
 
-The standard columns are fixed by ``DESIGN.md``; users extend the schema with columns of any Arrow type.
+The standard columns are fixed (the README's "The trajectory schema"); users extend the schema with
+columns of any Arrow type.
 A :class:`TrajectorySchema` is an immutable value: extending it returns a new one. Each instance keeps,
 bounded, the codec's memos of what it derives from Arrow schemas (check verdicts, validate_group's plans,
 encode_group's Arrow schema per column layout), so they go with it; they are not compared or shown.
@@ -78,7 +79,7 @@ def _type_matches(name: str, expected: pa.DataType, actual: pa.DataType) -> bool
         # The standard schema leaves the telemetry struct's fields to the engine.
         return bool(pa.types.is_struct(actual))
     if name == "job_id":
-        # DESIGN.md allows string or dictionary<*, string> for the job id.
+        # The schema allows string or dictionary<*, string> for the job id.
         return bool(
             actual == pa.string() or (pa.types.is_dictionary(actual) and actual.value_type == pa.string())
         )
@@ -272,4 +273,5 @@ class TrajectorySchema:
 STANDARD_SCHEMA = TrajectorySchema(
     tuple(f for f, _ in _STANDARD_FIELDS), frozenset(f.name for f, req in _STANDARD_FIELDS if req)
 )
-"""The standard trajectory schema of ``DESIGN.md``; extend it with :meth:`TrajectorySchema.extend`."""
+"""The standard trajectory schema (the README's "The trajectory schema"); extend it with
+:meth:`TrajectorySchema.extend`."""

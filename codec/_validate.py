@@ -49,7 +49,7 @@ __all__ = [
 
 # The standard ragged columns whose entries decode hands to torch and numpy, which have no nulls: a null
 # entry inside one of their rows (where the leaf type is numeric) is refused, by encode_group and here alike.
-# User columns keep theirs (DESIGN.md: every user column round-trips, nulls included).
+# User columns keep theirs (every user column round-trips, nulls included).
 NO_NULL_ENTRY_COLUMNS: tuple[str, ...] = ("prompt_ids", *RAGGED_TOKEN_COLUMNS)
 
 

@@ -43,7 +43,7 @@ class GroupState(enum.StrEnum):
     """Where a group is in its life.
 
     ``READY -> LEASED -> PREPARED -> TRAINING -> TRAINED -> COMMITTED`` is the lease path of
-    ``DESIGN.md``; ``UNKNOWN`` is where a lease that expired during training leaves its groups until an
+    the README; ``UNKNOWN`` is where a lease that expired during training leaves its groups until an
     operator resolves them. ``ALLOCATED`` (a put grant was issued, nothing published yet) and ``DROPPED``
     (abandoned grant, or dropped by an operator or a restore; waiting for its delete) frame that path.
     """

@@ -202,7 +202,7 @@ class StorageClient:
             try:
                 for batch in batches:
                     writer.write_batch(batch)
-                # Never read the metadata stream before done_writing(): that hangs (PITFALLS.md).
+                # Never read the metadata stream before done_writing(): that hangs (pyarrow 26).
                 writer.done_writing()
             except BaseException:
                 # The server refused mid-stream (capacity, schema): its status, not the broken write, is

@@ -245,7 +245,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
                 return True
             self._closed = True
         # Calling shutdown() inside a handler deadlocks, and with a stalled DoGet it does not return:
-        # always from another thread, with a deadline (PITFALLS.md, "Flight servers in Python").
+        # always from another thread, with a deadline.
         done = threading.Event()
 
         def _shutdown() -> None:

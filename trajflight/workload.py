@@ -1,4 +1,4 @@
-"""The standard GRPO trajectory workload of ``BENCHMARK.md``: seeded, deterministic, numpy-backed.
+"""The standard GRPO trajectory workload every benchmark here runs: seeded, deterministic, numpy-backed.
 
 G groups of K samples. Per group one prompt of P ~ U[128, 1024] tokens shared by its samples; per
 sample a response of R tokens, R lognormal (median 1024, sigma 1.0) clipped to [64, 8192], with float32

@@ -3,7 +3,7 @@
 One arena per server, in a private directory (``/dev/shm/trajflight-<uuid>/`` by default, mode 0700; files
 0600, so only the deployment's user can map them), holding the segment files of :mod:`._segment`. Fresh
 tmpfs pages are zeroed by the kernel on first touch, several times slower to write than a reused,
-pre-faulted file (PITFALLS.md), so segments are created pre-faulted (``posix_fallocate`` +
+pre-faulted file (BENCHMARKS.md, "Transport"), so segments are created pre-faulted (``posix_fallocate`` +
 ``MAP_POPULATE``) and reused.
 
 Small groups (a same-node writer's one-call put, ``shm_put``) are *packed* into slab segments of 4 MiB,

@@ -40,7 +40,7 @@ def test_jagged_tensors_alias_arrow_buffers(batch):
 
 
 def test_writes_through_a_decoded_tensor_reach_the_arrow_data(batch):
-    """DLPack ignores Arrow's read-only flag (PITFALLS.md): the docstring warns, this test pins it."""
+    """DLPack ignores Arrow's read-only flag: the docstring warns, this test pins it."""
     out = decode(batch, columns=["reward"])
     out.tensors["reward"][0] = 42.0
     assert batch.column("reward")[0].as_py() == 42.0

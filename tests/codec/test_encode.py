@@ -397,7 +397,7 @@ def test_a_user_column_given_none_is_left_out(simple_group):
 def test_nulls_decode_can_take_are_still_accepted(simple_group):
     """The refusal of null entries inside standard ragged rows (they passed encode and decode refused
     them) stops there: a null outside a sliced Arrow input, a top-p row without candidates and nulls in
-    user columns (DESIGN.md: every user column round-trips, nulls included) are kept."""
+    user columns (every user column round-trips, nulls included) are kept."""
     values, offsets = simple_group["response_logprobs"]
     rows = [None, *(row.tolist() for row in np.split(values, offsets[1:-1]))]
     sliced = pa.array(rows, pa.list_(pa.float32())).slice(1)

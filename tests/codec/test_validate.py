@@ -463,7 +463,7 @@ def test_a_null_entry_inside_a_standard_ragged_row_is_refused_naming_row_and_ent
 
 
 def test_null_entries_in_user_ragged_columns_are_kept():
-    """DESIGN.md: every user column round-trips, nulls included; only the standard columns refuse them."""
+    """Every user column round-trips, nulls included; only the standard columns refuse them."""
     schema = STANDARD_SCHEMA.extend(
         ("ref_logprobs", pa.list_(pa.float32())), ("alt_ids", pa.list_(pa.list_(pa.int32())))
     )

@@ -538,7 +538,7 @@ def test_put_many_larger_than_the_whole_capacity_fails_at_its_deadline_and_publi
 
 def test_groups_put_from_their_columns_get_the_sample_ids_of_their_own_partition(cluster, job):
     """Regression: ``put(**columns)`` encoded every group under the placeholder group id 0, and the ids it
-    defaulted to (``job/epoch/0/i``) were the same for every group; DESIGN.md says they are globally
+    defaulted to (``job/epoch/0/i``) were the same for every group; sample ids are globally
     unique. Now they follow the partition the controller assigns, for put and for put_many of mappings."""
     client = cluster.client()
     client.open_job(job, 1)
