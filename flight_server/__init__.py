@@ -41,7 +41,7 @@ from trajflight.flight_server._wire import (
     PutDescriptor,
     TokenSigner,
 )
-from trajflight.flight_server.shm import ShmArena, host_id, sweep_dead_arenas
+from trajflight.flight_server.shm import ShmArena, host_id, remove_dead_arena, sweep_dead_arenas
 
 __all__ = [
     "ACTIONS",
@@ -62,6 +62,7 @@ __all__ = [
     "get_parallel",
     "host_id",
     "join_batches",
+    "remove_dead_arena",
     "run_parallel",
     "server_errors",
     "sweep_dead_arenas",

@@ -9,9 +9,11 @@
 * storage servers are :class:`StorageServerActor` actors pinned to their nodes
   (``NodeAffinitySchedulingStrategy(node_id, soft=False)``), one per node by default, each running a
   :class:`~trajflight.flight_server.StorageServer` on its node's IP address, port 0, registered with the
-  controller under its Ray node id, so that writers on a node put to that node's server.
+  controller under its Ray node id, so that writers on a node put to that node's server, with a
+  shared-memory arena on its node's tmpfs: a client on the same host takes the same-host path to it (by
+  host identity, as on an embedded plane), any other client Flight.
 
-Flight carries the data; Ray only places and supervises. Other processes reach the plane with
+Flight or shared memory carries the data; Ray only places and supervises. Other processes reach the plane with
 ``trajflight.connect(cluster.address)``; in a process where Ray is not initialised,
 :func:`~trajflight._ray_connect.connect_ray_plane` joins the running Ray cluster first (``RAY_ADDRESS``,
 which :class:`RayCluster` exports to the processes it spawns, or else the cluster last started on this
@@ -56,6 +58,7 @@ from trajflight.errors import (
     InvalidRequestError,
     UnavailableError,
 )
+from trajflight.flight_server import remove_dead_arena
 from trajflight.units import parse_size
 
 __all__ = ["FlightStorage", "RayCluster", "RayServer", "StorageServerActor"]
@@ -104,31 +107,46 @@ class FlightStorage:
 
 class StorageServerActor:
     """The body of a storage server actor: a :class:`~trajflight.flight_server.StorageServer` serving on
-    its node's IP address (``host``), port 0, from the actor's process.
+    its node's IP address (``host``), port 0, from the actor's process, with a shared-memory arena on its
+    node's tmpfs unless ``shm`` is false (so that writers and trainers on its node take the same-host path,
+    chosen by host identity as on an embedded plane; others reach it over Flight).
 
     Args:
         capacity_bytes: Bytes the server may hold.
         capacity_groups: Groups the server may hold.
         host: Interface to bind; default the node's IP address as Ray knows it (loopback on a local Ray
             started by :class:`RayCluster`).
+        shm: Give the server a fresh auto-named arena (``/dev/shm/trajflight-<uuid>``); making one also
+            sweeps the arenas killed servers left on the node.
     """
 
-    def __init__(self, capacity_bytes: int, capacity_groups: int, host: str | None = None) -> None:
-        from trajflight.flight_server import StorageServer, StoreLimits
+    def __init__(
+        self, capacity_bytes: int, capacity_groups: int, host: str | None = None, shm: bool = True
+    ) -> None:
+        from trajflight.flight_server import ShmArena, StorageServer, StoreLimits
 
         ray = import_ray()
         self.node_id: str = ray.get_runtime_context().get_node_id()
         self.host = host or ray.util.get_node_ip_address()
         limits = StoreLimits(capacity_bytes=capacity_bytes, capacity_groups=capacity_groups)
-        self.server = StorageServer(self.host, 0, limits=limits)
+        arena = ShmArena() if shm else None
+        try:
+            self.server = StorageServer(self.host, 0, limits=limits, arena=arena)
+        except BaseException:
+            if arena is not None:
+                arena.close()
+            raise
 
     def describe(self) -> dict[str, Any]:
-        """``{"location", "node_id", "host", "pid"}`` of this server."""
+        """``{"location", "node_id", "host", "pid", "shm_dir"}`` of this server (``shm_dir``: its
+        arena's directory, None without one)."""
+        arena = self.server.arena
         return {
             "location": self.server.location,
             "node_id": self.node_id,
             "host": self.host,
             "pid": os.getpid(),
+            "shm_dir": None if arena is None else arena.directory,
         }
 
     def close(self, timeout: float = 5.0) -> bool:
@@ -145,12 +163,14 @@ class RayServer:
         node_id: The Ray node it runs on (the controller's ``node`` for placement).
         location: Its Flight location.
         actor_name: Its Ray actor's name in the plane's namespace.
+        shm_dir: Its shared-memory arena's directory on its node (None: Flight only).
     """
 
     server_id: str
     node_id: str
     location: str
     actor_name: str
+    shm_dir: str | None = None
 
 
 # ---------------------------------------------------------------------------------------- the plane
@@ -175,6 +195,8 @@ class RayCluster:
             there); ``None`` keeps the controller's state in memory only.
         timeout: Default deadline of client calls and of starting actors, seconds.
         num_cpus: CPUs of the local Ray runtime when this starts one (default: Ray's detection).
+        shm: Give every storage server a shared-memory arena on its node (default), so that clients on
+            that node read and write through it; ``False``: Flight only.
 
     Raises:
         ConfigError: a bad setting, naming it.
@@ -191,6 +213,7 @@ class RayCluster:
         state_dir: str | os.PathLike[str] | None = None,
         timeout: float = 30.0,
         num_cpus: int | None = None,
+        shm: bool = True,
     ) -> None:
         if servers is not None and (isinstance(servers, bool) or not isinstance(servers, int) or servers < 1):
             raise ConfigError(
@@ -213,6 +236,7 @@ class RayCluster:
         self.state_dir = None if state_dir is None else os.fspath(state_dir)
         self.timeout = timeout
         self.num_cpus = num_cpus
+        self.shm = bool(shm)
         self.servers: list[RayServer] = []
         self._server_actors: list[Any] = []
         self._controller_actor: Any = None
@@ -317,7 +341,7 @@ class RayCluster:
                     max_restarts=0,  # its groups lived in its memory: a restarted server would be empty
                     max_concurrency=4,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-                ).remote(self.capacity, self.max_groups)
+                ).remote(self.capacity, self.max_groups, shm=self.shm)
             )
         refs = [a.describe.remote() for a in self._server_actors]
         try:
@@ -332,7 +356,9 @@ class RayCluster:
         for i, (info, actor_name) in enumerate(zip(described, names, strict=True)):
             node_id = info["node_id"]
             self.servers.append(
-                RayServer(f"{node_id[:12]}/server-{i}", node_id, info["location"], actor_name)
+                RayServer(
+                    f"{node_id[:12]}/server-{i}", node_id, info["location"], actor_name, info.get("shm_dir")
+                )
             )
 
     def _register_servers(self) -> None:
@@ -389,6 +415,9 @@ class RayCluster:
             for actor in [*self._server_actors, self._controller_actor]:
                 if actor is not None:
                     ray.kill(actor, no_restart=True)
+            for server in self.servers:  # a server that did not stop in time (or was killed) left its arena
+                if server.shm_dir is not None:
+                    remove_dead_arena(server.shm_dir)
         self._server_actors.clear()
         self.servers.clear()
         self._controller_actor = None

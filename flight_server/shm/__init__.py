@@ -20,7 +20,7 @@ from trajflight.flight_server.shm._arena import ShmArena, host_id
 from trajflight.flight_server.shm._client import INLINE_PUT_BYTES, ShmClient
 from trajflight.flight_server.shm._reader import ShmOpened
 from trajflight.flight_server.shm._store import ShmStore
-from trajflight.flight_server.shm._sweep import sweep_dead_arenas
+from trajflight.flight_server.shm._sweep import remove_dead_arena, sweep_dead_arenas
 
 __all__ = [
     "INLINE_PUT_BYTES",
@@ -29,5 +29,6 @@ __all__ = [
     "ShmOpened",
     "ShmStore",
     "host_id",
+    "remove_dead_arena",
     "sweep_dead_arenas",
 ]

@@ -19,7 +19,7 @@ import re
 import shutil
 import time
 
-__all__ = ["ORPHAN_AGE", "sweep_dead_arenas"]
+__all__ = ["ORPHAN_AGE", "remove_dead_arena", "sweep_dead_arenas"]
 
 log = logging.getLogger("trajflight.flight_server.shm")
 
@@ -69,6 +69,21 @@ def sweep_dead_arenas(base: str, *, keep: str = "") -> int:
     if removed:
         log.warning("shared-memory arenas: removed %d directories of dead servers under %s", removed, base)
     return removed
+
+
+def remove_dead_arena(path: str) -> bool:
+    """Remove the arena directory ``path`` now if its server is dead (its ``.lock`` can be taken), as
+    the owner of a server it knows was killed does (no wait of :data:`ORPHAN_AGE`). Returns whether it
+    was removed; a live server's directory, a missing one, or one without a lock is left alone."""
+    locks = _dead_locks(path)
+    if locks is None:
+        return False
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    finally:
+        for fd in locks:
+            os.close(fd)
+    return not os.path.exists(path)
 
 
 def _no_files(path: str) -> bool:

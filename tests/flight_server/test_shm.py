@@ -52,7 +52,7 @@ from trajflight.flight_server import (
 )
 from trajflight.flight_server._wire import PutDescriptor, ShmPublishRequest, ShmReserveRequest, encode
 from trajflight.flight_server.shm._segment import size_class
-from trajflight.flight_server.shm._sweep import ORPHAN_AGE, sweep_dead_arenas
+from trajflight.flight_server.shm._sweep import ORPHAN_AGE, remove_dead_arena, sweep_dead_arenas
 from trajflight.keys import Partition
 
 KEY = Partition("job-a", 1, 5)
@@ -483,6 +483,30 @@ def test_a_cluster_s_directory_of_server_arenas_goes_only_when_all_its_servers_a
     assert sweep_dead_arenas(str(tmp_path)) == 1
     assert not os.path.exists(running)
     assert os.path.isdir(foreign)
+
+
+def test_the_owner_of_a_killed_server_removes_its_arena_at_once_and_never_a_live_one(tmp_path):
+    """RayCluster.close() removes the arenas of server actors it killed (they could not close them),
+    without the sweep's wait for ORPHAN_AGE; a live server's arena, a missing path or a directory without
+    a lock stays."""
+    live = ShmArena(str(tmp_path / "live"))
+    try:
+        assert not remove_dead_arena(live.directory)  # its server holds the lock
+        assert os.path.isdir(live.directory)
+    finally:
+        live.close()
+    killed = tmp_path / ("trajflight-" + "9" * 32)
+    killed.mkdir()
+    (killed / ".lock").touch()  # its server died: nobody holds the lock
+    (killed / "seg-x-0").write_bytes(b"x")
+    assert remove_dead_arena(str(killed))
+    assert not killed.exists()
+    assert not remove_dead_arena(str(killed))  # gone already
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "a.txt").write_text("not an arena")
+    assert not remove_dead_arena(str(foreign))
+    assert foreign.exists()
 
 
 def test_a_server_without_an_arena_refuses_shm_calls_with_a_hint():

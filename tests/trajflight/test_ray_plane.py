@@ -201,6 +201,39 @@ def test_writers_as_ray_tasks_put_to_their_node_and_a_trainer_commits_to_zero(pl
         assert stats["jobs"][job]["groups"] == 0
 
 
+@pytest.mark.ray
+def test_a_client_on_a_server_s_host_takes_its_shared_memory_arena(plane, ray_runtime):
+    """issue 16: storage server actors ran without an arena (``health`` said ``shm_dir: None``), so a
+    writer and a trainer on a server's own node went over Flight; now each actor has an arena and a
+    client on its host puts and reads through it, by the same host-identity rule as an embedded plane."""
+    from procmaps import inside, mapped_ranges  # here: Ray workers import this module without tests/helpers
+
+    from trajflight.workload import make_workload
+
+    job = _job()
+    client = plane.client()
+    client.open_job(job, 1, {"default_lease_ttl": "20s"})
+    for server in plane.servers:
+        health = client.storage.client(server.location).health()
+        assert server.shm_dir is not None
+        assert health["shm_dir"] == server.shm_dir
+        assert client.storage.uses_shm(server.location)
+    groups = make_workload(4, 4, seed=3, response_median=64)
+    infos = client.writer(job, 1).put_many([g.encode(job, 1) for g in groups])
+    live = sum(client.storage.client(s.location).stats()["shm"]["live_segments"] for s in plane.servers)
+    assert live >= 1  # stored in the arenas' segments, not in Flight buffers
+    with client.trainer(job).lease(4, wait=10) as batch:
+        column = batch.fetch_table(["response_ids"]).column("response_ids")
+        arenas = [r for s in plane.servers for r in mapped_ranges(s.shm_dir)]
+        for chunk in column.chunks:  # one per server: each read in place from its arena, no copy
+            assert inside(chunk.values.buffers()[1].address, arenas)
+        by_id = {i.partition.group_id: g for i, g in zip(infos, groups, strict=True)}
+        leased = [g.partition.group_id for g in batch.handle.groups]
+        expected = [int(v) for i in leased for v in by_id[i].response_values]
+        assert column.combine_chunks().values.to_pylist() == expected
+    assert plane.wait_idle(job, timeout=15.0) == (0, 0)
+
+
 def _rows_of(handle):
     import trajflight
 
@@ -344,8 +377,11 @@ TWO_NODES = WRITE_GROUPS + textwrap.dedent(
                 spans = sorted({g.location for g in batch.handle.groups})
             idle = plane.wait_idle("two-nodes", timeout=15.0)
             servers = {s.server_id: s.node_id for s in plane.servers}
+            shm = [client.storage.uses_shm(s.location) for s in plane.servers]
+            arenas = [s.shm_dir for s in plane.servers]
             print(json.dumps({"nodes": [n["NodeID"] for n in ray.nodes() if n["Alive"]], "servers": servers,
-                              "writers": writers, "rows": rows, "spans": spans, "idle": list(idle)}))
+                              "writers": writers, "rows": rows, "spans": spans, "idle": list(idle),
+                              "shm": shm, "arenas": arenas}))
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -375,3 +411,8 @@ def test_two_node_cluster_writers_put_to_their_own_node():
     assert result["rows"] == 24
     assert len(result["spans"]) == 2  # the trainer's batch spanned both nodes' servers
     assert result["idle"] == [0, 0]
+    # Simulated nodes share this host (one host identity): each server has its arena, and the driver
+    # reaches both through shared memory; every arena is gone once the plane is closed.
+    assert result["shm"] == [True, True]
+    assert all(result["arenas"])
+    assert not any(os.path.exists(a) for a in result["arenas"])
