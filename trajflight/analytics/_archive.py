@@ -84,7 +84,10 @@ class ArchiveSource:
         return expr
 
     def schema(self) -> pa.Schema:
-        """The archive's columns (every file's, unified), the partition fields included."""
+        """The archive's columns (every file's, unified), the partition fields included; no columns
+        while the archive holds no file."""
+        if not self.dataset.files:
+            return pa.schema([])
         return self.dataset.schema.remove_metadata()
 
     def _filter(self, where: ds.Expression | None, exclude: set[Partition] | None) -> Any:
@@ -111,7 +114,7 @@ class ArchiveSource:
         Raises:
             SchemaError-like ``pyarrow`` errors are left to the caller, which names the column.
         """
-        if not self.dataset.schema.names:
+        if not self.dataset.files:
             return
         names = self.dataset.schema.names
         read = None if columns is None else [c for c in columns if c in names]
