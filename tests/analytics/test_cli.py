@@ -7,7 +7,9 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
+from trajflight.analytics._sql import needed_columns
 from trajflight.cli import main
+from trajflight.flight_server import StorageClient
 
 from .conftest import put_rich, write_archive
 
@@ -41,6 +43,43 @@ def test_sql_over_live_and_archive_with_nested_columns_in_csv(plane, client, job
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(",")[0] for line in lines[1:]] == ["0", "1", "2", "3"]
     assert lines[1].split(",", 1)[1].startswith('"[[')  # a nested list, as JSON text
+
+
+def test_sql_reads_only_the_columns_the_query_needs(plane, client, job, capsys, monkeypatch):
+    """The view's columns are read from the servers only when the query names them (top-p columns are
+    the bulk of a group), derived ones through their inputs."""
+    put_rich(client, job, 2)
+    asked = []
+    real = StorageClient.get
+
+    def spy(self, groups, *, columns=None, timeout=None):
+        asked.append(None if columns is None else set(columns))
+        return real(self, groups, columns=columns, timeout=timeout)
+
+    monkeypatch.setattr(StorageClient, "get", spy)
+    query = "SELECT avg(reward), max(tokens) FROM trajectories WHERE finish_reason = 'stop'"
+    assert main(["sql", plane.address, "--job", job, "--json", query]) == 0
+    assert asked
+    assert all(a == {"reward", "prompt_ids", "response_ids", "finish_reason"} for a in asked)
+    capsys.readouterr()
+    asked.clear()
+    assert main(["sql", plane.address, "--job", job, "--json", "SELECT count(*) AS n FROM trajectories"]) == 0
+    assert json.loads(capsys.readouterr().out)[-1] == {"n": 6}
+    assert all(a == {"group_id"} for a in asked)
+
+
+def test_needed_columns_by_binding():
+    import duckdb
+    import pyarrow as pa
+
+    schema = pa.schema([("a", pa.int64()), ("b", pa.list_(pa.int32())), ("c", pa.string())])
+    assert needed_columns(duckdb, "SELECT * FROM trajectories", schema) == ["a", "b", "c"]
+    # EXCLUDE names b, so the query no longer binds without it: read anyway (more than needed, never less).
+    assert needed_columns(duckdb, "SELECT * EXCLUDE (b) FROM trajectories", schema) == ["a", "b", "c"]
+    assert needed_columns(duckdb, "SELECT a AS c FROM trajectories ORDER BY c", schema) == ["a"]
+    assert needed_columns(duckdb, "SELECT len(b) FROM trajectories WHERE c > 'x'", schema) == ["b", "c"]
+    # Anything but one SELECT would run while binding: every column is read instead.
+    assert needed_columns(duckdb, "CREATE TABLE t AS SELECT a FROM trajectories", schema) == ["a", "b", "c"]
 
 
 @pytest.mark.parametrize(

@@ -178,6 +178,17 @@ class Scan:
         extra_cols = tuple(sorted(where_stored - set(read or ()))) if read is not None else ()
         return _Plan(pa.schema(fields), stored, compute, read, extra_cols, frozenset(where_stored), push)
 
+    def select(self, columns: Sequence[str]) -> Scan:
+        """A scan of the same sources and filter that yields ``columns`` (stored or derived) only.
+
+        It shares the sources, so a live source already listed for this scan's :attr:`schema` is not
+        listed again for the new scan's first read.
+
+        Raises:
+            InvalidRequestError: ``columns`` is not a list of distinct names.
+        """
+        return Scan(self._live, self._archives, columns=columns, derived=False, where=self._where)
+
     @property
     def schema(self) -> pa.Schema:
         """The columns every read yields: the projected stored ones, then the derived ones asked for.

@@ -2,9 +2,10 @@
 
 The view holds the scanned rows with the derived columns (``prompt_length``, ``response_length``,
 ``tokens``, ``mean_logprob``, ``top_p_entropy``; ``--no-derived`` leaves them out). The rows are read
-once, before the query runs: ``--columns`` limits what is read (the derived columns' inputs are read
-for them). ``--also SOURCE`` adds sources (live and archived groups in one view). Errors (bad SQL, an
-unreachable source, a missing archive) print one line and exit 2.
+once, before the query runs, and only the columns the query needs (found by binding it, unrun, against
+empty views; the derived columns' inputs are read for them); ``--columns`` limits the view further.
+``--also SOURCE`` adds sources (live and archived groups in one view). Errors (bad SQL, an unreachable
+source, a missing archive) print one line and exit 2.
 """
 
 from __future__ import annotations
@@ -104,14 +105,19 @@ def query(sources: list[str], sql: str, args: argparse.Namespace) -> tuple[Any, 
     from trajflight.errors import InvalidRequestError
 
     duckdb = require("duckdb")
-    rows = scan(
+    view = scan(
         sources,
         job=args.job,
         epochs=args.epoch,
         columns=columns_of(args.columns),
         derived=not args.no_derived,
         timeout=args.timeout,
-    ).to_table()
+    )
+    try:
+        needed = needed_columns(duckdb, sql, view.schema)
+    except duckdb.Error as exc:
+        raise _refused(exc) from exc
+    rows = view.select(needed).to_table()
     con = duckdb.connect()
     con.register("trajectories", rows)
     try:
@@ -120,9 +126,52 @@ def query(sources: list[str], sql: str, args: argparse.Namespace) -> tuple[Any, 
             raise InvalidRequestError("the query returned no result: give a SELECT (or another query)")
         table = arrow_table(relation)
     except duckdb.Error as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise InvalidRequestError(f"DuckDB refused the query: {first[:300]}") from exc
+        raise _refused(exc) from exc
     return table, con.from_arrow(table)
+
+
+def _refused(exc: Exception) -> Exception:
+    from trajflight.errors import InvalidRequestError
+
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return InvalidRequestError(f"DuckDB refused the query: {first[:300]}")
+
+
+def needed_columns(duckdb: Any, sql: str, schema: Any) -> list[str]:
+    """The columns of the ``trajectories`` view (of ``schema``) that ``sql`` needs, in schema order.
+
+    DuckDB binds a SELECT without running it, so the query is bound against empty views: a column is
+    needed when the query no longer binds, or binds to other result columns, without it. A query that
+    is not one SELECT (it would run at binding) needs every column. A query that needs none (``count(*)``)
+    gets one small column, for the row count.
+
+    Raises:
+        duckdb.Error: the query does not parse or bind against the full view.
+    """
+    names = list(schema.names)
+    con = duckdb.connect()
+    statements = con.extract_statements(sql)
+    if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
+        return names
+    empty = schema.empty_table()
+
+    def bound(table: Any) -> tuple[Any, ...] | None:
+        con.register("trajectories", table)
+        try:
+            relation = con.sql(sql)
+        except duckdb.Error:
+            return None
+        return None if relation is None else (tuple(relation.columns), tuple(map(str, relation.types)))
+
+    con.register("trajectories", empty)
+    relation = con.sql(sql)  # raises what the query gets wrong against the full view
+    if relation is None:
+        return names
+    full = (tuple(relation.columns), tuple(map(str, relation.types)))
+    needed = [n for i, n in enumerate(names) if bound(empty.remove_column(i)) != full]
+    if needed:
+        return needed
+    return ["group_id"] if "group_id" in names else names[:1]
 
 
 def run(args: argparse.Namespace) -> int:
