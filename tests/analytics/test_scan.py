@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
 import trajflight
-from trajflight.analytics import DERIVED_COLUMNS, scan
+from trajflight.analytics import DERIVED_COLUMNS, _live, scan
 from trajflight.errors import (
     ConfigError,
     InvalidRequestError,
@@ -18,6 +20,11 @@ from trajflight.errors import (
 from trajflight.flight_server import StorageClient
 
 from .conftest import encoded, put_rich, write_archive
+
+
+def _listed(location: str, job: str) -> list:
+    with StorageClient(location) as storage:
+        return storage.list_groups(job)
 
 
 def _sorted(table: pa.Table) -> pa.Table:
@@ -76,6 +83,32 @@ def test_a_live_scan_during_a_held_lease_changes_no_lease_token_or_state(plane, 
     counts = client.controller.counts(job)
     assert counts["COMMITTED"] == 2
     assert counts["READY"] == 2
+
+
+def test_a_group_committed_between_listing_and_reading_is_skipped(plane, client, job):
+    put_rich(client, job, 3)
+    found = scan(plane.address, job=job, columns=["group_id"])
+    assert found.schema.names == ["group_id"]  # the servers are listed now
+    with client.trainer(job).lease(1, wait=10) as batch:
+        (gone,) = batch.partitions
+    deadline = time.monotonic() + 30  # bounds a hang only: the commit deletes the group's data
+    while any(g.key == gone for s in client.controller.servers() for g in _listed(s.location, job)):
+        assert time.monotonic() < deadline, "the committed group was never deleted"
+        time.sleep(0.05)
+    ids = found.to_table().column("group_id").to_pylist()
+    assert sorted(set(ids)) == sorted({0, 1, 2} - {gone.group_id})
+    assert len(ids) == 6
+
+
+def test_every_job_in_small_chunks(plane, client, job, monkeypatch):
+    """Without ``job`` every job is read, one job per stream (a server refuses to join jobs whose types
+    differ), in chunks of at most CHUNK_GROUPS groups."""
+    monkeypatch.setattr(_live, "CHUNK_GROUPS", 2)
+    put_rich(client, job, 5)
+    table = scan(plane.address, columns=["job_id", "sample_id"]).to_table()
+    ids = table.filter(pc.field("job_id") == job).column("sample_id").to_pylist()
+    assert sorted(ids) == sorted(f"{job}/1/{g}/{i}" for g in range(5) for i in range(3))
+    assert len(table.column("sample_id").to_pylist()) == len(set(table.column("sample_id").to_pylist()))
 
 
 def test_derived_where_and_epochs(plane, client, job):

@@ -46,7 +46,9 @@ def _chunks(groups: Sequence[GroupListing]) -> Iterator[list[GroupListing]]:
     chunk: list[GroupListing] = []
     size = 0
     for g in groups:
-        if chunk and (len(chunk) >= CHUNK_GROUPS or size + g.nbytes > CHUNK_BYTES):
+        # One job per stream: a server refuses to join groups of jobs whose column types differ.
+        full = len(chunk) >= CHUNK_GROUPS or size + g.nbytes > CHUNK_BYTES
+        if chunk and (full or g.key.job_id != chunk[0].key.job_id):
             yield chunk
             chunk, size = [], 0
         chunk.append(g)
@@ -164,8 +166,7 @@ class LiveSource:
             except NotFoundError:
                 if attempt == _RETRIES:
                     raise
-                key = next(iter(wanted))
-                still = {g.key for g in storage.list_groups(key.job_id)}
+                still = {g.key for g in storage.list_groups(wanted[0].job_id)}
                 wanted = [k for k in wanted if k in still]
                 if not wanted:
                     return None

@@ -117,7 +117,10 @@ class Scan:
         try:
             return pa.unify_schemas(schemas, promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-            raise SchemaError(f"the sources' columns do not agree in type: {str(exc)[:300]}") from exc
+            raise SchemaError(
+                f"the sources' columns do not agree in type ({str(exc)[:300]}); scan one job at a time "
+                "(job=...)"
+            ) from exc
 
     def _derivable(self, stored: pa.Schema) -> list[str]:
         return [d for d in DERIVED_COLUMNS if all(c in stored.names for c in DERIVED[d].inputs)]
