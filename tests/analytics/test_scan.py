@@ -6,6 +6,7 @@ import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pytest
 
 import trajflight
@@ -161,6 +162,10 @@ def test_an_archive_reads_back_every_column_and_prunes_epochs(tmp_path, job):
     pushed = scan(str(tmp_path), columns=["sample_id"], where=pc.field("staleness") == 1).to_table()
     assert pushed.num_rows == pc.sum(pc.equal(written.column("staleness"), 1)).as_py()
     assert scan(tmp_path, job="another").to_table().num_rows == 0
+    # Any pyarrow.fs URI: here the local filesystem's, and an explicit filesystem with a bare path.
+    assert scan(tmp_path.as_uri(), job=job).to_table().num_rows == written.num_rows
+    local = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    assert scan("/", job=job, epochs=[1], filesystem=local).to_table().num_rows == 9
 
 
 def test_an_archive_whose_files_leave_the_keys_to_the_path(tmp_path, job):
