@@ -75,6 +75,10 @@ def _referenced(where: pc.Expression, schema: pa.Schema) -> set[str]:
     return named
 
 
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+
+
 class Scan:
     """Trajectory rows from live and archived sources, projected, with optional derived columns.
 
@@ -234,7 +238,7 @@ class Scan:
             out = arrow_table(con.from_arrow(table).filter(self._where))
         except duckdb.Error as exc:
             raise InvalidRequestError(
-                f"DuckDB refused where {brief(self._where)}: {str(exc).splitlines()[0][:200]}; a SQL where "
+                f"DuckDB refused where {brief(self._where)}: {_first_line(exc)}; a SQL where "
                 "sees the scan's columns (name the ones it needs in columns)"
             ) from exc
         return out.cast(table.schema)
