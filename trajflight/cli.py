@@ -19,6 +19,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("trajflight.bench._cli", "benchmark trajflight against TransferQueue, Ray and bare Flight"),
     "stats": ("trajflight._stats", "show the counters of a running data plane"),
     "up": ("trajflight._up", "start a standing embedded data plane and print how to connect"),
+    "sql": (
+        "trajflight.analytics._sql",
+        "run DuckDB SQL over a trajectories view of live and archived groups",
+    ),
+    "export": ("trajflight.analytics._export", "dump live (or archived) groups to one Parquet file"),
 }
 
 
