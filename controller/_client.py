@@ -57,6 +57,7 @@ from ._commands import (
 )
 from ._commands import PolicyStatus as GetPolicyStatus
 from ._entries import check_seconds
+from ._files import read_file, write_atomic
 from ._host import MAX_WAIT, LocalController
 from ._ray_host import import_ray, start_ray_actor
 from ._records import (
@@ -443,11 +444,21 @@ class ControllerClient:
         self, job_id: str, path: str | os.PathLike[str] | None = None, *, timeout: float | None = None
     ) -> bytes:
         """Take the job's checkpoint (refused while any group is LEASED..TRAINED); write it atomically to
-        ``path`` on the host's machine when given, and then confirm it durable. Returns its bytes.
+        ``path`` in this process's file system when given (temporary file, fsync, rename), and then
+        confirm it durable. Returns its bytes. The host never writes a file its caller names.
 
         Without ``path`` the checkpoint is not durable until :meth:`confirm_checkpoint` says so: until
-        then the job keeps its committed groups (``Ledger.checkpoint``)."""
-        return self.transport.checkpoint(job_id, None if path is None else os.fspath(path), self._t(timeout))
+        then the job keeps its committed groups (``Ledger.checkpoint``).
+
+        Raises:
+            InvalidStateError: a group is LEASED..TRAINED. CheckpointError: the file could not be written
+                (nothing is confirmed: kept commits stay kept).
+        """
+        data = self.transport.checkpoint(job_id, None, self._t(timeout))
+        if path is not None:
+            write_atomic(path, data)
+            self.confirm_checkpoint(job_id, data, timeout=timeout)
+        return data
 
     def confirm_checkpoint(
         self, job_id: str, checkpoint: bytes | int, *, timeout: float | None = None
@@ -473,10 +484,11 @@ class ControllerClient:
         min_token: int = 0,
         timeout: float | None = None,
     ) -> dict[str, int]:
-        """Restart a job from a checkpoint (bytes, or a file on the host's machine) under a larger epoch
-        (``Ledger.restore``); ``available`` lists what the storage servers hold (:class:`HeldGroup`
-        listings, or bare partitions); ``min_token`` the highest generation they saw for the job."""
-        src = source if isinstance(source, bytes) else os.fspath(source)
+        """Restart a job from a checkpoint (bytes, or a file in this process's file system, read here:
+        the host never reads a file its caller names) under a larger epoch (``Ledger.restore``);
+        ``available`` lists what the storage servers hold (:class:`HeldGroup` listings, or bare
+        partitions); ``min_token`` the highest generation they saw for the job."""
+        src = source if isinstance(source, bytes) else read_file(source)
         cfg = dict(config) if isinstance(config, Mapping) else config
         kwargs: dict[str, Any] = {"job_id": job_id, "epoch": epoch, "config": cfg, "old_ready": old_ready}
         if available is not None:

@@ -2,9 +2,9 @@
 
 A transport carries one command as its operation name and keyword arguments (the form the Flight wire and
 the journal use too; the host parses it back into its command, :mod:`._commands`), plus the three client
-operations the hosts serve with methods of their own: the long-polling ``acquire``, ``checkpoint`` (which
-may write a file on the host's machine) and ``restore`` (which may read one). Errors are the ledger's own
-classes, plus :class:`~trajflight.errors.DeadlineExceededError` and, for Ray,
+operations the hosts serve with methods of their own: the long-polling ``acquire``, ``checkpoint`` and
+``restore`` (the client passes bytes: it writes and reads checkpoint files in its own process). Errors
+are the ledger's own classes, plus :class:`~trajflight.errors.DeadlineExceededError` and, for Ray,
 :class:`~trajflight.errors.UnavailableError` (the actor is gone or restarting; a call may have run
 although it failed, as with any Ray actor call).
 """

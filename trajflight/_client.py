@@ -215,7 +215,7 @@ class Client:
 
     def checkpoint(self, job_id: str, path: str | os.PathLike[str] | None = None) -> bytes:
         """Checkpoint the job (refused while a group is LEASED..TRAINED); written atomically to ``path``
-        on the controller's machine when given, and then confirmed durable.
+        by this process when given (never by the controller), and then confirmed durable.
 
         From a job's first checkpoint on, committed groups stay stored (holding capacity) until a later
         checkpoint is durable, so that a restore from the newest one finds every group it must offer

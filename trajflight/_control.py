@@ -11,12 +11,14 @@ Actions (``do_action`` type -> JSON body -> one result):
 * ``call``: ``{"method", "kwargs", "timeout"}`` -> the ledger's answer; only the client operations in
   :data:`CALLS` (the commands of route ``CALL``) are served (no internal ledger method is reachable).
 * ``acquire``: ``{"kwargs", "wait", "timeout"}`` -> a lease or null (long poll; other calls proceed).
-* ``checkpoint``: ``{"job_id", "path", "timeout"}`` -> bytes; ``restore``: ``{"source", "kwargs", ...}``.
+* ``checkpoint``: ``{"job_id", "timeout"}`` -> bytes; ``restore``: ``{"source", "kwargs", ...}`` with the
+  checkpoint's bytes as ``source``. A ``path`` to write or a ``source`` path to read is refused: the
+  controller writes and reads no file a caller names (a client does that I/O in its own process).
 * ``info``: deployment facts (storage servers, host identity, counters); unlike the others its body
   (empty or ``{"v": 1}``) and its answer are plain JSON, so that any Flight client can ask.
 
 Every request is bounded before it is parsed: at most :data:`MAX_REQUEST_BYTES` (``restore``:
-:data:`MAX_RESTORE_BYTES`; restore a larger checkpoint from a path on the controller's machine) and
+:data:`MAX_RESTORE_BYTES`; a larger checkpoint is restored in the controller's own process) and
 :data:`~trajflight._rpc.MAX_DEPTH` levels of nesting. Every number is checked by the ledger before it
 touches state (ints in int64, seconds finite and >= 0; a float is never an int), every answer to bad input
 is an :class:`~trajflight.errors.InvalidRequestError`, and no error repeats more than about 100
@@ -198,12 +200,22 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
                 self._count("groups_leased", len(lease.groups))
             return lease
         if kind == "checkpoint":
-            path = body.get("path")
-            if path is not None and not isinstance(path, str):
-                raise InvalidRequestError("controller action checkpoint: path must be a string or null")
-            return self.controller.checkpoint(_required(body, "job_id", str), path, timeout=timeout)
+            job_id = _required(body, "job_id", str)
+            if body.get("path") is not None:  # a caller must not name files on the controller's machine
+                raise InvalidRequestError(
+                    "controller action checkpoint: path is refused over the wire (the controller writes no "
+                    "file a caller names); send null and store the returned bytes yourself, as "
+                    "trajflight.Client.checkpoint(job_id, path) does in the caller's process"
+                )
+            return self.controller.checkpoint(job_id, None, timeout=timeout)
         if kind == "restore":
             source = _required(body, "source", (bytes, str))
+            if not isinstance(source, bytes):  # nor read one
+                raise InvalidRequestError(
+                    "controller action restore: source must be the checkpoint's bytes, not a path (the "
+                    "controller reads no file a caller names); trajflight.Client.restore(path, ...) reads "
+                    "the file in the caller's process and sends its bytes"
+                )
             kwargs = body.get("kwargs") or {}
             unknown = set(kwargs) - _RESTORE_KWARGS
             if unknown:

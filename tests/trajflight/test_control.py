@@ -155,3 +155,33 @@ def test_every_controller_call_of_the_client_is_served():
         if not name.startswith("_")
     }
     assert operations - actions == CALLS
+
+
+def test_a_caller_cannot_make_the_controller_write_or_read_a_file_it_names(control, tmp_path):
+    """issue 18: any local process could make the controller write a checkpoint at any path and read any
+    file (``checkpoint`` with ``path``, ``restore`` with a ``source`` path). Paths are refused over the
+    wire; a client writes and reads checkpoint files in its own process instead."""
+    client = connect_control(control.location, timeout=5)
+    client.open_job("j", 1)
+    target = tmp_path / "planted"
+    with pytest.raises(InvalidRequestError, match="path is refused over the wire"):
+        _raw(control, "checkpoint", _rpc.dumps({"job_id": "j", "path": str(target)}))
+    assert not target.exists()
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"not for the caller")
+    body = {"source": str(secret), "kwargs": {"job_id": "j", "epoch": 2, "config": None}}
+    with pytest.raises(InvalidRequestError, match="source must be the checkpoint's bytes"):
+        _raw(control, "restore", _rpc.dumps(body))
+    # The client's own path: written here, atomically, then confirmed; and read here to restore.
+    mine = tmp_path / "mine.ckpt"
+    data = client.checkpoint("j", mine)
+    assert mine.read_bytes() == data
+    with LocalController() as fresh:
+        server = ControlServer(fresh)
+        try:
+            counts = connect_control(server.location, timeout=5).restore(
+                mine, job_id="j", epoch=2, config=None
+            )
+        finally:
+            server.shutdown()
+    assert counts["READY"] == 0
