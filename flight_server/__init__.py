@@ -32,6 +32,8 @@ from trajflight.flight_server._errors import WIRE_ERRORS, server_errors, transla
 from trajflight.flight_server._segments import join_batches
 from trajflight.flight_server._server import ACTIONS, StorageServer
 from trajflight.flight_server._store import StoreLimits
+from trajflight.flight_server._tls import TlsConfig
+from trajflight.flight_server._tls import client_kwargs as tls_client_kwargs
 from trajflight.flight_server._wire import (
     WIRE_VERSION,
     GetTicket,
@@ -58,6 +60,7 @@ __all__ = [
     "StorageClient",
     "StorageServer",
     "StoreLimits",
+    "TlsConfig",
     "TokenSigner",
     "get_parallel",
     "host_id",
@@ -66,5 +69,6 @@ __all__ = [
     "run_parallel",
     "server_errors",
     "sweep_dead_arenas",
+    "tls_client_kwargs",
     "translate_errors",
 ]

@@ -22,6 +22,7 @@ import threading
 from types import FrameType
 
 from trajflight.errors import ConfigError, TrajflightError
+from trajflight.flight_server._tls import TlsConfig
 from trajflight.units import format_size, parse_duration, parse_size
 
 __all__ = ["add_arguments", "run"]
@@ -51,8 +52,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="stop (as on SIGTERM) when the process that started this server exits, even if it is killed "
         "(LocalCluster starts its servers so: a crashed driver leaves no server behind)",
     )
+    parser.add_argument(
+        "--tls-cert", default=None, help="PEM certificate chain: serve grpc+tls:// (with --tls-key)"
+    )
+    parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    parser.add_argument(
+        "--tls-client-ca",
+        default=None,
+        help="PEM CA that client certificates must chain to: mutual TLS (clients without one are refused)",
+    )
     parser.add_argument("--shm-pool", default="512MiB", help="free pre-faulted segments kept for reuse")
     parser.add_argument("--shm-ttl", default="30s", help="how long a same-node put may take to publish")
+
+
+def _tls(args: argparse.Namespace) -> TlsConfig | None:
+    """The server's TLS material from ``--tls-*`` (None: plaintext).
+
+    Raises:
+        ConfigError: a client CA without a certificate, or an unreadable file.
+    """
+    if args.tls_cert is None and args.tls_key is None:
+        if args.tls_client_ca is not None:
+            raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key", setting="tls-client-ca")
+        return None
+    return TlsConfig.from_files(args.tls_cert, args.tls_key, args.tls_client_ca)
 
 
 def _secret(args: argparse.Namespace) -> bytes | None:
@@ -136,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
             secret=_secret(args),
             arena=arena,
             shm_ttl=parse_duration(args.shm_ttl, setting="shm-ttl"),
+            tls=_tls(args),
         )
     except TrajflightError as exc:
         print(f"trajflight server: {exc}", file=sys.stderr)

@@ -35,6 +35,7 @@ import pyarrow.ipc as ipc
 
 from trajflight.errors import DeadlineExceededError, InvalidRequestError, TrajflightError
 from trajflight.flight_server._errors import translate_errors
+from trajflight.flight_server._tls import TlsConfig, client_kwargs
 from trajflight.flight_server._wire import (
     AppendDescriptor,
     DeleteRequest,
@@ -116,6 +117,8 @@ class StorageClient:
         alignment: ``ensure_alignment`` of reads; ``DataTypeSpecific`` copies only misaligned buffers.
         inline_put_bytes: Same-host puts of a lone group whose IPC stream is at most this large travel in
             one ``shm_put`` call (see :data:`~.shm._client.INLINE_PUT_BYTES`); 0 always reserves a segment.
+        tls: TLS material for a ``grpc+tls://`` location: the CA that signed the server's certificate
+            (None: the system's roots), and this client's certificate and key for mutual TLS.
     """
 
     def __init__(
@@ -126,6 +129,7 @@ class StorageClient:
         write_size_limit_bytes: int | None = None,
         alignment: ipc.Alignment = ipc.Alignment.DataTypeSpecific,
         inline_put_bytes: int = INLINE_PUT_BYTES,
+        tls: TlsConfig | None = None,
     ) -> None:
         if timeout <= 0:
             raise InvalidRequestError(f"timeout must be > 0 seconds, got {timeout!r}")
@@ -140,7 +144,9 @@ class StorageClient:
             lambda name, body, t: self._action(name, body, t), self.timeout, inline_put_bytes
         )
         with translate_errors(f"connect to {location}"):
-            self._client = flight.FlightClient(location, write_size_limit_bytes=write_size_limit_bytes or 0)
+            self._client = flight.FlightClient(
+                location, write_size_limit_bytes=write_size_limit_bytes or 0, **client_kwargs(location, tls)
+            )
 
     @property
     def inline_put_bytes(self) -> int:

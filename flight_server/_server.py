@@ -41,6 +41,7 @@ from trajflight.flight_server._errors import server_errors
 from trajflight.flight_server._put_stream import check_stream_schema, receive, receive_groups
 from trajflight.flight_server._store import GroupStore, Stored, StoreLimits
 from trajflight.flight_server._store_records import fmt_key
+from trajflight.flight_server._tls import TlsConfig, scheme
 from trajflight.flight_server._wire import (
     WIRE_VERSION,
     AppendDescriptor,
@@ -141,6 +142,8 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         shm_ttl: Seconds a same-host writer has between ``shm_reserve`` and ``shm_publish`` before its
             reservation is swept (a background thread sweeps twice a second): the default, and the most
             a writer's own ``ttl`` gets (it may ask for less, never more).
+        tls: Serve ``grpc+tls://`` with this certificate and key; with its ``ca``, demand client
+            certificates signed by it (mutual TLS). None: plaintext ``grpc://``.
     """
 
     def __init__(
@@ -153,6 +156,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         secret: bytes | None = None,
         arena: ShmArena | None = None,
         shm_ttl: float = 30.0,
+        tls: TlsConfig | None = None,
     ) -> None:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
             raise InvalidRequestError(f"port must be an int in 0..65535, got {port!r}")
@@ -168,12 +172,12 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         self._closed = False
         self._stop_sweeper = threading.Event()
         try:
-            super().__init__(f"grpc://{host}:{port}")
+            super().__init__(f"{scheme(tls)}://{host}:{port}", **(tls.server_kwargs() if tls else {}))
         except BaseException:
             if arena is not None:
                 arena.close()
             raise
-        self._location = f"grpc://{host}:{self.port}"
+        self._location = f"{scheme(tls)}://{host}:{self.port}"
         self._local: LocalChannelServer | None = None
         if arena is not None:
             # Same-host clients send their (small) actions over a Unix socket in the private arena

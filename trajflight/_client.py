@@ -32,7 +32,7 @@ from trajflight.controller import (
     OldReady,
 )
 from trajflight.errors import InvalidRequestError
-from trajflight.flight_server import host_id
+from trajflight.flight_server import TlsConfig, host_id
 from trajflight.keys import Partition
 
 __all__ = ["Client", "connect"]
@@ -40,7 +40,9 @@ __all__ = ["Client", "connect"]
 log = logging.getLogger("trajflight")
 
 
-def connect(address: str, *, timeout: float = 30.0, transport: Transport = "auto") -> Client:
+def connect(
+    address: str, *, timeout: float = 30.0, transport: Transport = "auto", tls: TlsConfig | None = None
+) -> Client:
     """Connect to a running data plane.
 
     Args:
@@ -50,14 +52,21 @@ def connect(address: str, *, timeout: float = 30.0, transport: Transport = "auto
         timeout: Default deadline of every call, seconds.
         transport: How group data moves to and from storage servers: ``"auto"`` (shared memory with
             servers on this host that have an arena, Flight otherwise), ``"shm"`` or ``"flight"`` (forced).
+        tls: For a ``grpc+tls://`` plane: the CA its servers' certificates chain to, and this client's
+            certificate and key where the plane demands mutual TLS (the same material reaches the
+            controller and every storage server).
 
     Raises:
         InvalidRequestError: an address of another scheme. UnavailableError / NotFoundError: nothing
         answers there.
     """
-    if address.startswith("grpc://") or address.startswith("grpc+tcp://"):
+    if address.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
         return Client(
-            connect_control(address, timeout=timeout), address=address, timeout=timeout, transport=transport
+            connect_control(address, timeout=timeout, tls=tls),
+            address=address,
+            timeout=timeout,
+            transport=transport,
+            tls=tls,
         )
     if address.startswith("ray://"):
         controller = connect_ray_plane(address, timeout=timeout)
@@ -82,6 +91,7 @@ class Client:
         node: Where this process runs, for same-node placement of its writers' groups: the Ray node id on
             a Ray data plane (``connect`` and ``RayCluster.client`` pass it), else this host's identity
             (the default; the embedded plane registers its servers under it).
+        tls: TLS material for the plane's ``grpc+tls://`` storage servers (see ``connect``).
 
     Attributes:
         session: What the client's writers, trainers and leases share (controller, storage, renewals).
@@ -95,9 +105,10 @@ class Client:
         timeout: float = 30.0,
         transport: Transport = "auto",
         node: str | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         self.session = Session(
-            controller, StoragePool(timeout=timeout, transport=transport), Renewals(), timeout
+            controller, StoragePool(timeout=timeout, transport=transport, tls=tls), Renewals(), timeout
         )
         self.address = address
         self.node = host_id() if node is None else node

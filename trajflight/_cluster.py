@@ -37,7 +37,7 @@ from trajflight._control import ControlServer
 from trajflight._storage import StoragePool, Transport
 from trajflight.controller import ControllerClient, LocalController, LocalTransport
 from trajflight.errors import ConfigError, UnavailableError
-from trajflight.flight_server import host_id, sweep_dead_arenas
+from trajflight.flight_server import TlsConfig, host_id, sweep_dead_arenas
 from trajflight.units import parse_size
 
 __all__ = ["LocalCluster"]
@@ -52,7 +52,7 @@ def _read_location(proc: subprocess.Popen[str], log: Path, timeout: float) -> st
     reader.start()
     reader.join(timeout)
     line = found[0].strip() if found else ""
-    if not line.startswith("grpc://"):
+    if not line.startswith(("grpc://", "grpc+tls://")):
         proc.kill()
         detail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
         raise UnavailableError(f"a storage server did not start within {timeout:g}s; its log says:\n{detail}")
@@ -73,6 +73,12 @@ class LocalCluster:
         timeout: Default deadline of client calls.
         shm: Give every storage server a shared-memory arena (same-host zero-copy transport).
         shm_root: Where deployment directories go (default ``/dev/shm``).
+        tls: Serve every endpoint (the control server and each storage server) over ``grpc+tls://``
+            with this certificate and key; with its ``ca``, demand client certificates it signed (mutual
+            TLS). ``trajflight.devcerts.make_dev_certs`` makes a private CA and both sides' material.
+        client_tls: What this cluster's own clients (and its controller's deletes and fences) present:
+            the CA of the servers' certificate, and a client certificate for mutual TLS. Needed with
+            ``tls``; clients elsewhere pass theirs to ``trajflight.connect(address, tls=...)``.
     """
 
     def __init__(
@@ -88,6 +94,8 @@ class LocalCluster:
         timeout: float = 30.0,
         shm: bool = True,
         shm_root: str | os.PathLike[str] | None = None,
+        tls: TlsConfig | None = None,
+        client_tls: TlsConfig | None = None,
     ) -> None:
         if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
             raise ConfigError(
@@ -112,7 +120,15 @@ class LocalCluster:
         self._threads: list[Any] = []
         self._logs: list[IO[bytes]] = []
         self._logdir: tempfile.TemporaryDirectory[str] | None = None
-        self._pool = StoragePool(timeout=timeout)
+        if tls is not None and client_tls is None:
+            raise ConfigError(
+                "tls without client_tls: the cluster's own clients need the CA of its servers' certificate "
+                "(and a client certificate where tls demands one)",
+                setting="client_tls",
+            )
+        self.tls = tls
+        self.client_tls = client_tls
+        self._pool = StoragePool(timeout=timeout, tls=client_tls)
         self.controller: LocalController | None = None
         self._control: ControlServer | None = None
         self._started = False
@@ -135,7 +151,7 @@ class LocalCluster:
         self.controller = LocalController(
             deleter=self._pool.delete, fencer=self._pool.fence_groups, state_dir=self.state_dir
         )
-        self._control = ControlServer(self.controller, host=self.host, port=port)
+        self._control = ControlServer(self.controller, host=self.host, port=port, tls=self.tls)
         local = ControllerClient(LocalTransport(self.controller), timeout=self.timeout)
         for i, location in enumerate(self.server_locations):
             local.register_server(
@@ -164,7 +180,7 @@ class LocalCluster:
             limits = StoreLimits(capacity_bytes=self.capacity, capacity_groups=self.max_groups)
             for i in range(self.num_servers):
                 arena = ShmArena(self.server_shm_dir(i)) if self.shm else None
-                server = StorageServer(self.host, 0, limits=limits, arena=arena)
+                server = StorageServer(self.host, 0, limits=limits, arena=arena, tls=self.tls)
                 self._threads.append(server)
                 self.server_locations.append(server.location)
             return
@@ -191,9 +207,28 @@ class LocalCluster:
             shm_dir = self.server_shm_dir(i)
             if shm_dir is not None:
                 cmd += ["--shm-dir", shm_dir]
+            cmd += self._tls_args()
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
             self._procs.append(proc)
             self.server_locations.append(_read_location(proc, log_path, timeout=60.0))
+
+    def _tls_args(self) -> list[str]:
+        """``--tls-*`` arguments of a server process: the material written once, 0600, in the log dir."""
+        if self.tls is None or self._logdir is None:
+            return []
+        folder = Path(self._logdir.name)
+        files = {"cert": self.tls.cert, "key": self.tls.key, "client-ca": self.tls.ca}
+        args = []
+        for name, pem in files.items():
+            if pem is None:
+                continue
+            path = folder / f"tls-{name}.pem"
+            if not path.exists():
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(pem)
+            args += [f"--tls-{name}", str(path)]
+        return args
 
     def close(self) -> None:
         """Stop the controller, the control server and every storage server (idempotent).
@@ -266,7 +301,9 @@ class LocalCluster:
         if self.controller is None:
             raise UnavailableError("the cluster is not running; use it as a context manager or call start()")
         controller = ControllerClient(LocalTransport(self.controller), timeout=self.timeout)
-        return Client(controller, address=self.address, timeout=self.timeout, transport=transport)
+        return Client(
+            controller, address=self.address, timeout=self.timeout, transport=transport, tls=self.client_tls
+        )
 
     def kill_server(self, index: int) -> None:
         """Kill storage server ``index`` (SIGKILL) — for fault-injection tests."""

@@ -57,7 +57,7 @@ from trajflight.controller import (
     client_call,
 )
 from trajflight.errors import InvalidRequestError, TrajflightError, UnavailableError, brief
-from trajflight.flight_server import host_id, server_errors, translate_errors
+from trajflight.flight_server import TlsConfig, host_id, server_errors, tls_client_kwargs, translate_errors
 
 __all__ = [
     "CALLS",
@@ -95,10 +95,20 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
         controller: The in-process controller (the caller keeps ownership and closes it).
         host: Interface to bind; loopback by default.
         port: 0 picks a free port.
+        tls: Serve ``grpc+tls://`` with this certificate and key (with its ``ca``: mutual TLS, clients
+            must present a certificate it signed). None: plaintext.
     """
 
-    def __init__(self, controller: LocalController, *, host: str = "127.0.0.1", port: int = 0) -> None:
-        super().__init__(f"grpc://{host}:{port}")
+    def __init__(
+        self,
+        controller: LocalController,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        tls: TlsConfig | None = None,
+    ) -> None:
+        self.scheme = "grpc" if tls is None else "grpc+tls"
+        super().__init__(f"{self.scheme}://{host}:{port}", **(tls.server_kwargs() if tls else {}))
         self.controller = controller
         self.host = host
         self.counters: Counter[str] = Counter()
@@ -115,8 +125,8 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
 
     @property
     def location(self) -> str:
-        """``grpc://host:port`` other processes connect to."""
-        return f"grpc://{self.host}:{self.port}"
+        """``grpc://host:port`` (``grpc+tls://`` with TLS) other processes connect to."""
+        return f"{self.scheme}://{self.host}:{self.port}"
 
     def _count(self, key: str, amount: int = 1) -> None:
         with self._lock:
@@ -296,10 +306,10 @@ def _required(body: dict[str, Any], name: str, kind: type | tuple[type, ...]) ->
 class FlightTransport:
     """A ``ControllerClient`` transport to a :class:`ControlServer` (every call under a deadline)."""
 
-    def __init__(self, location: str) -> None:
+    def __init__(self, location: str, tls: TlsConfig | None = None) -> None:
         self.location = location
         with translate_errors(f"connect to controller at {location}"):
-            self._client = flight.FlightClient(location)
+            self._client = flight.FlightClient(location, **tls_client_kwargs(location, tls))
 
     def close(self) -> None:
         """Close the connection."""
@@ -344,6 +354,9 @@ class FlightTransport:
         return out
 
 
-def connect_control(location: str, *, timeout: float = 30.0) -> ControllerClient:
-    """A :class:`ControllerClient` for the embedded controller served at ``location``."""
-    return ControllerClient(FlightTransport(location), timeout=timeout)
+def connect_control(
+    location: str, *, timeout: float = 30.0, tls: TlsConfig | None = None
+) -> ControllerClient:
+    """A :class:`ControllerClient` for the embedded controller served at ``location`` (``tls``: see
+    :class:`~trajflight.flight_server.TlsConfig`, for a ``grpc+tls://`` location)."""
+    return ControllerClient(FlightTransport(location, tls), timeout=timeout)

@@ -33,6 +33,7 @@ from trajflight.flight_server import (
     LeaseToken,
     ShmOpened,
     StorageClient,
+    TlsConfig,
     host_id,
     run_parallel,
 )
@@ -63,13 +64,16 @@ class StoragePool:
         ConfigError: an unknown transport.
     """
 
-    def __init__(self, *, timeout: float = 30.0, transport: Transport = "auto") -> None:
+    def __init__(
+        self, *, timeout: float = 30.0, transport: Transport = "auto", tls: TlsConfig | None = None
+    ) -> None:
         if transport not in TRANSPORTS:
             raise ConfigError(
                 f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}", setting="transport"
             )
         self.timeout = timeout
         self.transport: Transport = transport
+        self.tls = tls
         self._clients: dict[str, StorageClient] = {}
         self._routes: dict[str, bool] = {}  # location -> uses shared memory
         self._lock = threading.Lock()
@@ -79,7 +83,11 @@ class StoragePool:
         with self._lock:
             found = self._clients.get(location)
             if found is None:
-                found = self._clients[location] = StorageClient(location, timeout=self.timeout)
+                found = self._clients[location] = StorageClient(
+                    location,
+                    timeout=self.timeout,
+                    tls=self.tls if location.startswith("grpc+tls://") else None,
+                )
             return found
 
     def uses_shm(self, location: str, *, timeout: float | None = None) -> bool:
