@@ -242,6 +242,7 @@ def test_missing_peers_are_skipped_with_their_install_hint(monkeypatch: pytest.M
     for peer, hint in (("ray", "trajflight[ray]"), ("transferqueue", "transferqueue==0.1.11")):
         assert doc["systems"][peer]["status"] == "skipped"
         assert hint in doc["systems"][peer]["hint"]
+        assert doc["systems"][peer]["form"]  # labelled even when skipped
 
 
 def test_schema_rejects_a_broken_document(quick_result: dict) -> None:
