@@ -304,7 +304,7 @@ def draw_chart(doc: dict[str, Any], path: str) -> str | None:
     names = [n for n, s in doc["systems"].items() if s["status"] == "ok"]
     if not names:
         return "no chart: no system ran"
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3.2, 1]})
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5.0), gridspec_kw={"width_ratios": [3.2, 1]})
     width = 0.8 / len(names)
     shown = FIGURES + OPTIONAL_FIGURES
     for i, name in enumerate(names):
@@ -316,13 +316,14 @@ def draw_chart(doc: dict[str, Any], path: str) -> str | None:
         xs = [j + (i - (len(names) - 1) / 2) * width for j, _ in present]
         ax.bar(xs, medians, width, yerr=[lo, hi], capsize=2, label=name)
     ax.set_yscale("log")
-    ax.set_xticks(range(len(shown)), [label for _, label in shown], fontsize=8)
+    ax.set_xticks(range(len(shown)), [label for _, label in shown], fontsize=8, rotation=12)
     ax.set_ylabel("GB/s of payload (median, min-max)")
     cfg = doc["config"]
     ax.set_title(
         f"throughput, G={cfg['groups']} K={cfg['samples']}, {cfg['payload_bytes'] / 1e6:.1f} MB", fontsize=10
     )
-    ax.legend(fontsize=8, ncol=len(names), loc="upper center", bbox_to_anchor=(0.5, -0.09), frameon=False)
+    ncol = min(5, len(names))
+    ax.legend(fontsize=8, ncol=ncol, loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False)
     ax.grid(axis="y", alpha=0.3, which="both")
     p50 = [doc["systems"][n]["latency"]["p50_ms"] for n in names]
     p99 = [doc["systems"][n]["latency"]["p99_ms"] for n in names]
@@ -332,7 +333,7 @@ def draw_chart(doc: dict[str, Any], path: str) -> str | None:
     ax2.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
     ax2.set_yscale("log")
     ax2.set_ylabel("ms")
-    ax2.set_title("put 1 group + lease + get\np50 (colour), p99 (grey)", fontsize=10)
+    ax2.set_title("1 group: put + lease + get\np50 (colour), p99 (grey)", fontsize=9)
     ax2.grid(axis="y", alpha=0.3, which="both")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
