@@ -159,6 +159,7 @@ class BatchProducer:
         self.parts = [group_arrays(g) for g in made]
         self.columns = tuple(columns)
         self.batch = batch_arrays(self.parts, self.columns)
+        self.ones = [batch_arrays([p], self.columns) for p in self.parts]  # each group as a batch of one
 
     def pid(self) -> int:
         """This actor's process id."""
@@ -176,7 +177,7 @@ class BatchProducer:
         """``ray.put`` group ``index`` as a batch of one; its ref, wrapped."""
         import ray
 
-        return [ray.put(batch_arrays([self.parts[index % len(self.parts)]], self.columns))]
+        return [ray.put(self.ones[index % len(self.ones)])]
 
 
 class Producer:
