@@ -145,17 +145,12 @@ class TrajflightSystem(System):
             self._small = None
 
     def handoff(self, iters: int) -> list[float]:
-        """One group from this process's writer to a trainer process waiting in ``lease`` (with this
-        entry's transport); the groups are encoded before the clock."""
+        """One group from a writer process to a trainer process waiting in ``lease``, both connected to
+        this cluster's control server with this entry's transport; the groups are encoded before the
+        clock."""
         from ._handoff import trajflight_handoff
 
-        pairs = zip(self.groups, self.users, strict=True)
-        batches = [encode_with_users(g, JOB, 1, u) for g, u in pairs]
-
-        def put(i: int) -> None:
-            self._writer.put(batches[i % len(batches)])
-
-        return trajflight_handoff(self._cluster.address, JOB, self.transport, put, iters)
+        return trajflight_handoff(self._cluster.address, JOB, self.transport, self.groups, iters)
 
     def extra_metrics(self, repeats: int) -> dict[str, Any]:
         if not self.measure_controller:
