@@ -1,8 +1,11 @@
 """``trajflight bench``: trajflight side by side with TransferQueue, Ray and bare Flight, on the standard
 GRPO workload (G=64 groups of K=8 samples, lognormal response lengths around 1024 tokens, seed 0: see
-``trajflight.workload``), with memcpy and a bare Flight server as references in the same run.
+``trajflight.workload``; two user columns carried with ``extra=``), with memcpy, the raw shared-memory
+ceiling and a bare Flight server as references in the same run. Each peer runs in its strongest ordinary
+form (Ray: one object per batch; bare Flight: one stream of the batch), which ratios and targets compare
+with, and in the weaker per-group form beside it (``ray-per-group``, ``flight-per-group``).
 
-Prints a table (within 100 columns) and writes nothing unless asked: ``--out DIR`` writes the JSON
+Prints a table (within 110 columns) and writes nothing unless asked: ``--out DIR`` writes the JSON
 result (schema: ``trajflight bench --schema``), a PNG chart and Markdown tables into ``DIR``; ``--json``,
 ``--chart`` and ``--markdown`` name single files. ``--check`` exits 1 when a performance target is
 missed (a ``--quick`` run is too small to judge them)::
@@ -25,7 +28,18 @@ from pathlib import Path
 
 __all__ = ["add_arguments", "run"]
 
-SYSTEMS = ("memcpy", "flight", "trajflight", "trajflight-flight", "ray", "transferqueue")
+# The names of ``_run.ALL_SYSTEMS`` (not imported: importing this module stays cheap).
+SYSTEMS = (
+    "memcpy",
+    "shm-ceiling",
+    "flight",
+    "flight-per-group",
+    "trajflight",
+    "trajflight-flight",
+    "ray",
+    "ray-per-group",
+    "transferqueue",
+)
 
 
 def _systems(text: str) -> tuple[str, ...]:
@@ -47,6 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--repeats", type=int, help="timed rounds after the warm-up (default 7; quick 2)")
     parser.add_argument("--latency-iters", type=int, help="small-group round trips per system (default 200)")
+    parser.add_argument(
+        "--handoff-iters", type=int, help="cross-process handoffs per system (default 100; quick 5)"
+    )
     parser.add_argument("--controller-groups", type=int, help="groups per controller run (default 20000)")
     parser.add_argument(
         "--systems", type=_systems, default=SYSTEMS, help=f"comma-separated subset of {','.join(SYSTEMS)}"
@@ -106,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
         "response_median": args.response_median,
         "repeats": args.repeats,
         "latency_iters": args.latency_iters,
+        "handoff_iters": args.handoff_iters,
         "controller_groups": args.controller_groups,
     }
     given = {k: v for k, v in overrides.items() if v is not None}

@@ -1,10 +1,16 @@
-"""Ray's object store, as many RL stacks move trajectories today.
+"""Ray's object store, as RL stacks move trajectories with it, in two forms.
 
-A producer actor (the rollout worker) holds the workload as numpy arrays and ``ray.put``s one dict of
-arrays per group, returning the object refs to the driver; a put is finished when the driver holds the
-refs (the consumer can read them). The driver (the trainer) ``ray.get``s the refs (numpy views of the
-shared-memory object store, no copy) and joins them into torch tensors with one copy, as
-:func:`~trajflight.bench._system.torch_from_arrays` does, jagged or padded.
+* ``ray`` (its strongest ordinary form, how slime moves rollout data): one object per batch. A producer
+  actor (the rollout worker) holds the workload as one batch, each column's arrays concatenated
+  (:func:`batch_arrays`), and ``ray.put``s that one dict of arrays; the driver (the trainer) ``ray.get``s
+  it (numpy views of the shared-memory object store, no copy) and builds torch tensors over those views
+  (:func:`batch_to_torch`: jagged with no copy; padded is one copy).
+* ``ray-per-group``: the producer ``ray.put``s one dict of arrays per group; the driver ``ray.get``s the
+  refs and joins them into torch tensors with one copy, as
+  :func:`~trajflight.bench._system.torch_from_arrays` does.
+
+A put is finished when the driver holds the refs (the consumer can read them).
+``bench/bench_same_host.py`` uses the same producer and conversion.
 
 Ray is bound to loopback. A Ray runtime already initialised in this process
 (a test fixture, a user's) is reused and left running; one started here is shut down by
@@ -14,14 +20,36 @@ Ray is bound to loopback. A Ray runtime already initialised in this process
 from __future__ import annotations
 
 import os
+import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from trajflight.workload import SyntheticGroup, make_workload
 
-from ._system import ALL_COLUMNS, GetVariant, System, SystemUnavailable, group_arrays, torch_from_arrays
+from ._system import (
+    ALL_COLUMNS,
+    RAGGED,
+    GetVariant,
+    Layout,
+    System,
+    SystemUnavailable,
+    group_arrays,
+    torch_from_arrays,
+)
 
-__all__ = ["RAY_HINT", "RaySystem", "ensure_ray", "shutdown_ray"]
+__all__ = [
+    "RAY_HINT",
+    "BatchProducer",
+    "RayPerGroupSystem",
+    "RaySystem",
+    "batch_arrays",
+    "batch_to_torch",
+    "ensure_ray",
+    "shutdown_ray",
+]
 
 RAY_HINT = "pip install 'trajflight[ray]'"
 _STARTED_HERE = False
@@ -77,6 +105,81 @@ def raylet_pids() -> list[int]:
     return out
 
 
+def batch_arrays(parts: Sequence[dict[str, np.ndarray]], columns: Sequence[str]) -> dict[str, np.ndarray]:
+    """Groups' arrays (:func:`~trajflight.bench._system.group_arrays`) as one batch: each column's values
+    concatenated, ragged columns with their int64 offsets (``<col>@offsets``) rebased over the batch."""
+    batch: dict[str, np.ndarray] = {}
+    for name in columns:
+        batch[name] = np.concatenate([p[name] for p in parts])
+        if name in RAGGED:
+            lengths = np.concatenate([np.diff(p[name + "@offsets"]) for p in parts])
+            offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            batch[name + "@offsets"] = offsets
+    return batch
+
+
+def batch_to_torch(
+    batch: dict[str, np.ndarray], columns: Sequence[str], layout: Layout = "jagged"
+) -> dict[str, Any]:
+    """Torch tensors over a batch's numpy arrays (the read-only views ``ray.get`` returns): no copy for
+    flat and jagged columns; ``layout="padded"`` pads the ragged ones (one copy)."""
+    import torch
+
+    out: dict[str, Any] = {}
+    with warnings.catch_warnings():
+        # ray.get's arrays are read-only views of the object store by design; nothing writes to them.
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+        views = {name: torch.from_numpy(array) for name, array in batch.items()}
+    for name in columns:
+        values = views[name]
+        if name in RAGGED:
+            offsets = views[name + "@offsets"]
+            max_len = int((offsets[1:] - offsets[:-1]).max())
+            values = torch.nested.nested_tensor_from_jagged(values, offsets, max_seqlen=max_len)
+            if layout == "padded":
+                values = values.to_padded_tensor(0)
+        out[name] = values
+    return out
+
+
+class BatchProducer:
+    """The rollout worker actor of the one-object form: holds the workload as one batch and ``ray.put``s
+    it (or one group, as a batch of one) on request."""
+
+    def __init__(
+        self,
+        groups: int,
+        samples: int,
+        seed: int,
+        response_median: float = 1024.0,
+        columns: Sequence[str] = ALL_COLUMNS,
+    ) -> None:
+        made = make_workload(groups, samples, seed=seed, response_median=response_median)
+        self.parts = [group_arrays(g) for g in made]
+        self.columns = tuple(columns)
+        self.batch = batch_arrays(self.parts, self.columns)
+        self.ones = [batch_arrays([p], self.columns) for p in self.parts]  # each group as a batch of one
+
+    def pid(self) -> int:
+        """This actor's process id."""
+        return os.getpid()
+
+    def put_batch(self) -> tuple[list[Any], float]:
+        """``ray.put`` the batch; its ref (wrapped so Ray does not resolve it) and the put's seconds."""
+        import ray
+
+        t0 = time.perf_counter()
+        ref = ray.put(self.batch)
+        return [ref], time.perf_counter() - t0
+
+    def put_one(self, index: int) -> list[Any]:
+        """``ray.put`` group ``index`` as a batch of one; its ref, wrapped."""
+        import ray
+
+        return [ray.put(self.ones[index % len(self.ones)])]
+
+
 class Producer:
     """The rollout worker actor: holds the workload and ``ray.put``s groups on request."""
 
@@ -106,11 +209,13 @@ class Producer:
         return [ray.put(group_arrays(self.groups[index % len(self.groups)]))]
 
 
-class RaySystem(System):
+class RayPerGroupSystem(System):
     """``ray.put`` per group in a producer actor, ``ray.get`` into torch in the driver."""
 
-    name = "ray"
+    name = "ray-per-group"
     role = "peer"
+    form = "one object per group"
+    strongest = False
     description = "Ray object store: ray.put per group in an actor, ray.get + join into torch in the driver"
     memory_note = "raylet RSS + shared-memory (object store) growth"
     include_shmem = True
@@ -163,3 +268,74 @@ class RaySystem(System):
 
     def small_cleanup(self) -> None:
         self._small = []
+
+
+class RaySystem(System):
+    """Ray's strongest ordinary form: one ``ray.put`` of the whole batch in a producer actor, zero-copy
+    ``ray.get`` into torch in the driver. It has no call per group: its put is the batch's one put."""
+
+    name = "ray"
+    role = "peer"
+    form = "one object per batch"
+    description = (
+        "Ray object store: one ray.put of the batch (one dict of arrays) in an actor, ray.get + torch "
+        "views in the driver (no copy)"
+    )
+    memory_note = "raylet RSS + shared-memory (object store) growth"
+    include_shmem = True
+    supports_batched = True
+
+    def __init__(
+        self, groups: Sequence[SyntheticGroup], *, samples: int, seed: int, response_median: float
+    ) -> None:
+        super().__init__(groups)
+        self._params = (len(groups), samples, seed, response_median)
+        self._ray: Any = None
+        self._producer: Any = None
+        self._ref: Any = None
+        self._small: list[Any] = []
+
+    def setup(self) -> None:
+        ray = ensure_ray()
+        self._ray = ray
+        self._producer = ray.remote(num_cpus=0)(BatchProducer).remote(*self._params)
+        ray.get(self._producer.pid.remote(), timeout=120)
+
+    def close(self) -> None:
+        self._ref = None
+        self._small = []
+        if self._producer is not None:
+            self._ray.kill(self._producer)
+            self._producer = None
+
+    def server_pids(self) -> list[int]:
+        return raylet_pids()
+
+    def put_all(self) -> None:
+        wrapped, _ = self._ray.get(self._producer.put_batch.remote(), timeout=120)
+        self._ref = wrapped[0]
+
+    def put_batched_all(self) -> None:
+        self.put_all()
+
+    def get(self, variant: GetVariant) -> Any:
+        batch = self._ray.get(self._ref, timeout=120)
+        return batch_to_torch(batch, variant.columns or ALL_COLUMNS, variant.layout)
+
+    def drain(self) -> None:
+        self._ref = None
+
+    def small_roundtrip(self, index: int) -> None:
+        self._small = self._ray.get(self._producer.put_one.remote(index), timeout=60)
+        batch_to_torch(self._ray.get(self._small[0], timeout=60), ALL_COLUMNS)
+
+    def small_cleanup(self) -> None:
+        self._small = []
+
+    def handoff(self, iters: int) -> list[float]:
+        """One group (one object) from this process's ``ray.put`` to a trainer actor waiting for a call."""
+        from ._handoff import ray_handoff
+
+        return ray_handoff(
+            self._ray, [batch_arrays([group_arrays(g)], ALL_COLUMNS) for g in self.groups], iters
+        )

@@ -82,6 +82,7 @@ class TransferQueueSystem(System):
 
     name = "transferqueue"
     role = "peer"
+    form = "TensorDict put per group, as its README"
     description = "TransferQueue 0.1.11, SimpleStorage, 2 storage units (Ray actors, ZMQ)"
     memory_note = "RSS of the 2 SimpleStorageUnit actors + the TransferQueueController actor"
     supports_batched = True

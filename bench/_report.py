@@ -1,10 +1,12 @@
 """Reading a ``trajflight bench`` result: ratios, the performance targets, a text table and a PNG chart.
 
-Ratios compare throughputs measured in the same run (``a/b`` > 1: a is faster); for latency the ratio is
-b's p50 over a's. The targets are trajflight's performance goals against its peers and references
-(throughput against TransferQueue, Ray's object store and a bare Flight server; the small-group round
-trip); a ``--quick`` run is too small to judge them, and says so. The text table fits 100 columns. The
-chart needs matplotlib (optional: ``pip install 'trajflight[bench]'``).
+Ratios compare throughputs measured in the same run (``a/b`` > 1: a is faster); for latency and the
+handoff the ratio is b's p50 over a's. The targets are trajflight's performance goals against each peer's
+**strongest** ordinary form (TransferQueue; Ray with one object per batch, ``ray``; a bare Flight server
+with one stream of the batch, ``flight``), the raw shared-memory ceiling and its own latencies; the
+weaker forms (``ray-per-group``, ``flight-per-group``) are shown and kept in the JSON's ratios, never
+judged by. A ``--quick`` run is too small to judge them, and says so. The text table fits 110 columns.
+The chart needs matplotlib (optional: ``pip install 'trajflight[bench]'``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,21 @@ SHORT: dict[str, str] = {
     "get_subset_padded": "2col/padded",
     "put_batched": "put many",
     "latency_p50": "p50",
+    "handoff_p50": "handoff",
 }
+# The ratio table's columns and their headings (9 characters at most: the table fits 110 columns).
+RATIO_KEYS: tuple[tuple[str, str], ...] = (
+    ("put", "put"),
+    ("put_batched", "put many"),
+    ("get_all_jagged", "all/jag"),
+    ("get_all_padded", "all/pad"),
+    ("get_subset_jagged", "2col/jag"),
+    ("get_subset_padded", "2col/pad"),
+    ("latency_p50", "p50"),
+    ("handoff_p50", "handoff"),
+)
+WIDTH = 110
+STRONGEST_NOTE = "ratios and targets compare with each peer's strongest form (marked *)"
 QUICK_NOTE = "not judged under --quick (tiny data)"
 CHART_HINT = "pip install 'trajflight[bench]'  (matplotlib)"
 
@@ -46,11 +62,17 @@ def ours_names(doc: dict[str, Any]) -> list[str]:
     return [n for n, s in doc["systems"].items() if s["role"] == "system" and s["status"] == "ok"]
 
 
+def _strongest(system: dict[str, Any]) -> bool:
+    return bool(system.get("strongest", True))
+
+
 def add_ratios_and_targets(doc: dict[str, Any]) -> dict[str, Any]:
     """Add ``ratios`` (each trajflight entry over every other system, per figure) and ``targets``.
 
-    Ratio keys read ``"<figure> <ours>/<other>"``. Targets are judged for every trajflight entry that ran
-    (``trajflight``: the default transport; ``trajflight-flight``: Flight forced), ids prefixed with it.
+    Ratio keys read ``"<figure> <ours>/<other>"``: the throughputs, ``put_batched`` where both have a
+    batched put, ``latency_p50`` and ``handoff_p50`` where both measured it. Targets are judged for every
+    trajflight entry that ran (``trajflight``: the default transport; ``trajflight-flight``: Flight
+    forced), ids prefixed with it, against the peers' strongest forms only.
     """
     ratios: dict[str, float] = {}
     ours_list = ours_names(doc)
@@ -60,9 +82,14 @@ def add_ratios_and_targets(doc: dict[str, Any]) -> dict[str, Any]:
             theirs = _ok(doc, other)
             if other == name or theirs is None:
                 continue
-            for key, _ in FIGURES:
-                ratios[f"{key} {name}/{other}"] = ours[key]["GBps"] / theirs[key]["GBps"]
+            for key, _ in (*FIGURES, *OPTIONAL_FIGURES):
+                if key in ours and key in theirs:
+                    ratios[f"{key} {name}/{other}"] = ours[key]["GBps"] / theirs[key]["GBps"]
             ratios[f"latency_p50 {name}/{other}"] = theirs["latency"]["p50_ms"] / ours["latency"]["p50_ms"]
+            if "handoff" in ours and "handoff" in theirs:
+                ratios[f"handoff_p50 {name}/{other}"] = (
+                    theirs["handoff"]["p50_ms"] / ours["handoff"]["p50_ms"]
+                )
     doc["ratios"] = ratios
 
     targets: list[dict[str, Any]] = []
@@ -87,10 +114,10 @@ def add_ratios_and_targets(doc: dict[str, Any]) -> dict[str, Any]:
         )
 
     for name in ours_list or ["trajflight"]:
-        for key, label in FIGURES:
+        for key, label in (*FIGURES, *OPTIONAL_FIGURES):
             for peer, threshold, why in (
                 ("transferqueue", 5.0, ">= 5x TransferQueue"),
-                ("flight", 0.8, ">= 0.8x a bare Flight server"),
+                ("flight", 0.8, ">= 0.8x bare Flight, one stream"),
             ):
                 value = ratios.get(f"{key} {name}/{peer}")
                 note = "" if value is not None else f"not measured ({peer} did not run)"
@@ -98,13 +125,8 @@ def add_ratios_and_targets(doc: dict[str, Any]) -> dict[str, Any]:
             if key != "put":
                 value = ratios.get(f"{key} {name}/ray")
                 note = "" if value is not None else "not measured (ray did not run)"
-                target(
-                    f"{name}: {key} vs ray",
-                    f"{name}: {label} to torch >= Ray's object store",
-                    1.0,
-                    value,
-                    note,
-                )
+                what = f"{label} >= Ray, one object" if key == "put_batched" else f"{label} to torch >= Ray"
+                target(f"{name}: {key} vs ray", f"{name}: {what}", 1.0, value, note)
         ours = _ok(doc, name)
         p50 = ours["latency"]["p50_ms"] if ours is not None else None
         target(
@@ -113,6 +135,15 @@ def add_ratios_and_targets(doc: dict[str, Any]) -> dict[str, Any]:
             3.0,
             p50,
             "" if p50 is not None else f"not measured ({name} did not run)",
+            lower=True,
+        )
+        handoff = ours["handoff"]["p50_ms"] if ours is not None and "handoff" in ours else None
+        target(
+            f"{name}: handoff p50",
+            f"{name}: 1 group, writer process -> waiting trainer process, p50 <= 2 ms",
+            2.0,
+            handoff,
+            "" if handoff is not None else f"not measured ({name} did not run)",
             lower=True,
         )
     doc["targets"] = targets
@@ -124,10 +155,20 @@ def missed_targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return [t for t in doc["targets"] if t["met"] is False]
 
 
-def _ratio_rows(doc: dict[str, Any]) -> list[tuple[str, str]]:
+def _ratio_rows(doc: dict[str, Any], strongest_only: bool = False) -> list[tuple[str, str]]:
+    """The ``(ours, other)`` pairs of the ratios, in the systems' order; ``strongest_only``: only
+    against references and the peers' strongest forms (what the tables show)."""
     pairs = {tuple(k.split(" ", 1)[1].split("/")) for k in doc["ratios"]}
-    order = list(doc["systems"])
+    systems = doc["systems"]
+    if strongest_only:
+        pairs = {p for p in pairs if _strongest(systems[p[1]])}
+    order = list(systems)
     return sorted(pairs, key=lambda p: (order.index(p[0]), order.index(p[1])))  # type: ignore[return-value]
+
+
+def _label(name: str, system: dict[str, Any]) -> str:
+    """A system's name in a table: a ``*`` marks a peer's strongest form."""
+    return name + ("*" if system["role"] == "peer" and _strongest(system) else "")
 
 
 def _cell(op: dict[str, Any]) -> str:
@@ -141,49 +182,61 @@ def _short_cell(op: dict[str, Any]) -> str:
 
 
 def format_table(doc: dict[str, Any]) -> str:
-    """The human-readable summary (within 100 columns): throughput, latency and memory per system,
-    ratios, targets."""
+    """The human-readable summary (within 110 columns): the systems and their forms, throughput, latency,
+    handoff and memory per system, ratios against the strongest forms, targets."""
     cfg = doc["config"]
     machine = doc["machine"]
+    users = ", ".join(cfg.get("user_columns", [])) or "none"
     lines = [
         f"trajflight bench {doc['started']}: G={cfg['groups']} K={cfg['samples']} seed={cfg['seed']}, "
         f"payload {cfg['payload_bytes'] / 1e6:.2f} MB (2-col {cfg['subset_payload_bytes'] / 1e6:.2f} MB)",
-        f"  {cfg['repeats']} timed rounds, {machine['cpus']} CPUs, load average "
-        f"{machine['loadavg_before'][0]:.2f} -> {machine['loadavg_after'][0]:.2f}",
+        f"  user columns (extra=): {users}; {cfg['repeats']} timed rounds, {machine['cpus']} CPUs, "
+        f"load average {machine['loadavg_before'][0]:.2f} -> {machine['loadavg_after'][0]:.2f}",
         *(["  --quick: tiny data, a smoke test, not a measurement"] if cfg.get("quick") else []),
         "",
-        "Throughput, GB/s of payload: median ± half the min-max range over the rounds",
+        f"Systems: {STRONGEST_NOTE}",
     ]
+    for name, system in doc["systems"].items():
+        lines.append(f"  {_label(name, system):19s}{system['role']:10s}{system.get('form', '')}"[:WIDTH])
+    lines += ["", "Throughput, GB/s of payload: median ± half the min-max range over the rounds"]
     shown = FIGURES + OPTIONAL_FIGURES
-    header = f"{'system':18s}" + "".join(f"{SHORT[key]:>13s}" for key, _ in shown)
+    header = f"{'system':19s}" + "".join(f"{SHORT[key]:>13s}" for key, _ in shown)
     lines += [header, "-" * len(header)]
     for name, system in doc["systems"].items():
+        label = _label(name, system)
         if system["status"] != "ok":
-            reason = f"{name:18s}{system['status'].upper()}: {system['reason']}"
-            lines.append(reason[:100])
+            reason = f"{label:19s}{system['status'].upper()}: {system['reason']}"
+            lines.append(reason[:WIDTH])
             if system["hint"]:
-                lines.append(f"{'':18s}-> {system['hint']}"[:100])
+                lines.append(f"{'':19s}-> {system['hint']}"[:WIDTH])
             continue
         cells = [_short_cell(system[key]) if key in system else "-" for key, _ in shown]
-        lines.append(f"{name:18s}" + "".join(f"{c:>13s}" for c in cells))
+        lines.append(f"{label:19s}" + "".join(f"{c:>13s}" for c in cells))
     lines += [
         "  all: every column; 2col: response_ids and response_logprobs; jagged/padded: the torch",
-        "  layout; put many: one call for the whole workload, where the API has one",
+        "  layout; put: one call per group (a form with no such call: its batch put); put many: one call",
+        "  for the whole workload",
         "",
-        "Small groups and memory (peak RSS growth per payload byte)",
-        f"{'system':18s}{'put groups/s':>14s}{'p50 ms':>9s}{'p99 ms':>9s}"
-        f"{'client B/B':>12s}{'servers B/B':>13s}",
+        "Small groups, handoff and memory (peak RSS growth per payload byte)",
+        f"{'system':19s}{'put groups/s':>13s}{'p50 ms':>8s}{'p99 ms':>8s}{'handoff p50':>12s}"
+        f"{'p99 ms':>8s}{'client B/B':>11s}{'servers B/B':>12s}",
     ]
     for name, system in doc["systems"].items():
         if system["status"] != "ok":
             continue
         mem = system["memory"]
         servers = mem["servers_per_payload_byte"]
+        handoff = system.get("handoff")
+        h50, h99 = (f"{handoff['p50_ms']:.2f}", f"{handoff['p99_ms']:.2f}") if handoff else ("-", "-")
         lines.append(
-            f"{name:18s}{system['put']['groups_per_s']:>14,.0f}{system['latency']['p50_ms']:>9.2f}"
-            f"{system['latency']['p99_ms']:>9.2f}{mem['client_per_payload_byte']:>12.2f}"
-            f"{('-' if servers is None else f'{servers:.2f}'):>13s}"
+            f"{_label(name, system):19s}{system['put']['groups_per_s']:>13,.0f}"
+            f"{system['latency']['p50_ms']:>8.2f}{system['latency']['p99_ms']:>8.2f}{h50:>12s}{h99:>8s}"
+            f"{mem['client_per_payload_byte']:>11.2f}{('-' if servers is None else f'{servers:.2f}'):>12s}"
         )
+    lines += [
+        "  p50/p99: put 1 group + grant + get to torch, in one process; handoff: 1 group from a writer",
+        "  process to a trainer process already waiting for it (in lease, for trajflight)",
+    ]
     ours = next((doc["systems"][n] for n in ours_names(doc) if "controller" in doc["systems"][n]), None)
     if ours is not None:
         c = ours["controller"]["group_cycles_per_s"]
@@ -193,20 +246,21 @@ def format_table(doc: dict[str, Any]) -> str:
             f"{ours['controller']['transitions_per_s']:,.0f} transitions/s, "
             f"{ours['controller']['groups_per_lease']} groups a lease",
         ]
-    if doc["ratios"]:
+    rows = _ratio_rows(doc, strongest_only=True) if doc["ratios"] else []
+    if rows:
         lines += [
             "",
-            "Ratios, trajflight / other (throughput; p50: other's over ours); > 1: trajflight faster",
+            "Ratios, trajflight / other, against references and each peer's strongest form (throughput;",
+            "p50, handoff: other's over ours); > 1: trajflight faster; the JSON has every pair",
         ]
-        rows = _ratio_rows(doc)
-        keys = [k for k, _ in FIGURES] + ["latency_p50"]
         width = max(len(f"{a} / {b}") for a, b in rows) + 2
-        lines.append(f"{'ours / other':{width}s}" + "".join(f"{SHORT[k]:>11s}" for k in keys))
+        lines.append(f"{'ours / other':{width}s}" + "".join(f"{head:>9s}" for _, head in RATIO_KEYS))
         for a, b in rows:
-            lines.append(
-                f"{a + ' / ' + b:{width}s}"
-                + "".join(f"{doc['ratios'].get(f'{k} {a}/{b}', float('nan')):>11.2f}" for k in keys)
-            )
+            cells = []
+            for key, _ in RATIO_KEYS:
+                value = doc["ratios"].get(f"{key} {a}/{b}")
+                cells.append("-" if value is None else f"{value:.2f}")
+            lines.append(f"{a + ' / ' + b:{width}s}" + "".join(f"{c:>9s}" for c in cells))
     lines += ["", *_target_lines(doc)]
     return "\n".join(lines)
 
@@ -215,7 +269,10 @@ def _target_lines(doc: dict[str, Any]) -> list[str]:
     """The targets: one line per judged target; the unjudged ones counted by why."""
     targets = doc["targets"]
     judged = [t for t in targets if t["met"] is not None]
-    lines = ["Targets (trajflight against TransferQueue, Ray's object store and a bare Flight server)"]
+    lines = [
+        "Targets (trajflight against each peer's strongest form: TransferQueue, Ray with one object per",
+        "batch, bare Flight with one stream of the batch; and its own latencies)",
+    ]
     for t in judged:
         state = "MET " if t["met"] else "MISS"
         lines.append(f"  {state} {t['description']}: {t['value']:.2f} (target {t['threshold']:g})")
@@ -224,7 +281,7 @@ def _target_lines(doc: dict[str, Any]) -> list[str]:
         if t["met"] is None:
             reasons[t["note"] or "not measured"] = reasons.get(t["note"] or "not measured", 0) + 1
     for note, n in sorted(reasons.items()):
-        lines.append(f"  n/a  {n} target{'s' if n != 1 else ''}: {note}"[:100])
+        lines.append(f"  n/a  {n} target{'s' if n != 1 else ''}: {note}"[:WIDTH])
     if judged:
         missed = sum(1 for t in judged if not t["met"])
         lines.append(f"  {len(judged) - missed} met, {missed} missed; `--check` exits 1 when one is missed")
@@ -247,7 +304,7 @@ def draw_chart(doc: dict[str, Any], path: str) -> str | None:
     names = [n for n, s in doc["systems"].items() if s["status"] == "ok"]
     if not names:
         return "no chart: no system ran"
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3.2, 1]})
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5.0), gridspec_kw={"width_ratios": [3.2, 1]})
     width = 0.8 / len(names)
     shown = FIGURES + OPTIONAL_FIGURES
     for i, name in enumerate(names):
@@ -259,13 +316,14 @@ def draw_chart(doc: dict[str, Any], path: str) -> str | None:
         xs = [j + (i - (len(names) - 1) / 2) * width for j, _ in present]
         ax.bar(xs, medians, width, yerr=[lo, hi], capsize=2, label=name)
     ax.set_yscale("log")
-    ax.set_xticks(range(len(shown)), [label for _, label in shown], fontsize=8)
+    ax.set_xticks(range(len(shown)), [label for _, label in shown], fontsize=8, rotation=12)
     ax.set_ylabel("GB/s of payload (median, min-max)")
     cfg = doc["config"]
     ax.set_title(
         f"throughput, G={cfg['groups']} K={cfg['samples']}, {cfg['payload_bytes'] / 1e6:.1f} MB", fontsize=10
     )
-    ax.legend(fontsize=8, ncol=len(names), loc="upper center", bbox_to_anchor=(0.5, -0.09), frameon=False)
+    ncol = min(5, len(names))
+    ax.legend(fontsize=8, ncol=ncol, loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False)
     ax.grid(axis="y", alpha=0.3, which="both")
     p50 = [doc["systems"][n]["latency"]["p50_ms"] for n in names]
     p99 = [doc["systems"][n]["latency"]["p99_ms"] for n in names]
@@ -275,7 +333,7 @@ def draw_chart(doc: dict[str, Any], path: str) -> str | None:
     ax2.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
     ax2.set_yscale("log")
     ax2.set_ylabel("ms")
-    ax2.set_title("put 1 group + lease + get\np50 (colour), p99 (grey)", fontsize=10)
+    ax2.set_title("1 group: put + lease + get\np50 (colour), p99 (grey)", fontsize=9)
     ax2.grid(axis="y", alpha=0.3, which="both")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -293,35 +351,47 @@ def format_markdown(doc: dict[str, Any]) -> str:
         f"{cfg['subset_payload_bytes'] / 1e6:.2f} MB), {cfg['repeats']} timed rounds, "
         f"{cfg['latency_iters']} latency round trips per system; {machine['cpus']} CPUs, Python "
         f"{machine['python']}, pyarrow {machine['pyarrow']}, torch {machine['torch']}; load average "
-        f"{machine['loadavg_before'][0]:.2f} before, {machine['loadavg_after'][0]:.2f} after.",
+        f"{machine['loadavg_before'][0]:.2f} before, {machine['loadavg_after'][0]:.2f} after. User columns "
+        f"(`extra=`): {', '.join(cfg.get('user_columns', [])) or 'none'}.",
         "",
-        "Throughput, GB/s of payload, median [min-max] over the rounds:",
+        f"Throughput, GB/s of payload, median [min-max] over the rounds; {STRONGEST_NOTE}. put: one call "
+        "per group (a form with no such call: its batch put); put, batched: one call for the workload:",
         "",
-        "| system | " + " | ".join(label for _, label in shown) + " |",
-        "|---|" + "---:|" * len(shown),
+        "| system | form | " + " | ".join(label for _, label in shown) + " |",
+        "|---|---|" + "---:|" * len(shown),
     ]
     for name, system in doc["systems"].items():
+        label, form = _label(name, system), system.get("form", "")
         if system["status"] != "ok":
             hint = f" (`{system['hint']}`)" if system["hint"] else ""
-            out.append(f"| {name} | {system['status']}: {system['reason']}{hint} |" + " |" * (len(shown) - 1))
+            out.append(
+                f"| {label} | {form} | {system['status']}: {system['reason']}{hint} |"
+                + " |" * (len(shown) - 1)
+            )
             continue
         cells = [_cell(system[key]) if key in system else "-" for key, _ in shown]
-        out.append(f"| {name} | " + " | ".join(cells) + " |")
+        out.append(f"| {label} | {form} | " + " | ".join(cells) + " |")
     out += [
         "",
-        "| system | put groups/s | small-group p50 ms | p99 ms | client peak RSS growth / payload byte "
-        "| servers peak RSS growth / payload byte | servers counted |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "Small groups (put 1 group + grant + get to torch, one process), the cross-process handoff (1 group "
+        "from a writer process to a trainer process already waiting for it) and memory:",
+        "",
+        "| system | put groups/s | small-group p50 ms | p99 ms | handoff p50 ms | handoff p99 ms "
+        "| client peak RSS growth / payload byte | servers peak RSS growth / payload byte "
+        "| servers counted |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name, system in doc["systems"].items():
         if system["status"] != "ok":
             continue
         mem, lat = system["memory"], system["latency"]
         servers = mem["servers_per_payload_byte"]
+        handoff = system.get("handoff")
+        h50, h99 = (f"{handoff['p50_ms']:.2f}", f"{handoff['p99_ms']:.2f}") if handoff else ("-", "-")
         out.append(
-            f"| {name} | {system['put']['groups_per_s']:,.0f} | {lat['p50_ms']:.2f} | {lat['p99_ms']:.2f} "
-            f"| {mem['client_per_payload_byte']:.2f} | {'-' if servers is None else f'{servers:.2f}'} "
-            f"| {mem['servers_counted']} |"
+            f"| {_label(name, system)} | {system['put']['groups_per_s']:,.0f} | {lat['p50_ms']:.2f} "
+            f"| {lat['p99_ms']:.2f} | {h50} | {h99} | {mem['client_per_payload_byte']:.2f} "
+            f"| {'-' if servers is None else f'{servers:.2f}'} | {mem['servers_counted']} |"
         )
     ours = next((doc["systems"][n] for n in ours_names(doc) if "controller" in doc["systems"][n]), None)
     if ours is not None:
@@ -333,23 +403,23 @@ def format_markdown(doc: dict[str, Any]) -> str:
             f"({ours['controller']['transitions_per_s']:,.0f} state transitions/s, "
             f"{ours['controller']['groups_per_lease']} groups per lease, in-process host).",
         ]
-    if doc["ratios"]:
-        keys = [k for k, _ in FIGURES] + ["latency_p50"]
-        rows = _ratio_rows(doc)
+    rows = _ratio_rows(doc, strongest_only=True) if doc["ratios"] else []
+    if rows:
+        keys = [k for k, _ in RATIO_KEYS]
         out += [
             "",
-            "Ratios, trajflight / other (throughput; for latency, other's p50 / trajflight's); "
-            "> 1: trajflight faster:",
+            "Ratios, trajflight / other, against the references and each peer's strongest form (throughput; "
+            "for latency and the handoff, other's p50 / trajflight's); > 1: trajflight faster:",
             "",
             "| ours / other | " + " | ".join(keys) + " |",
             "|---|" + "---:|" * len(keys),
         ]
         for ours, other in rows:
-            out.append(
-                f"| {ours} / {other} | "
-                + " | ".join(f"{doc['ratios'].get(f'{k} {ours}/{other}', float('nan')):.2f}" for k in keys)
-                + " |"
-            )
+            cells = []
+            for k in keys:
+                value = doc["ratios"].get(f"{k} {ours}/{other}")
+                cells.append("-" if value is None else f"{value:.2f}")
+            out.append(f"| {ours} / {other} | " + " | ".join(cells) + " |")
     out += ["", "| target | value | threshold | verdict |", "|---|---:|---:|---|"]
     for t in doc["targets"]:
         verdict = (t["note"] or "not measured") if t["met"] is None else ("met" if t["met"] else "**missed**")

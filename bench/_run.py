@@ -17,7 +17,10 @@ Order of a run (each step shown as a progress line):
    delete.
 5. Small-group latency: put one group + grant + get to torch, ``latency_iters`` times per system, in
    interleaved blocks of 10 after 3 warm-up round trips; p50 and p99.
-6. trajflight's controller lease cycles per second.
+6. The cross-process handoff, where the system measures it (trajflight, Ray one object, the raw
+   shared-memory ceiling): one group from a writer process to a trainer process already waiting for it,
+   ``handoff_iters`` times after 3 warm-up ones; p50 and p99.
+7. trajflight's controller lease cycles per second.
 
 It does not pin CPUs or isolate the machine: quote the spread, and compare ratios from one run.
 """
@@ -36,12 +39,22 @@ from typing import Any
 from trajflight.workload import SyntheticGroup, make_workload
 
 from ._stats import PeakMemory, Progress, Stats, cpu_count, percentile, release_free_memory, timed
-from ._system import GET_VARIANTS, SUBSET_COLUMNS, System, SystemUnavailable, payload_of
+from ._system import GET_VARIANTS, SUBSET_COLUMNS, USER_COLUMNS, System, SystemUnavailable, payload_of
 
 __all__ = ["ALL_SYSTEMS", "BenchConfig", "run_bench"]
 
-ALL_SYSTEMS: tuple[str, ...] = ("memcpy", "flight", "trajflight", "trajflight-flight", "ray", "transferqueue")
-SCHEMA_VERSION = 1
+ALL_SYSTEMS: tuple[str, ...] = (
+    "memcpy",
+    "shm-ceiling",
+    "flight",
+    "flight-per-group",
+    "trajflight",
+    "trajflight-flight",
+    "ray",
+    "ray-per-group",
+    "transferqueue",
+)
+SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +68,7 @@ class BenchConfig:
         response_median: Median response length in tokens (lognormal, sigma 1).
         repeats: Timed rounds (after one warm-up round).
         latency_iters: Small-group round trips per system.
+        handoff_iters: Cross-process handoffs per system that measures them.
         controller_groups: Groups cycled per controller measurement.
         systems: Systems to run, by name (``ALL_SYSTEMS``).
         quick: Whether this is the CI mode (recorded in the JSON).
@@ -66,6 +80,7 @@ class BenchConfig:
     response_median: float = 1024.0
     repeats: int = 7
     latency_iters: int = 200
+    handoff_iters: int = 100
     controller_groups: int = 20_000
     systems: tuple[str, ...] = ALL_SYSTEMS
     quick: bool = False
@@ -80,6 +95,7 @@ class BenchConfig:
             "response_median": 64.0,
             "repeats": 2,
             "latency_iters": 10,
+            "handoff_iters": 5,
             "controller_groups": 500,
             "quick": True,
         }
@@ -92,10 +108,20 @@ def _make_system(name: str, groups: Sequence[SyntheticGroup], cfg: BenchConfig) 
         from ._references import MemcpySystem
 
         return MemcpySystem(groups)
+    if name == "shm-ceiling":
+        from ._shm_ceiling import ShmCeilingSystem
+
+        return ShmCeilingSystem(
+            groups, samples=cfg.samples, seed=cfg.seed, response_median=cfg.response_median
+        )
     if name == "flight":
         from ._references import FlightSystem
 
         return FlightSystem(groups)
+    if name == "flight-per-group":
+        from ._references import FlightPerGroupSystem
+
+        return FlightPerGroupSystem(groups)
     if name == "trajflight":
         from ._system_trajflight import TrajflightSystem
 
@@ -108,6 +134,12 @@ def _make_system(name: str, groups: Sequence[SyntheticGroup], cfg: BenchConfig) 
         from ._peer_ray import RaySystem
 
         return RaySystem(groups, samples=cfg.samples, seed=cfg.seed, response_median=cfg.response_median)
+    if name == "ray-per-group":
+        from ._peer_ray import RayPerGroupSystem
+
+        return RayPerGroupSystem(
+            groups, samples=cfg.samples, seed=cfg.seed, response_median=cfg.response_median
+        )
     if name == "transferqueue":
         from ._peer_tq import TransferQueueSystem
 
@@ -145,6 +177,7 @@ class _Entry:
         self.hint: str | None = None
         self.times: dict[str, list[float]] = {}
         self.latency: list[float] = []
+        self.handoff: list[float] | None = None
         self.memory: dict[str, Any] = {}
         self.extra: dict[str, Any] = {}
 
@@ -187,7 +220,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> dict[str, A
     groups = make_workload(cfg.groups, cfg.samples, seed=cfg.seed, response_median=cfg.response_median)
     payload = payload_of(groups)
     subset_payload = payload_of(groups, SUBSET_COLUMNS)
-    small_payload = [g.payload_bytes for g in groups]
+    small_payload = [payload_of([g]) for g in groups]
     progress(
         f"workload G={cfg.groups} K={cfg.samples} seed={cfg.seed}: payload {payload / 1e6:.2f} MB "
         f"(2-column subset {subset_payload / 1e6:.2f} MB); systems: {', '.join(cfg.systems)}"
@@ -225,6 +258,7 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> dict[str, A
             for entry in order:
                 _guard(entry, f"round {r + 1}", progress, lambda e=entry: _round(e))
         _latency(entries, cfg.latency_iters, progress)
+        _handoffs(entries, cfg.handoff_iters, progress)
         for entry in entries:
             if entry.active and entry.system is not None:
                 progress(f"{entry.name}: extra figures")
@@ -246,6 +280,8 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> dict[str, A
         out: dict[str, Any] = {
             "status": entry.status,
             "role": entry.system.role if entry.system is not None else "peer",
+            "form": entry.system.form if entry.system is not None else "",
+            "strongest": entry.system.strongest if entry.system is not None else True,
             "description": entry.system.description if entry.system is not None else "",
             "reason": entry.reason,
             "hint": entry.hint,
@@ -256,16 +292,15 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> dict[str, A
                 out["put_batched"] = _op(entry.times["put_batched"], payload, cfg.groups)
             for v in GET_VARIANTS:
                 out[v.name] = _op(entry.times[v.name], subset_payload if v.subset else payload, cfg.groups)
-            lat = entry.latency
             out["latency"] = {
-                "what": "put 1 group + grant + get to torch (jagged, all columns)",
-                "p50_ms": percentile(lat, 50) * 1e3,
-                "p99_ms": percentile(lat, 99) * 1e3,
-                "min_ms": min(lat) * 1e3,
-                "max_ms": max(lat) * 1e3,
-                "n": len(lat),
+                **_latency_figure(entry.latency, "put 1 group + grant + get to torch (jagged, all columns)"),
                 "group_payload_bytes": int(sum(small_payload) / len(small_payload)),
             }
+            if entry.handoff:
+                out["handoff"] = _latency_figure(
+                    entry.handoff,
+                    "1 group: writer process put -> trainer process (waiting) holds it as torch tensors",
+                )
             out["memory"] = entry.memory
             out.update({k: v for k, v in entry.extra.items() if k != "traceback"})
         elif "traceback" in entry.extra:
@@ -297,10 +332,36 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> dict[str, A
             "payload_bytes": payload,
             "subset_payload_bytes": subset_payload,
             "subset_columns": list(SUBSET_COLUMNS),
+            "user_columns": list(USER_COLUMNS),
             **cfg.extra,
         },
         "systems": systems,
     }
+
+
+def _latency_figure(times: Sequence[float], what: str) -> dict[str, Any]:
+    return {
+        "what": what,
+        "p50_ms": percentile(times, 50) * 1e3,
+        "p99_ms": percentile(times, 99) * 1e3,
+        "min_ms": min(times) * 1e3,
+        "max_ms": max(times) * 1e3,
+        "n": len(times),
+    }
+
+
+def _handoffs(entries: list[_Entry], iters: int, progress: Progress) -> None:
+    """The cross-process handoff of every system that measures it (one after the other)."""
+    for entry in entries:
+        system = entry.system
+        if not entry.active or system is None or type(system).handoff is System.handoff:
+            continue
+        progress(f"{entry.name}: cross-process handoff, {iters} groups")
+
+        def measure(e: _Entry = entry, s: System = system) -> None:
+            e.handoff = s.handoff(iters)
+
+        _guard(entry, "handoff", progress, measure)
 
 
 def _first_use(entry: _Entry, progress: Progress) -> None:

@@ -5,6 +5,10 @@ built-in validator (the subset of JSON Schema used here: ``type``, ``required``,
 ``additionalProperties``, ``items``, ``enum``, ``minimum``, ``exclusiveMinimum``, local ``$ref``), so no
 extra package is needed.
 
+Each system names its ``form`` (how it is driven) and whether it is its peer's ``strongest`` ordinary form;
+ratios and targets judge trajflight against the strongest forms. ``handoff`` (where measured) is one group
+from a writer process to a trainer process already waiting for it.
+
 Units: seconds (``seconds``), decimal gigabytes per second (``GBps``: payload bytes / 1e9 / median
 seconds), milliseconds (``*_ms``), bytes (``*_bytes``). ``*_per_payload_byte`` is the peak RSS growth of
 the processes divided by the payload bytes held.
@@ -72,6 +76,20 @@ _LATENCY = {
     },
     "additionalProperties": False,
 }
+_HANDOFF = {
+    "type": "object",
+    "description": "One group from a writer process to a trainer process already waiting for it.",
+    "required": ["what", "p50_ms", "p99_ms", "min_ms", "max_ms", "n"],
+    "properties": {
+        "what": {"type": "string"},
+        "p50_ms": _POS,
+        "p99_ms": _POS,
+        "min_ms": _POS,
+        "max_ms": _POS,
+        "n": {"type": "integer", "minimum": 1},
+    },
+    "additionalProperties": False,
+}
 _MEMORY = {
     "type": "object",
     "description": "Peak RSS during the warm-up put + gets. Growth can be 0 when freed memory is reused.",
@@ -116,10 +134,15 @@ _CONTROLLER = {
 _SYSTEM = {
     "type": "object",
     "description": "One system: status 'ok' has every figure; 'skipped' has the install hint.",
-    "required": ["status", "role", "description", "reason", "hint"],
+    "required": ["status", "role", "form", "strongest", "description", "reason", "hint"],
     "properties": {
         "status": {"enum": ["ok", "skipped", "failed"]},
         "role": {"enum": ["system", "reference", "peer"]},
+        "form": {"type": "string", "description": "How the system is driven ('one object per batch')."},
+        "strongest": {
+            "type": "boolean",
+            "description": "The peer's strongest ordinary form: the one ratios and targets judge by.",
+        },
         "description": {"type": "string"},
         "reason": {"type": ["string", "null"]},
         "hint": {"type": ["string", "null"]},
@@ -131,6 +154,7 @@ _SYSTEM = {
         "get_subset_jagged": {"$ref": "#/$defs/op"},
         "get_subset_padded": {"$ref": "#/$defs/op"},
         "latency": {"$ref": "#/$defs/latency"},
+        "handoff": {"$ref": "#/$defs/handoff"},
         "memory": {"$ref": "#/$defs/memory"},
         "controller": {"$ref": "#/$defs/controller"},
     },
@@ -166,7 +190,7 @@ SCHEMA: dict[str, Any] = {
         "targets",
     ],
     "properties": {
-        "schema_version": {"type": "integer", "enum": [1]},
+        "schema_version": {"type": "integer", "enum": [2]},
         "tool": {"type": "string"},
         "started": {"type": "string"},
         "duration_s": _POS,
@@ -192,6 +216,7 @@ SCHEMA: dict[str, Any] = {
                 "response_median",
                 "repeats",
                 "latency_iters",
+                "handoff_iters",
                 "systems",
                 "quick",
                 "payload_bytes",
@@ -203,6 +228,7 @@ SCHEMA: dict[str, Any] = {
                 "samples": {"type": "integer", "exclusiveMinimum": 0},
                 "repeats": {"type": "integer", "exclusiveMinimum": 0},
                 "latency_iters": {"type": "integer", "exclusiveMinimum": 0},
+                "handoff_iters": {"type": "integer", "exclusiveMinimum": 0},
                 "payload_bytes": {"type": "integer", "exclusiveMinimum": 0},
                 "subset_payload_bytes": {"type": "integer", "exclusiveMinimum": 0},
                 "quick": {"type": "boolean"},
@@ -220,6 +246,7 @@ SCHEMA: dict[str, Any] = {
         "stats": _STATS,
         "op": _OP,
         "latency": _LATENCY,
+        "handoff": _HANDOFF,
         "memory": _MEMORY,
         "controller": _CONTROLLER,
         "system": _SYSTEM,

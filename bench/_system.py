@@ -9,10 +9,18 @@ to torch tensors on the consumer. The harness calls, per repetition::
     finish_get(); drain()             # untimed: release, then delete everything
 
 then, where the system offers one, ``put_batched_all()`` (timed: the whole workload in one call) and
-``drain()``; and, for latency, ``small_roundtrip(i)`` (timed: put one group, then lease/get it to
-torch) followed by the untimed ``small_cleanup()``.
+``drain()``; for latency, ``small_roundtrip(i)`` (timed: put one group, then lease/get it to torch)
+followed by the untimed ``small_cleanup()``; and, where the system measures it, ``handoff(n)`` (one group
+from a writer process to a trainer process already waiting for it).
 
-"Payload" is the values only (no offsets, no padding), as BENCHMARKS.md defines it.
+"Payload" is the values only (no offsets, no padding), as BENCHMARKS.md defines it. The standard workload
+carries two user columns beside the standard ones (``USER_COLUMNS``: int64 per sample, the generator's
+sample and group numbers), passed to trajflight with ``extra=`` and moved by every system, so the
+user-column path is measured too.
+
+Each system has a ``form``: how it is driven (``"one object per batch"``, ``"one do_put per group"``...);
+``strongest`` marks the peer's strongest ordinary form (BENCHMARKS.md, "The systems"), the one ratios
+and targets compare trajflight with.
 """
 
 from __future__ import annotations
@@ -22,22 +30,29 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+import pyarrow as pa
 
+from trajflight.codec import encode_group
 from trajflight.workload import SyntheticGroup
 
 __all__ = [
     "ALL_COLUMNS",
     "SUBSET_COLUMNS",
+    "USER_COLUMNS",
     "GetVariant",
     "System",
     "SystemUnavailable",
+    "encode_with_users",
     "group_arrays",
     "payload_of",
     "torch_from_arrays",
+    "user_columns",
 ]
 
 Layout = Literal["jagged", "padded"]
 
+# The two user columns of the standard workload: int64, one value per sample.
+USER_COLUMNS: tuple[str, ...] = ("user_sample_id", "user_group_id")
 # The payload columns every system stores; "all" reads these (trajflight's reads also carry its key
 # columns, a few bytes per row, decoded like the rest).
 ALL_COLUMNS: tuple[str, ...] = (
@@ -47,6 +62,7 @@ ALL_COLUMNS: tuple[str, ...] = (
     "loss_mask",
     "reward",
     "advantage",
+    *USER_COLUMNS,
 )
 SUBSET_COLUMNS: tuple[str, ...] = ("response_ids", "response_logprobs")
 RAGGED = frozenset({"prompt_ids", "response_ids", "response_logprobs", "loss_mask"})
@@ -89,12 +105,16 @@ class System:
     Attributes:
         name: Short name used in tables and JSON.
         role: ``"system"`` (trajflight), ``"reference"`` (memcpy, bare Flight) or ``"peer"``.
+        form: How the system is driven, in a few words (shown in every table).
+        strongest: Whether this is the peer's strongest ordinary form (ratios and targets use those).
         description: One line for the report.
         memory_note: How server memory is counted for this system.
     """
 
     name = "?"
     role = "peer"
+    form = ""
+    strongest = True
     description = ""
     memory_note = ""
     has_servers = True
@@ -103,6 +123,7 @@ class System:
 
     def __init__(self, groups: Sequence[SyntheticGroup]) -> None:
         self.groups = list(groups)
+        self.users = [user_columns(g) for g in self.groups]  # made before any clock, for every system
 
     # lifecycle -----------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -144,15 +165,22 @@ class System:
     def small_cleanup(self) -> None:
         """Delete what :meth:`small_roundtrip` stored (untimed)."""
 
+    def handoff(self, iters: int) -> list[float] | None:
+        """Seconds, ``iters`` times, from a writer process starting to put one group to a trainer process,
+        already waiting for it, holding it as torch tensors; None where the system does not measure it."""
+        return None
+
     def extra_metrics(self, repeats: int) -> dict[str, Any]:
         """System-specific figures (trajflight: controller lease cycles), measured after the rest."""
         return {}
 
 
 def payload_of(groups: Sequence[SyntheticGroup], columns: Sequence[str] | None = None) -> int:
-    """Payload bytes of ``groups`` (values only); ``columns`` limits it to those columns."""
+    """Payload bytes of ``groups`` (values only, the user columns included); ``columns`` limits it to
+    those columns."""
+    users = 8 * len(USER_COLUMNS)  # int64 each, per sample
     if columns is None:
-        return sum(g.payload_bytes for g in groups)
+        return sum(g.payload_bytes + users * g.num_samples for g in groups)
     per = {
         "prompt_ids": lambda g: g.prompt.nbytes * g.num_samples,
         "response_ids": lambda g: g.response_values.nbytes,
@@ -160,6 +188,7 @@ def payload_of(groups: Sequence[SyntheticGroup], columns: Sequence[str] | None =
         "loss_mask": lambda g: g.loss_mask.nbytes,
         "reward": lambda g: g.reward.nbytes,
         "advantage": lambda g: g.advantage.nbytes,
+        **{name: lambda g: 8 * g.num_samples for name in USER_COLUMNS},
     }
     return sum(per[c](g) for g in groups for c in columns)
 
@@ -183,7 +212,27 @@ def group_arrays(g: SyntheticGroup) -> dict[str, np.ndarray]:
         "loss_mask@offsets": g.response_offsets,
         "reward": g.reward,
         "advantage": g.advantage,
+        **user_columns(g),
     }
+
+
+def user_columns(g: SyntheticGroup) -> dict[str, np.ndarray]:
+    """The group's user columns (``USER_COLUMNS``): the generator's sample number (``group_id * K + i``)
+    and group number of each sample, int64."""
+    k = g.num_samples
+    return {
+        "user_sample_id": np.arange(k, dtype=np.int64) + g.group_id * k,
+        "user_group_id": np.full(k, g.group_id, dtype=np.int64),
+    }
+
+
+def encode_with_users(
+    g: SyntheticGroup, job_id: str, epoch: int, users: dict[str, np.ndarray] | None = None
+) -> pa.RecordBatch:
+    """The group encoded with :func:`~trajflight.codec.encode_group`, its user columns passed with
+    ``extra=`` (``users``, or made here)."""
+    extra = user_columns(g) if users is None else users
+    return encode_group(job_id=job_id, epoch=epoch, group_id=g.group_id, **g.columns(extra=extra))
 
 
 def torch_from_arrays(

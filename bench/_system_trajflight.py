@@ -6,7 +6,7 @@ record batch, encoded from the numpy arrays inside the timing; ``Writer.put_many
 columns for the batched figure, encoded together, where the client has it, else of per-group batches);
 one :class:`~trajflight.Trainer` leases the whole workload and ``LeasedBatch.fetch`` reads it to torch
 (both servers in parallel). A put is finished when the group is READY in the controller, i.e. visible
-to the trainer.
+to the trainer. The workload's user columns go in with ``extra=`` (``_system.USER_COLUMNS``).
 
 Two entries: ``trajflight`` is the client's default transport (``"auto"``: the servers' shared-memory
 arenas on this host, Flight to other hosts), what a same-node trainer gets; ``trajflight-flight`` forces
@@ -26,7 +26,7 @@ from typing import Any
 from trajflight.workload import SyntheticGroup
 
 from ._stats import Stats
-from ._system import GetVariant, System
+from ._system import GetVariant, System, encode_with_users
 
 __all__ = ["TrajflightSystem"]
 
@@ -56,6 +56,7 @@ class TrajflightSystem(System):
         self.transport = transport
         self.measure_controller = controller
         how = "shared memory on this host (default)" if transport == "auto" else f"transport={transport!r}"
+        self.form = "Writer.put / put_many, " + ("shm" if transport == "auto" else transport)
         self.description = (
             f"trajflight public client, LocalCluster with {servers} storage server processes, {how}: "
             "Writer.put per group, lease + LeasedBatch.fetch"
@@ -101,14 +102,16 @@ class TrajflightSystem(System):
 
     def put_all(self) -> None:
         put = self._writer.put
-        for g in self.groups:
-            put(g.encode(JOB, 1))
+        for g, users in zip(self.groups, self.users, strict=True):
+            put(encode_with_users(g, JOB, 1, users))
 
     def put_batched_all(self) -> None:
         if self._columns_batched:  # the groups' columns, encoded together by put_many
-            self._writer.put_many([g.columns() for g in self.groups])
+            pairs = zip(self.groups, self.users, strict=True)
+            self._writer.put_many([g.columns(extra=u) for g, u in pairs])
         else:
-            self._writer.put_many([g.encode(JOB, 1) for g in self.groups])
+            pairs = zip(self.groups, self.users, strict=True)
+            self._writer.put_many([encode_with_users(g, JOB, 1, u) for g, u in pairs])
 
     def prepare_get(self) -> None:
         self._lease = self._trainer.lease(len(self.groups), wait=30.0, renew=False)
@@ -131,8 +134,8 @@ class TrajflightSystem(System):
         self._cluster.wait_idle(JOB, timeout=60.0)
 
     def small_roundtrip(self, index: int) -> None:
-        g = self.groups[index % len(self.groups)]
-        self._writer.put(g.encode(JOB, 1))
+        i = index % len(self.groups)
+        self._writer.put(encode_with_users(self.groups[i], JOB, 1, self.users[i]))
         self._small = self._trainer.lease(1, wait=10.0, renew=False)
         self._small.fetch()
 
@@ -140,6 +143,14 @@ class TrajflightSystem(System):
         if self._small is not None:
             self._small.commit()
             self._small = None
+
+    def handoff(self, iters: int) -> list[float]:
+        """One group from a writer process to a trainer process waiting in ``lease``, both connected to
+        this cluster's control server with this entry's transport; the groups are encoded before the
+        clock."""
+        from ._handoff import trajflight_handoff
+
+        return trajflight_handoff(self._cluster.address, JOB, self.transport, self.groups, iters)
 
     def extra_metrics(self, repeats: int) -> dict[str, Any]:
         if not self.measure_controller:

@@ -6,7 +6,8 @@ Same run, same machine, the standard workload (``make_workload(64, 8)``, about 9
   ``trajflight bench`` does), back to back (hot caches) and after the pause the puts follow (cold); and
   Ray's object store with **one object per batch**: a producer actor ``ray.put``s the whole batch's arrays
   (concatenated per column), the driver ``ray.get``s it and builds jagged torch tensors over the returned
-  numpy views (no copy). Ray runs on loopback.
+  numpy views (no copy): ``trajflight.bench._peer_ray``'s ``BatchProducer`` and ``batch_to_torch``, which
+  ``trajflight bench``'s ``ray`` entry uses too. Ray runs on loopback.
 * trajflight, public client over ``LocalCluster(servers=1)`` (one storage server process with its arena,
   the controller in this process), with the transport chosen automatically (shared memory here) and,
   beside it, forced to Flight:
@@ -57,7 +58,6 @@ from trajflight.workload import SyntheticGroup, make_workload
 PAUSE = 0.3
 
 COLUMNS = ("prompt_ids", "response_ids", "response_logprobs", "loss_mask", "reward", "advantage")
-RAGGED = ("prompt_ids", "response_ids", "response_logprobs", "loss_mask")
 
 
 def _stats(xs: list[float]) -> dict[str, float]:
@@ -114,46 +114,6 @@ def bench_memcpy(groups: list[SyntheticGroup], repeats: int) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------- Ray
 
 
-class BatchProducer:
-    """Ray actor: holds the workload as one batch (arrays concatenated per column) and ``ray.put``s it."""
-
-    def __init__(self, groups: int, samples: int, seed: int) -> None:
-        from trajflight.bench._system import group_arrays
-
-        parts = [group_arrays(g) for g in make_workload(groups, samples, seed=seed)]
-        self.batch: dict[str, np.ndarray] = {}
-        for name in COLUMNS:
-            self.batch[name] = np.concatenate([p[name] for p in parts])
-        for name in RAGGED:
-            lengths = np.concatenate([np.diff(p[name + "@offsets"]) for p in parts])
-            offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-            np.cumsum(lengths, out=offsets[1:])
-            self.batch[name + "@offsets"] = offsets
-
-    def put_batch(self) -> tuple[list[Any], float]:
-        """``ray.put`` the batch; the ref (wrapped so Ray does not resolve it) and the put's seconds."""
-        import ray
-
-        t0 = time.perf_counter()
-        ref = ray.put(self.batch)
-        return [ref], time.perf_counter() - t0
-
-
-def ray_to_torch(batch: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Jagged torch tensors over the numpy views Ray returned (no copy)."""
-    import torch
-
-    out: dict[str, Any] = {}
-    for name in COLUMNS:
-        values = torch.from_numpy(batch[name])
-        if name in RAGGED:
-            offsets = torch.from_numpy(batch[name + "@offsets"])
-            max_len = int((offsets[1:] - offsets[:-1]).max())
-            values = torch.nested.nested_tensor_from_jagged(values, offsets, max_seqlen=max_len)
-        out[name] = values
-    return out
-
-
 def touch(tensors: dict[str, Any]) -> float:
     """Read every payload byte once (sum the values): what a consumer pays to page the data in."""
     total = 0.0
@@ -164,11 +124,13 @@ def touch(tensors: dict[str, Any]) -> float:
 
 
 def bench_ray(args: argparse.Namespace) -> dict[str, Any]:
-    from trajflight.bench._peer_ray import ensure_ray, shutdown_ray
+    from trajflight.bench._peer_ray import BatchProducer, batch_to_torch, ensure_ray, shutdown_ray
 
     ray = ensure_ray()  # on loopback, as the harness starts it (SystemUnavailable without ray)
     try:
-        producer = ray.remote(num_cpus=0)(BatchProducer).remote(args.groups, args.samples, args.seed)
+        producer = ray.remote(num_cpus=0)(BatchProducer).remote(
+            args.groups, args.samples, args.seed, columns=COLUMNS
+        )
         puts, roundtrips, gets, touched = [], [], [], []
         for _ in range(args.repeats + 1):  # the first run warms the object store (page faults)
             t0 = time.perf_counter()
@@ -176,8 +138,8 @@ def bench_ray(args: argparse.Namespace) -> dict[str, Any]:
             roundtrips.append(time.perf_counter() - t0)
             puts.append(inside)
             ref = wrapped[0]
-            gets.append(_timed(lambda ref=ref: ray_to_torch(ray.get(ref, timeout=60))))
-            touched.append(_timed(lambda ref=ref: touch(ray_to_torch(ray.get(ref, timeout=60)))))
+            gets.append(_timed(lambda ref=ref: batch_to_torch(ray.get(ref, timeout=60), COLUMNS)))
+            touched.append(_timed(lambda ref=ref: touch(batch_to_torch(ray.get(ref, timeout=60), COLUMNS))))
             del ref, wrapped
         return {
             "put_in_actor": _stats(puts[1:]),

@@ -65,9 +65,9 @@ class PutDescriptor:
     Attributes:
         key: The partition ``(job_id, epoch, group_id)``.
         writer: Free-form writer id, for logs and stats.
-        nbytes: Announced payload size (``get_total_buffer_size`` of the batches); lets the server refuse
-            an oversized or
-            over-capacity put before any payload arrives. Optional.
+        nbytes: Announced payload size (trajflight's client: the IPC size of the batches it sends, an
+            upper bound of what the server holds); lets the server refuse an oversized or over-capacity put
+            before any payload arrives. Optional.
         num_rows: Announced row count; when given, a stream that ends with fewer rows is refused.
         sig: Hex HMAC from :meth:`TokenSigner.sign_put`, required where the server has a secret.
     """

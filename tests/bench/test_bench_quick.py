@@ -1,7 +1,7 @@
 """``trajflight bench --quick``: every figure it reports is present and positive, the JSON matches its
 schema, and a missing peer is skipped with its install hint. Timing decides nothing here.
 
-Ray and TransferQueue are left out of the quick run (Ray may only run through the session's
+Ray (both forms) and TransferQueue are left out of the quick run (Ray may only run through the session's
 ``ray_runtime`` fixture, and starting TransferQueue's actors costs more than this test's budget); the
 skip path is checked by hiding both packages.
 """
@@ -14,15 +14,18 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from trajflight.bench._report import QUICK_NOTE, add_ratios_and_targets, format_table
-from trajflight.bench._run import BenchConfig, run_bench
+from trajflight.bench._run import BenchConfig, _make_system, run_bench
 from trajflight.bench._schema import SCHEMA, SchemaViolation, validate, validate_complete
 from trajflight.bench._stats import Progress
+from trajflight.bench._system import GET_VARIANTS, USER_COLUMNS, payload_of, user_columns
 from trajflight.cli import main
+from trajflight.workload import make_workload
 
-QUICK_SYSTEMS = "memcpy,flight,trajflight,trajflight-flight"
+QUICK_SYSTEMS = "memcpy,shm-ceiling,flight,flight-per-group,trajflight,trajflight-flight"
 OPS = ("put", "get_all_jagged", "get_all_padded", "get_subset_jagged", "get_subset_padded")
 
 
@@ -64,8 +67,7 @@ def test_every_reported_figure_is_present_and_positive(quick_result: dict) -> No
             for key in ("GBps", "GBps_min", "GBps_max", "groups_per_s"):
                 assert figure[key] > 0, (name, op, key)
             assert figure["seconds"]["n"] == quick_result["config"]["repeats"]
-        if name in ("memcpy", "flight"):  # their APIs have a batched put (trajflight's: Writer.put_many)
-            assert system["put_batched"]["GBps"] > 0
+        assert system["put_batched"]["GBps"] > 0  # every system here has one (trajflight's: put_many)
         assert system["latency"]["p50_ms"] > 0
         assert system["latency"]["p99_ms"] >= system["latency"]["p50_ms"]
         memory = system["memory"]
@@ -74,6 +76,8 @@ def test_every_reported_figure_is_present_and_positive(quick_result: dict) -> No
         assert memory["client_per_payload_byte"] >= 0
         if name == "memcpy":
             assert memory["servers_per_payload_byte"] is None
+        elif name == "shm-ceiling":
+            assert memory["servers_peak_bytes"] > 0  # the writer process
         else:
             assert memory["servers_peak_bytes"] > 0
             assert memory["servers_per_payload_byte"] >= 0
@@ -109,17 +113,85 @@ def test_ratios_and_targets_cover_the_references(quick_result: dict) -> None:
     assert ratios["get_all_jagged trajflight/trajflight-flight"] > 0
 
 
-def test_the_table_fits_100_columns_and_names_targets_by_what_they_are(quick_result: dict) -> None:
-    """issue 19: the tables ran to 245 characters, under a "Targets (issue 6)" heading."""
+def test_the_table_fits_110_columns_and_names_targets_by_what_they_are(quick_result: dict) -> None:
+    """issue 19: the tables ran to 245 characters, under a "Targets (issue 6)" heading; issue 16: the
+    targets say they compare with each peer's strongest form (the table grew to 110 columns for it)."""
     for doc in (quick_result, _full(quick_result)):
         table = format_table(doc)
-        assert max(len(line) for line in table.splitlines()) <= 100
+        assert max(len(line) for line in table.splitlines()) <= 110
         assert "issue" not in table
-        assert (
-            "Targets (trajflight against TransferQueue, Ray's object store and a bare Flight server)" in table
-        )
+        assert "Targets (trajflight against each peer's strongest form" in table
+        assert "each peer's strongest form (marked *)" in table
     assert "MISS" not in format_table(quick_result)
     assert "not judged under --quick" in format_table(quick_result)
+
+
+def test_every_system_is_labelled_with_its_form(quick_result: dict) -> None:
+    """issue 16: the peers ran in weaker forms than users run, unlabelled; each entry now names its form
+    and whether it is the peer's strongest, and the ratio table leaves the weaker forms out."""
+    systems = quick_result["systems"]
+    assert all(system["form"] for system in systems.values())
+    assert systems["flight"]["strongest"] is True
+    assert systems["flight"]["form"] == "one stream of the batch"
+    assert systems["flight-per-group"]["strongest"] is False
+    assert systems["shm-ceiling"]["role"] == "reference"
+    table = format_table(quick_result)
+    assert "trajflight / flight " in table
+    assert "trajflight / flight-per-group" not in table
+    assert quick_result["ratios"]["get_all_jagged trajflight/flight-per-group"] > 0  # kept in the JSON
+    assert quick_result["ratios"]["put_batched trajflight/flight"] > 0
+    judged = {t["id"] for t in _full(quick_result)["targets"] if t["met"] is not None}
+    assert "trajflight: put_batched vs flight" in judged
+    assert not any("per-group" in t for t in judged)
+
+
+def test_the_workload_carries_two_user_columns(quick_result: dict) -> None:
+    """issue 16: the standard workload carries two user columns (``extra=``) that every system moves."""
+    assert quick_result["config"]["user_columns"] == list(USER_COLUMNS)
+    groups = make_workload(8, 8, seed=0, response_median=64.0)
+    assert quick_result["config"]["payload_bytes"] == payload_of(groups)
+    assert payload_of(groups) == sum(g.payload_bytes for g in groups) + 8 * 8 * 16
+
+
+def test_the_handoff_is_measured_across_processes(quick_result: dict) -> None:
+    """issue 16: a cross-process handoff figure (writer process -> trainer process waiting in lease)."""
+    for name in ("trajflight", "trajflight-flight", "shm-ceiling"):
+        handoff = quick_result["systems"][name]["handoff"]
+        assert handoff["n"] == quick_result["config"]["handoff_iters"]
+        assert 0 < handoff["p50_ms"] <= handoff["p99_ms"]
+    assert "handoff" not in quick_result["systems"]["flight"]
+    assert quick_result["ratios"]["handoff_p50 trajflight/shm-ceiling"] > 0
+    judged = {t["id"]: t for t in _full(quick_result)["targets"]}
+    assert judged["trajflight: handoff p50"]["met"] in (True, False)
+
+
+@pytest.mark.parametrize("name", ["flight", "shm-ceiling", "trajflight-flight"])
+def test_each_form_hands_the_consumer_every_column_it_was_given(name: str) -> None:
+    """The strongest forms and trajflight move the workload's values, user columns included, bit-exact
+    (the one-stream Flight form and the shared-memory ceiling are new in issue 16)."""
+    cfg = BenchConfig.quick_config(groups=3, systems=(name,))
+    groups = make_workload(3, 8, seed=0, response_median=64.0)
+    system = _make_system(name, groups, cfg)
+    system.setup()
+    try:
+        system.put_all()
+        system.prepare_get()
+        got = system.get(GET_VARIANTS[0])
+        tensors = getattr(got, "tensors", got)
+        expected = {
+            "response_ids": np.concatenate([g.response_values for g in groups]),
+            "user_sample_id": np.concatenate([user_columns(g)["user_sample_id"] for g in groups]),
+            "user_group_id": np.concatenate([user_columns(g)["user_group_id"] for g in groups]),
+        }
+        for column, values in expected.items():
+            tensor = tensors[column]
+            flat = tensor.values() if getattr(tensor, "is_nested", False) else tensor
+            assert np.array_equal(flat.numpy(), values), column
+        del got, tensors, tensor, flat
+        system.finish_get()
+        system.drain()
+    finally:
+        system.close()
 
 
 def test_bench_writes_nothing_unless_told_where(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -170,6 +242,7 @@ def test_missing_peers_are_skipped_with_their_install_hint(monkeypatch: pytest.M
     for peer, hint in (("ray", "trajflight[ray]"), ("transferqueue", "transferqueue==0.1.11")):
         assert doc["systems"][peer]["status"] == "skipped"
         assert hint in doc["systems"][peer]["hint"]
+        assert doc["systems"][peer]["form"]  # labelled even when skipped
 
 
 def test_schema_rejects_a_broken_document(quick_result: dict) -> None:
@@ -191,13 +264,20 @@ def test_schema_is_printable(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.ray
 @pytest.mark.slow
 def test_quick_run_of_the_ray_peer_on_the_shared_runtime(ray_runtime) -> None:
-    """The Ray reference reuses the session's runtime (never starts or stops its own here)."""
-    cfg = BenchConfig.quick_config(systems=("trajflight", "ray"), repeats=1, latency_iters=3)
+    """The Ray reference reuses the session's runtime (never starts or stops its own here); both its
+    forms run (issue 16: one object per batch, the strongest, with its cross-process handoff)."""
+    cfg = BenchConfig.quick_config(systems=("trajflight", "ray", "ray-per-group"), repeats=1, latency_iters=3)
     doc = add_ratios_and_targets(run_bench(cfg, Progress(enabled=False)))
     validate_complete(doc)
-    ray = doc["systems"]["ray"]
-    assert ray["status"] == "ok", ray["reason"]
-    assert all(ray[op]["GBps"] > 0 for op in OPS)
-    assert ray["memory"]["servers_peak_bytes"] > 0
+    for name in ("ray", "ray-per-group"):
+        ray = doc["systems"][name]
+        assert ray["status"] == "ok", ray["reason"]
+        assert all(ray[op]["GBps"] > 0 for op in OPS)
+        assert ray["memory"]["servers_peak_bytes"] > 0
+    assert doc["systems"]["ray"]["form"] == "one object per batch"
+    assert doc["systems"]["ray"]["strongest"]
+    assert not doc["systems"]["ray-per-group"]["strongest"]
+    assert doc["systems"]["ray"]["handoff"]["n"] == cfg.handoff_iters
     assert doc["ratios"]["get_all_jagged trajflight/ray"] > 0
+    assert doc["ratios"]["handoff_p50 trajflight/ray"] > 0
     assert ray_runtime.is_initialized()
