@@ -7,9 +7,9 @@ The trainer, started here, waits before each put; this process only coordinates 
   a trainer are: not this process's in-process controller). The trainer waits in ``Trainer.lease(1)``;
   the writer puts one group (``Writer.put`` of a batch encoded beforehand); the trainer's lease returns,
   it fetches the group to torch and notes the time, then commits and says it waits again.
-* Ray, one object: this process is the writer; a trainer actor waits for a call; this process
-  ``ray.put``s the group (one dict of arrays) and passes the ref; the actor ``ray.get``s it, builds torch
-  tensors over it and notes the time.
+* Ray, one object (``_peer_ray.ray_handoff``, beside Ray's other forms): this process is the writer; a
+  trainer actor waits for a call; this process ``ray.put``s the group (one dict of arrays) and passes the
+  ref; the actor ``ray.get``s it, builds torch tensors over it and notes the time.
 
 The figure is the trainer's time with tensors in hand minus the writer's time before its put, on one
 clock (``time.monotonic_ns``: ``CLOCK_MONOTONIC``, one clock for every process of the host).
@@ -17,7 +17,6 @@ clock (``time.monotonic_ns``: ``CLOCK_MONOTONIC``, one clock for every process o
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import os
 import time
@@ -26,7 +25,7 @@ from typing import Any
 
 from trajflight.workload import SyntheticGroup
 
-__all__ = ["ray_handoff", "trajflight_handoff"]
+__all__ = ["trajflight_handoff"]
 
 _TIMEOUT = 120.0
 # Between the trainer's "waiting" and the put: the trainer is inside its lease's wait by then.
@@ -138,42 +137,4 @@ def trajflight_handoff(
     finally:
         _stop(writer, wconn)
         _stop(trainer, tconn)
-    return out
-
-
-class HandoffTrainer:
-    """The Ray trainer actor: takes a ref, gets it, builds torch tensors over it, returns the time."""
-
-    def __init__(self, columns: Sequence[str]) -> None:
-        self.columns = tuple(columns)
-
-    def take(self, wrapped: list[Any]) -> int:
-        """``ray.get`` the wrapped ref into torch tensors; ``time.monotonic_ns()`` once they exist."""
-        import ray
-
-        from ._peer_ray import batch_to_torch
-
-        batch_to_torch(ray.get(wrapped[0], timeout=_TIMEOUT), self.columns)
-        return time.monotonic_ns()
-
-
-def ray_handoff(ray: Any, batches: Sequence[dict[str, Any]], iters: int, warmup: int = 3) -> list[float]:
-    """Seconds from this process's ``ray.put`` of one group (one dict of arrays, ``batches[i]``) to a
-    trainer actor holding it as torch tensors, ``iters`` times after ``warmup`` untimed ones."""
-    from ._system import ALL_COLUMNS
-
-    trainer = ray.remote(num_cpus=0)(HandoffTrainer).remote(ALL_COLUMNS)
-    out: list[float] = []
-    try:
-        ray.get(trainer.take.remote([ray.put(batches[0])]), timeout=_TIMEOUT)  # the actor is up
-        for i in range(warmup + iters):
-            start = time.monotonic_ns()
-            ref = ray.put(batches[i % len(batches)])
-            held = ray.get(trainer.take.remote([ref]), timeout=_TIMEOUT)
-            del ref
-            if i >= warmup:
-                out.append((held - start) / 1e9)
-    finally:
-        with contextlib.suppress(Exception):
-            ray.kill(trainer)
     return out

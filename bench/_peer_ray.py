@@ -19,6 +19,7 @@ Ray is bound to loopback. A Ray runtime already initialised in this process
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
@@ -334,8 +335,45 @@ class RaySystem(System):
 
     def handoff(self, iters: int) -> list[float]:
         """One group (one object) from this process's ``ray.put`` to a trainer actor waiting for a call."""
-        from ._handoff import ray_handoff
-
         return ray_handoff(
             self._ray, [batch_arrays([group_arrays(g)], ALL_COLUMNS) for g in self.groups], iters
         )
+
+
+# ---------------------------------------------------------------------------------- the handoff
+
+_HANDOFF_TIMEOUT = 120.0
+
+
+class HandoffTrainer:
+    """The Ray trainer actor: takes a ref, gets it, builds torch tensors over it, returns the time."""
+
+    def __init__(self, columns: Sequence[str]) -> None:
+        self.columns = tuple(columns)
+
+    def take(self, wrapped: list[Any]) -> int:
+        """``ray.get`` the wrapped ref into torch tensors; ``time.monotonic_ns()`` once they exist."""
+        import ray
+
+        batch_to_torch(ray.get(wrapped[0], timeout=_HANDOFF_TIMEOUT), self.columns)
+        return time.monotonic_ns()
+
+
+def ray_handoff(ray: Any, batches: Sequence[dict[str, Any]], iters: int, warmup: int = 3) -> list[float]:
+    """Seconds from this process's ``ray.put`` of one group (one dict of arrays, ``batches[i]``) to a
+    trainer actor holding it as torch tensors, ``iters`` times after ``warmup`` untimed ones."""
+    trainer = ray.remote(num_cpus=0)(HandoffTrainer).remote(ALL_COLUMNS)
+    out: list[float] = []
+    try:
+        ray.get(trainer.take.remote([ray.put(batches[0])]), timeout=_HANDOFF_TIMEOUT)  # the actor is up
+        for i in range(warmup + iters):
+            start = time.monotonic_ns()
+            ref = ray.put(batches[i % len(batches)])
+            held = ray.get(trainer.take.remote([ref]), timeout=_HANDOFF_TIMEOUT)
+            del ref
+            if i >= warmup:
+                out.append((held - start) / 1e9)
+    finally:
+        with contextlib.suppress(Exception):
+            ray.kill(trainer)
+    return out
