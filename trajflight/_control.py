@@ -38,7 +38,7 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow.flight as flight
@@ -93,11 +93,21 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
         controller: The in-process controller (the caller keeps ownership and closes it).
         host: Interface to bind; loopback by default.
         port: 0 picks a free port.
+        archive_status: What the host's archive did (``Archive.status``), reported by ``info`` under
+            ``"archive"``; None when the data plane keeps no archive.
     """
 
-    def __init__(self, controller: LocalController, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        controller: LocalController,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        archive_status: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         super().__init__(f"grpc://{host}:{port}")
         self.controller = controller
+        self.archive_status = archive_status
         self.host = host
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()
@@ -234,7 +244,7 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
         servers = self.controller.call("servers", {}, timeout=None)
         with self._lock:
             counters = dict(self.counters)
-        return {
+        out = {
             "v": 1,
             "kind": "embedded",
             "node": host_id(),
@@ -242,6 +252,9 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
             "counters": counters,
             "uptime_s": time.time() - self.started_at,
         }
+        if self.archive_status is not None:
+            out["archive"] = self.archive_status()
+        return out
 
     def _call(self, method: Any, kwargs: dict[str, Any], timeout: float | None) -> Any:
         result = self.controller.run(client_call(method, kwargs), timeout=timeout)
