@@ -69,6 +69,8 @@ FACT_COLUMNS: tuple[str, ...] = ("trained_by", "committed_at", "trained_version"
 """The lease-fact columns the archive adds to every row."""
 
 _MANIFESTS = "_manifests"
+_WRITE_HINT = "make the archive writable (space, permissions, credentials)"
+_READ_HINT = "bring the storage server back, or restore the job so that its lost groups are accounted for"
 Outcome = tuple[DeleteWork, bool, str | None]
 
 
@@ -263,7 +265,7 @@ class Archive:
             try:
                 tables.extend(self._read_groups(location, ws))
             except Exception as exc:  # the server is down or refused: its groups wait for a retry
-                out.extend(self._failed(ws, f"reading from {location}", exc))
+                out.extend(self._failed(ws, f"reading from {location}", exc, _READ_HINT))
         gone = [w for w, t in tables if t is None]
         out.extend(run_deletes(gone, self._delete))  # not stored any more: deleted (after archiving) or lost
         chunk: list[tuple[DeleteWork, pa.Table]] = []
@@ -321,7 +323,7 @@ class Archive:
                 self._write_file(batch, tables)
                 with self._lock:
                     self.counters["rewrites"] += 1
-        except Exception as exc:
+        except Exception as exc:  # a server down, or the target unwritable: retried as a whole
             return self._failed(items, "writing a file again", exc)
         return self._delete_members(batch, items)
 
@@ -379,11 +381,12 @@ class Archive:
                 self._index.pop(_key(w), None)
         return out
 
-    def _failed(self, items: list[DeleteWork], doing: str, exc: Exception) -> list[Outcome]:
+    def _failed(
+        self, items: list[DeleteWork], doing: str, exc: Exception, hint: str = _WRITE_HINT
+    ) -> list[Outcome]:
         error = ArchiveError(
             f"the archive at {brief(self.location)} failed {doing} ({type(exc).__name__}: {str(exc)[:200]}); "
-            f"{len(items)} groups stay on their storage servers and are retried: make the archive "
-            "writable (space, permissions, credentials)",
+            f"{len(items)} groups stay on their storage servers and are retried: {hint}",
             location=self.location[:200],
         )
         log.warning("%s", error)
