@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 
 import trajflight
+from trajflight._stats import collect, format_table
 from trajflight.analytics import scan
 
 from .conftest import commit_all, put_groups, wait_for
@@ -181,6 +182,8 @@ def test_an_unwritable_archive_keeps_the_data_and_reports_a_typed_error(tmp_path
         remote = trajflight.connect(cluster.address, timeout=10.0)
         wait_for(lambda: remote.stats()["controller"]["archive"]["error"] is not None, what="the error")
         error = remote.stats()["controller"]["archive"]["error"]
+        table = format_table(collect(remote, cluster.address, None), None)
+        assert "ArchiveError: " in table  # what `trajflight stats ADDRESS` prints
         assert error["type"] == "ArchiveError"
         assert "stay on their storage servers" in error["message"]
         assert "writable" in error["message"]
