@@ -69,6 +69,8 @@ FACT_COLUMNS: tuple[str, ...] = ("trained_by", "committed_at", "trained_version"
 """The lease-fact columns the archive adds to every row."""
 
 _MANIFESTS = "_manifests"
+READ_GROUPS = 64
+"""Groups read from a server in one stream (bounds the memory of a read beyond one file's groups)."""
 _WRITE_HINT = "make the archive writable (space, permissions, credentials)"
 _READ_HINT = "bring the storage server back, or restore the job so that its lost groups are accounted for"
 Outcome = tuple[DeleteWork, bool, str | None]
@@ -258,26 +260,29 @@ class Archive:
 
     # ------------------------------------------------------------------ writing
     def _archive_new(self, job_id: str, epoch: int, items: list[DeleteWork]) -> list[Outcome]:
-        """Read ``items`` (one job and epoch), cut them into files, write each, then delete them."""
+        """Read ``items`` (one job and epoch) a slice at a time, and write a file whenever the groups
+        read reach a file's size, so at most about one file's groups are held in memory."""
         out: list[Outcome] = []
-        tables: list[tuple[DeleteWork, pa.Table]] = []
-        for location, ws in _by_location(items).items():
-            try:
-                tables.extend(self._read_groups(location, ws))
-            except Exception as exc:  # the server is down or refused: its groups wait for a retry
-                out.extend(self._failed(ws, f"reading from {location}", exc, _READ_HINT))
-        gone = [w for w, t in tables if t is None]
-        out.extend(run_deletes(gone, self._delete))  # not stored any more: deleted (after archiving) or lost
         chunk: list[tuple[DeleteWork, pa.Table]] = []
         size = 0
-        for w, t in tables:
-            if t is None:
-                continue
-            if chunk and (len(chunk) >= self.max_groups or size + t.nbytes > self.max_bytes):
-                out.extend(self._write_batch(job_id, epoch, chunk))
-                chunk, size = [], 0
-            chunk.append((w, t))
-            size += t.nbytes
+        for location, ws in _by_location(items).items():
+            for start in range(0, len(ws), READ_GROUPS):
+                part = ws[start : start + READ_GROUPS]
+                try:
+                    read = self._read_groups(location, part)
+                except Exception as exc:  # the server is down or refused: its groups wait for a retry
+                    out.extend(self._failed(part, f"reading from {location}", exc, _READ_HINT))
+                    continue
+                # Not stored any more: deleted after their archiving (a late report), or lost.
+                out.extend(run_deletes([w for w, t in read if t is None], self._delete))
+                for w, t in read:
+                    if t is None:
+                        continue
+                    if chunk and (len(chunk) >= self.max_groups or size + t.nbytes > self.max_bytes):
+                        out.extend(self._write_batch(job_id, epoch, chunk))
+                        chunk, size = [], 0
+                    chunk.append((w, t))
+                    size += t.nbytes
         if chunk:
             out.extend(self._write_batch(job_id, epoch, chunk))
         return out
