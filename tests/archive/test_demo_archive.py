@@ -30,11 +30,3 @@ def test_demo_archives_every_trained_sample_once_and_prints_a_working_sql_comman
     rows = sql.stdout.strip().splitlines()
     assert rows[0].startswith("policy_version,samples,reward,staleness")
     assert sum(int(r.split(",")[1]) for r in rows[1:]) == 24 * 8
-
-
-def test_demo_refuses_an_archive_on_ray() -> None:
-    """A Ray data plane keeps no archive yet: the demo says so instead of silently archiving nothing."""
-    cmd = [sys.executable, "-m", "trajflight", "demo", "--ray", "--archive", "x", "--no-progress"]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2
-    assert "--archive needs the embedded data plane" in result.stderr

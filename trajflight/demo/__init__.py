@@ -118,8 +118,6 @@ def _check(args: argparse.Namespace) -> str | None:
             f"--crash-after must be at least 1 and come before the run's end (about "
             f"{args.groups // args.batch_groups} steps of {args.batch_groups} groups)"
         )
-    if args.archive is not None and args.ray:
-        return "--archive needs the embedded data plane (a Ray data plane keeps no archive yet); drop --ray"
     if args.plot:
         from trajflight.demo._summary import check_plotting
 
@@ -141,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     if args.ray:
         from trajflight._ray_plane import RayCluster
 
-        plane: Any = RayCluster(servers=args.servers, capacity="1GiB")
+        plane: Any = RayCluster(servers=args.servers, capacity="1GiB", archive=args.archive)
     else:
         plane = trajflight.LocalCluster(servers=args.servers, capacity="1GiB", archive=args.archive)
     owned = args.state_dir is None
