@@ -2,16 +2,19 @@
 
 The controller host hands its sweeper's deletes to :class:`Archive` (a ``batch deleter``, see
 ``LocalController``). Deletes of groups that were not committed (dropped, abandoned, purged) go
-straight to the storage servers. Committed groups are held until ``max_groups`` of them wait or the
-oldest waited ``flush_after`` seconds, then read from their servers (tokenless reads, which touch no
-lease or generation), written under the archive's root as ``job_id=<job>/epoch=<n>/part-<batch>.parquet``
-(zstd, many groups per file, up to about ``max_bytes`` of Arrow data each) with the lease facts analysts
-need as extra columns, and only once that file is durable deleted from their servers:
+straight to the storage servers, unless ``archive_dropped`` asks to keep those too. Committed groups
+are held until ``max_groups`` of them wait or the oldest waited ``flush_after`` seconds, then read
+from their servers (tokenless reads, which touch no lease or generation), written under the
+archive's root as ``job_id=<job>/epoch=<n>/part-<batch>.parquet`` (zstd, many groups per file, up to
+about ``max_bytes`` of Arrow data each) with the lease facts analysts need as extra columns, and only
+once that file is durable deleted from their servers:
 
 * ``trained_by`` (string): the owner of the lease that committed the group;
 * ``committed_at`` (timestamp, UTC): when it was committed;
 * ``trained_version`` (int64): the job's announced policy version at the commit;
-* ``staleness`` (int64): ``trained_version - policy_version`` of each sample.
+* ``staleness`` (int64): ``trained_version - policy_version`` of each sample;
+* ``outcome`` (string): ``"committed"``, or ``"dropped"`` for a dropped group (archived only with
+  ``archive_dropped``; its lease facts are null).
 
 Every stored column is kept as stored (nested ``top_p_*``, dictionaries, structs, user columns), and
 ``trajflight.analytics.scan`` reads the dataset back.
@@ -65,7 +68,7 @@ __all__ = ["FACT_COLUMNS", "Archive", "open_filesystem"]
 
 log = logging.getLogger("trajflight.archive")
 
-FACT_COLUMNS: tuple[str, ...] = ("trained_by", "committed_at", "trained_version", "staleness")
+FACT_COLUMNS: tuple[str, ...] = ("trained_by", "committed_at", "trained_version", "staleness", "outcome")
 """The lease-fact columns the archive adds to every row."""
 
 _MANIFESTS = "_manifests"
@@ -153,6 +156,9 @@ class Archive:
         flush_after: Longest a committed group waits for its file (seconds); keep it well below the
             job's ``delete_timeout``, after which an unreported delete is handed out again.
         clock: Monotonic seconds.
+        archive_dropped: Archive dropped groups too (an operator's ``resolve(..., "drop")`` of
+            ``UNKNOWN`` groups, a new epoch's dropped READY groups, a restore's purges), marked
+            ``outcome = "dropped"`` and without lease facts; by default they are deleted unarchived.
 
     Raises:
         ArchiveError: the location cannot be opened, or its manifests cannot be read.
@@ -169,6 +175,7 @@ class Archive:
         max_bytes: int = 64 << 20,
         flush_after: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        archive_dropped: bool = False,
     ) -> None:
         self.location = os.fspath(location)
         self.fs, self.root = open_filesystem(location, filesystem)
@@ -178,6 +185,7 @@ class Archive:
         self.max_bytes = max_bytes
         self.flush_after = flush_after
         self._clock = clock
+        self.reasons = frozenset({"committed", "dropped"} if archive_dropped else {"committed"})
         self._held: dict[Partition, DeleteWork] = {}
         self._oldest: float | None = None
         self._batches: dict[str, _Batch] = {}
@@ -222,16 +230,17 @@ class Archive:
     # ------------------------------------------------------------------ the batch deleter
     @property
     def pending(self) -> int:
-        """Committed groups waiting for their file."""
+        """Groups waiting for their file."""
         return len(self._held)
 
     def __call__(self, work: list[DeleteWork]) -> list[Outcome]:
         """Run one sweeper pass's deletes; returns the outcome of every delete finished now (some of an
         earlier pass's, held for their file), never raises. Held deletes are not reported yet."""
-        out: list[Outcome] = run_deletes([w for w in work if w.reason != "committed"], self._delete)
+        kept = self.reasons
+        out: list[Outcome] = run_deletes([w for w in work if w.reason not in kept], self._delete)
         now = self._clock()
         for w in work:
-            if w.reason == "committed":
+            if w.reason in kept:
                 self._held[_key(w)] = w  # a repeat hand-out replaces the older one (its token may be newer)
                 if self._oldest is None:
                     self._oldest = now
@@ -456,4 +465,5 @@ def _facts(table: pa.Table, by_key: dict[Partition, DeleteWork]) -> dict[str, pa
         "committed_at": pa.array(micros, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
         "trained_version": version,
         "staleness": stale,
+        "outcome": pa.array([w.reason for w in rows], pa.string()),
     }

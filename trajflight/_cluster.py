@@ -81,6 +81,7 @@ class LocalCluster:
         archive_filesystem: The filesystem ``archive`` is a path on (an ``S3FileSystem`` with an
             ``endpoint_override``, say); None resolves it from the URI.
         archive_flush: Longest a committed group waits for its archive file (seconds).
+        archive_dropped: Archive dropped groups too, marked ``outcome = "dropped"``.
     """
 
     def __init__(
@@ -99,6 +100,7 @@ class LocalCluster:
         archive: str | os.PathLike[str] | None = None,
         archive_filesystem: Any = None,
         archive_flush: float = 2.0,
+        archive_dropped: bool = False,
     ) -> None:
         if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
             raise ConfigError(
@@ -127,6 +129,7 @@ class LocalCluster:
         self.archive_location = archive
         self.archive_filesystem = archive_filesystem
         self.archive_flush = archive_flush
+        self.archive_dropped = archive_dropped
         self.archive: Archive | None = None
         self.controller: LocalController | None = None
         self._control: ControlServer | None = None
@@ -178,6 +181,7 @@ class LocalCluster:
             delete=pool.delete,
             filesystem=self.archive_filesystem,
             flush_after=self.archive_flush,
+            archive_dropped=self.archive_dropped,
         )
 
     def restart_controller(self) -> None:

@@ -33,6 +33,7 @@ def _check_round_trip(got: pa.Table, job: str, count: int) -> None:
     staleness = pc.subtract(pa.scalar(2, pa.int64()), want.column("policy_version"))
     assert got.column("staleness").to_pylist() == staleness.to_pylist()
     assert got.column("committed_at").null_count == 0
+    assert set(got.column("outcome").to_pylist()) == {"committed"}
     assert got.schema.field("committed_at").type == pa.timestamp("us", tz="UTC")
 
 

@@ -90,3 +90,20 @@ def test_files_are_cut_by_group_count_and_by_size(tmp_path):
     for groups in files:
         ids = sorted(set(groups))
         assert len(ids) == 1 or sum(sizes[g] for g in ids) <= limit, (ids, limit)
+
+
+def test_dropped_groups_are_archived_marked_only_when_asked(tmp_path):
+    """With ``archive_dropped`` a dropped group (an UNKNOWN group an operator dropped, say) is archived
+    with ``outcome = "dropped"`` and null lease facts, beside the committed ones."""
+    servers = FakeServers()
+    archive = Archive(
+        tmp_path, read=servers.read, delete=servers.delete, archive_dropped=True, flush_after=0.0
+    )
+    out = archive([_work(0), _work(1, "dropped")])
+    assert sorted(w.partition.group_id for w, ok, _ in out if ok) == [0, 1]
+    (path,) = _files(tmp_path)
+    rows = pq.read_table(path, columns=["group_id", "outcome", "trained_by"]).to_pylist()
+    assert {(r["group_id"], r["outcome"], r["trained_by"]) for r in rows} == {
+        (0, "committed", "t"),
+        (1, "dropped", None),
+    }
