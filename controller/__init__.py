@@ -20,6 +20,7 @@ from __future__ import annotations
 from ._checkpoint import checkpoint_seq
 from ._client import ControllerClient, connect_ray, start_ray_controller
 from ._commands import CALLS, COMMANDS, Command, Kind, Route, client_call
+from ._durable import BatchDeleter, run_deletes
 from ._entries import check_seconds
 from ._files import read_file as read_checkpoint
 from ._files import write_atomic as write_checkpoint
@@ -51,6 +52,7 @@ __all__ = [
     "CALLS",
     "COMMANDS",
     "DEFAULT_NAME",
+    "BatchDeleter",
     "Command",
     "ControllerClient",
     "DeleteWork",
@@ -83,6 +85,7 @@ __all__ = [
     "encode_message",
     "import_ray",
     "read_checkpoint",
+    "run_deletes",
     "start_ray_actor",
     "start_ray_controller",
     "write_checkpoint",

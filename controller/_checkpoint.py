@@ -172,18 +172,23 @@ def _export_group(g: _Group) -> list[Any]:
     return [
         _key(g.key), g.state.value, g.server_id, g.generation, g.grant_token, g.nbytes, g.rows, g.tokens,
         g.policy_version, list(g.columns), g.batch_id, g.lease, g.expires_at, g.ready_seq,
+        None if g.trained is None else list(g.trained),
     ]  # fmt: skip
 
 
 def _import_group(row: list[Any]) -> _Group:
     (key, state, server_id, generation, grant_token, nbytes, rows, tokens, pv, columns, batch_id, lease,
-     expires_at, ready_seq) = row  # fmt: skip
+     expires_at, ready_seq) = row[:14]  # fmt: skip
+    trained = row[14] if len(row) > 14 else None  # older checkpoints carry no commit facts
     g = _Group(Partition(*key), server_id, grant_token, nbytes, expires_at)
     g.state = GroupState(state)
     g.generation, g.rows, g.tokens, g.policy_version = generation, rows, tokens, pv
     g.colset = frozenset(columns)
     g.columns = tuple(sorted(g.colset))
     g.batch_id, g.lease, g.ready_seq = batch_id, lease, ready_seq
+    if trained is not None:
+        at, owner, version = trained
+        g.trained = (float(at), str(owner), int(version))
     return g
 
 

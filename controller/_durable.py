@@ -32,7 +32,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, Protocol, TypeVar
 
 from trajflight.errors import InvalidRequestError, brief
 
@@ -42,7 +42,7 @@ from ._files import write_atomic
 from ._ledger import Ledger
 from ._records import DeleteWork
 
-__all__ = ["HostCore", "run_deletes"]
+__all__ = ["BatchDeleter", "HostCore", "run_deletes"]
 
 R = TypeVar("R")
 
@@ -208,3 +208,22 @@ def run_deletes(
         else:
             out.append((item, True, None))
     return out
+
+
+class BatchDeleter(Protocol):
+    """Runs each sweeper pass's deletes itself, and may hold some back to batch them (an archive writes
+    committed groups before it deletes them). The host calls it every pass while it holds any.
+
+    A held delete is reported in a later pass; one never reported is handed out again after the GC
+    list's timeout, so a batch deleter that dies loses nothing.
+    """
+
+    @property
+    def pending(self) -> int:
+        """Deletes held back, not yet reported."""
+        ...
+
+    def __call__(self, work: list[DeleteWork]) -> list[tuple[DeleteWork, bool, str | None]]:
+        """Run ``work`` (possibly empty); return the outcome of every delete finished now, this pass's or
+        an earlier one's; never raises."""
+        ...

@@ -72,6 +72,7 @@ class _Group:
         "server_id",
         "state",
         "tokens",
+        "trained",
     )
 
     def __init__(self, key: Partition, server_id: str, token: int, nbytes: int, expires_at: float) -> None:
@@ -90,6 +91,8 @@ class _Group:
         self.batch_id: str | None = None
         self.lease: int | None = None
         self.ready_seq = 0
+        # Set at commit, for the archive: (commit time, lease owner, the job's policy version then).
+        self.trained: tuple[float, str, int] | None = None
 
 
 class _Lease:

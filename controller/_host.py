@@ -39,7 +39,7 @@ from ._commands import (
     Tick,
     parse,
 )
-from ._durable import HostCore, run_deletes
+from ._durable import BatchDeleter, HostCore, run_deletes
 from ._entries import check_seconds
 from ._fences import run_fences
 from ._files import read_file, write_atomic
@@ -80,6 +80,8 @@ class LocalController:
         delete_batch: Most deletes handed out per sweeper pass.
         journal_fsync: fsync the journal after every call.
         start: Start the sweeper now (else on ``__enter__`` or :meth:`start`).
+        batch_deleter: Runs every pass's deletes instead of ``deleter`` (an archive that writes
+            committed groups before deleting them); see :class:`~._durable.BatchDeleter`.
     """
 
     def __init__(
@@ -93,9 +95,11 @@ class LocalController:
         delete_batch: int = 256,
         journal_fsync: bool = False,
         start: bool = True,
+        batch_deleter: BatchDeleter | None = None,
     ) -> None:
         self._core = HostCore(clock=clock, state_dir=state_dir, fsync=journal_fsync)
         self._deleter = deleter
+        self._batch_deleter = batch_deleter
         self._fencer = fencer
         self._sweep_interval = sweep_interval
         self._delete_batch = delete_batch
@@ -310,10 +314,11 @@ class LocalController:
             fences = self._core.run(TakeFences(limit=self._delete_batch))
             if self._core.ledger.ready_version != before:
                 self._cond.notify_all()
-        if not work and not fences:
+        held = self._batch_deleter is not None and self._batch_deleter.pending > 0
+        if not work and not fences and not held:
             return 0
         fenced = run_fences(fences, self._fencer)
-        results = run_deletes(work, self._deleter)
+        results = self._run_deletes(work)
         with self._cond:
             if self._closed:
                 return (
@@ -325,7 +330,16 @@ class LocalController:
                 self._core.run(
                     FenceDone(partition=fence.partition, generation=fence.generation, ok=ok, error=error)
                 )
-        return len(work) + len(fences)
+        return len(work) + len(fences) + (len(results) if held else 0)
+
+    def _run_deletes(self, work: list[DeleteWork]) -> list[tuple[DeleteWork, bool, str | None]]:
+        """Run a pass's deletes through the batch deleter when there is one, else one by one."""
+        if self._batch_deleter is None:
+            return run_deletes(work, self._deleter)
+        try:
+            return self._batch_deleter(work)
+        except Exception:  # it must not raise; if it does, its work is handed out again after the timeout
+            return []
 
     def _sweep_loop(self) -> None:
         while not self._stop.is_set():

@@ -413,7 +413,9 @@ class Leases:
             job.committed += len(keys)
             for key in keys:
                 del lease.live[key]
-                self._groups.table[key].lease = None
+                g = self._groups.table[key]
+                g.lease = None
+                g.trained = (now, lease.owner, job.policy_version)
                 if job.checkpoints:  # a restore from the newest checkpoint must find it again
                     job.kept[key] = job.checkpoints
                 else:

@@ -44,7 +44,7 @@ from ._commands import (
     client_call,
     parse,
 )
-from ._durable import HostCore, run_deletes
+from ._durable import BatchDeleter, HostCore, run_deletes
 from ._entries import check_seconds
 from ._fences import run_fences
 from ._files import read_file, write_atomic
@@ -89,6 +89,9 @@ class ControllerActor:
         journal_fsync: fsync the journal after every call.
         fencer: Raises the generation of the fences of one storage server location (picklable); raises on
             failure. ``None``: every fence is confirmed at once.
+        batch_deleter: Picklable factory, called once in the actor, of a
+            :class:`~._durable.BatchDeleter` that runs every pass's deletes instead of ``deleter`` (an
+            archive); made again when Ray restarts the actor.
     """
 
     def __init__(
@@ -99,9 +102,11 @@ class ControllerActor:
         delete_batch: int = 256,
         journal_fsync: bool = False,
         fencer: Callable[[Sequence[FenceWork]], None] | None = None,
+        batch_deleter: Callable[[], BatchDeleter] | None = None,
     ) -> None:
         self._core = HostCore(clock=time.time, state_dir=state_dir, fsync=journal_fsync)
         self._deleter = deleter
+        self._batch_deleter = None if batch_deleter is None else batch_deleter()
         self._fencer = fencer
         self._closing = False
         self._sweep_interval = sweep_interval
@@ -207,22 +212,38 @@ class ControllerActor:
             "incarnation": self._core.incarnation,
             "pid": os.getpid(),
             "recovered_leases": self._core.recovered_leases,
+            **self._archive_info(),
         }
+
+    def _archive_info(self) -> dict[str, Any]:
+        """``{"archive": status}`` when the batch deleter reports one (an archive), else nothing."""
+        status = getattr(self._batch_deleter, "status", None)
+        return {} if status is None else {"archive": status()}
 
     async def sweep(self) -> int:
         """One sweeper pass (expiries, then deletes and fences); returns the work items run."""
         self._apply(Tick())
         work = self._apply(TakeDeletes(limit=self._delete_batch))
         fences = self._apply(TakeFences(limit=self._delete_batch))
-        if not work and not fences:
+        held = self._batch_deleter is not None and self._batch_deleter.pending > 0
+        if not work and not fences and not held:
             return 0
         fenced = await asyncio.to_thread(run_fences, fences, self._fencer)
-        results = await asyncio.to_thread(run_deletes, work, self._deleter)
+        results = await asyncio.to_thread(self._run_deletes, work)
         for item, ok, error in results:
             self._apply(DeleteDone(partition=item.partition, ok=ok, error=error))
         for fence, ok, error in fenced:
             self._apply(FenceDone(partition=fence.partition, generation=fence.generation, ok=ok, error=error))
-        return len(work) + len(fences)
+        return len(work) + len(fences) + (len(results) if held else 0)
+
+    def _run_deletes(self, work: list[DeleteWork]) -> list[tuple[DeleteWork, bool, str | None]]:
+        """Run a pass's deletes through the batch deleter when there is one, else one by one."""
+        if self._batch_deleter is None:
+            return run_deletes(work, self._deleter)
+        try:
+            return self._batch_deleter(work)
+        except Exception:  # it must not raise; if it does, its work is handed out again after the timeout
+            return []
 
     async def _sweep_loop(self) -> None:
         while True:
@@ -260,6 +281,7 @@ def start_ray_actor(
     detached: bool = False,
     get_if_exists: bool = False,
     options: dict[str, Any] | None = None,
+    batch_deleter: Callable[[], BatchDeleter] | None = None,
 ) -> Any:
     """Create the named controller actor and return its handle (Ray must be initialised).
 
@@ -275,6 +297,8 @@ def start_ray_actor(
         detached: Keep the actor alive after the creating driver exits.
         get_if_exists: Return the running actor of that name instead of failing.
         options: Further ``ActorClass.options`` (e.g. ``scheduling_strategy``).
+        batch_deleter: Picklable factory of the actor's batch deleter (an archive), see
+            :class:`ControllerActor`.
     """
     cls = ray_actor_class()
     opts: dict[str, Any] = {
@@ -296,4 +320,5 @@ def start_ray_actor(
         256,
         journal_fsync,
         fencer,
+        batch_deleter,
     )

@@ -387,6 +387,12 @@ class DeleteWork:
         token: Fencing token to present to the server (the group's newest generation).
         attempt: 1 for the first attempt, then 2, 3, ...
         last_error: Why the previous attempt failed, if one did.
+        reason: Why it is deleted: ``"committed"`` (trained; an archive keeps it first) or ``"dropped"``
+            (an abandoned grant, dropped by an operator or a new epoch, or purged by a restore).
+        committed_at: Ledger time of its commit (committed groups only).
+        trained_by: Owner of the lease that committed it (committed groups only).
+        trained_version: The job's announced policy version when it was committed (committed groups
+            only); a sample's staleness at training time is this minus its ``policy_version``.
     """
 
     partition: Partition
@@ -395,6 +401,10 @@ class DeleteWork:
     token: int
     attempt: int
     last_error: str | None = None
+    reason: str = "dropped"
+    committed_at: float | None = None
+    trained_by: str | None = None
+    trained_version: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

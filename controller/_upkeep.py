@@ -13,6 +13,7 @@ after its back-off or timeout. It reads no clock.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,10 +23,20 @@ from ._gc import GcEntry
 from ._groups import Groups
 from ._jobs import Jobs
 from ._reach import Reachability
-from ._records import DeleteWork, FenceWork, Partition
+from ._records import DeleteWork, FenceWork, GroupState, Partition
 from ._servers import Servers
 
 __all__ = ["Upkeep"]
+
+
+def _with_reason(work: DeleteWork, g: _Group) -> DeleteWork:
+    """``work`` saying why ``g`` is deleted, with the facts of its commit (what an archive keeps)."""
+    if g.state is not GroupState.COMMITTED:
+        return work
+    at, owner, version = g.trained if g.trained is not None else (None, None, None)
+    return dataclasses.replace(
+        work, reason="committed", committed_at=at, trained_by=owner, trained_version=version
+    )
 
 
 class Upkeep:
@@ -82,7 +93,8 @@ class Upkeep:
         """The delete an entry of a job's GC list asks for, addressed to its group's server."""
         g = self._groups.table[entry.key]
         location = self._servers.by_id[g.server_id].location
-        return DeleteWork(g.key, g.server_id, location, g.generation, entry.attempts, entry.last_error)
+        work = DeleteWork(g.key, g.server_id, location, g.generation, entry.attempts, entry.last_error)
+        return _with_reason(work, g)
 
     def gc_list(self, job_id: str | None) -> tuple[DeleteWork, ...]:
         """See :meth:`~._ledger.Ledger.gc_list`."""

@@ -32,6 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from trajflight._archive import Archive
 from trajflight._client import Client
 from trajflight._control import ControlServer
 from trajflight._storage import StoragePool, Transport
@@ -79,6 +80,14 @@ class LocalCluster:
         client_tls: What this cluster's own clients (and its controller's deletes and fences) present:
             the CA of the servers' certificate, and a client certificate for mutual TLS. Needed with
             ``tls``; clients elsewhere pass theirs to ``trajflight.connect(address, tls=...)``.
+        archive: Where committed groups are archived as Parquet before their data is deleted (a local
+            directory or a ``pyarrow.fs`` URI; see :mod:`trajflight._archive`); None keeps no archive.
+            An option of the data plane, not of a job: the controller's host writes it, with its own
+            filesystem and credentials, for every job (partitioned ``job_id=<job>/epoch=<n>/``).
+        archive_filesystem: The filesystem ``archive`` is a path on (an ``S3FileSystem`` with an
+            ``endpoint_override``, say); None resolves it from the URI.
+        archive_flush: Longest a committed group waits for its archive file (seconds).
+        archive_dropped: Archive dropped groups too, marked ``outcome = "dropped"``.
     """
 
     def __init__(
@@ -96,6 +105,10 @@ class LocalCluster:
         shm_root: str | os.PathLike[str] | None = None,
         tls: TlsConfig | None = None,
         client_tls: TlsConfig | None = None,
+        archive: str | os.PathLike[str] | None = None,
+        archive_filesystem: Any = None,
+        archive_flush: float = 2.0,
+        archive_dropped: bool = False,
     ) -> None:
         if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
             raise ConfigError(
@@ -129,6 +142,11 @@ class LocalCluster:
         self.tls = tls
         self.client_tls = client_tls
         self._pool = StoragePool(timeout=timeout, tls=client_tls)
+        self.archive_location = archive
+        self.archive_filesystem = archive_filesystem
+        self.archive_flush = archive_flush
+        self.archive_dropped = archive_dropped
+        self.archive: Archive | None = None
         self.controller: LocalController | None = None
         self._control: ControlServer | None = None
         self._started = False
@@ -148,10 +166,17 @@ class LocalCluster:
         return self
 
     def _start_controller(self, port: int) -> None:
+        self.archive = self._open_archive()
         self.controller = LocalController(
-            deleter=self._pool.delete, fencer=self._pool.fence_groups, state_dir=self.state_dir
+            deleter=self._pool.delete,
+            fencer=self._pool.fence_groups,
+            state_dir=self.state_dir,
+            batch_deleter=self.archive,
         )
-        self._control = ControlServer(self.controller, host=self.host, port=port, tls=self.tls)
+        status = None if self.archive is None else self.archive.status
+        self._control = ControlServer(
+            self.controller, host=self.host, port=port, archive_status=status, tls=self.tls
+        )
         local = ControllerClient(LocalTransport(self.controller), timeout=self.timeout)
         for i, location in enumerate(self.server_locations):
             local.register_server(
@@ -161,6 +186,21 @@ class LocalCluster:
                 capacity_bytes=self.capacity,
                 capacity_groups=self.max_groups,
             )
+
+    def _open_archive(self) -> Archive | None:
+        """The archive the controller's deletes go through (a fresh one per controller: it loads the
+        manifests a predecessor left, see :mod:`trajflight._archive`)."""
+        if self.archive_location is None:
+            return None
+        pool, timeout = self._pool, self.timeout
+        return Archive(
+            self.archive_location,
+            read=lambda location, keys: pool.client(location).get(keys, timeout=timeout),
+            delete=pool.delete,
+            filesystem=self.archive_filesystem,
+            flush_after=self.archive_flush,
+            archive_dropped=self.archive_dropped,
+        )
 
     def restart_controller(self) -> None:
         """Replace the controller by a fresh one on the same address (its state is lost unless a

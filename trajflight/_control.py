@@ -40,7 +40,7 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow.flight as flight
@@ -97,6 +97,8 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
         port: 0 picks a free port.
         tls: Serve ``grpc+tls://`` with this certificate and key (with its ``ca``: mutual TLS, clients
             must present a certificate it signed). None: plaintext.
+        archive_status: What the host's archive did (``Archive.status``), reported by ``info`` under
+            ``"archive"``; None when the data plane keeps no archive.
     """
 
     def __init__(
@@ -106,10 +108,12 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
         host: str = "127.0.0.1",
         port: int = 0,
         tls: TlsConfig | None = None,
+        archive_status: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.scheme = "grpc" if tls is None else "grpc+tls"
         super().__init__(f"{self.scheme}://{host}:{port}", **(tls.server_kwargs() if tls else {}))
         self.controller = controller
+        self.archive_status = archive_status
         self.host = host
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()
@@ -256,7 +260,7 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
         servers = self.controller.call("servers", {}, timeout=None)
         with self._lock:
             counters = dict(self.counters)
-        return {
+        out = {
             "v": 1,
             "kind": "embedded",
             "node": host_id(),
@@ -264,6 +268,9 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
             "counters": counters,
             "uptime_s": time.time() - self.started_at,
         }
+        if self.archive_status is not None:
+            out["archive"] = self.archive_status()
+        return out
 
     def _call(self, method: Any, kwargs: dict[str, Any], timeout: float | None) -> Any:
         result = self.controller.run(client_call(method, kwargs), timeout=timeout)

@@ -40,6 +40,9 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+import pyarrow as pa
+
+from trajflight._archive import Archive
 from trajflight._client import Client
 from trajflight._ray_connect import SCHEME, current_node_id, loopback_addresses, parse_ray_address
 from trajflight._storage import StoragePool
@@ -59,9 +62,10 @@ from trajflight.errors import (
     UnavailableError,
 )
 from trajflight.flight_server import remove_dead_arena
+from trajflight.keys import Partition
 from trajflight.units import parse_size
 
-__all__ = ["FlightStorage", "RayCluster", "RayServer", "StorageServerActor"]
+__all__ = ["ArchiveFactory", "FlightStorage", "RayCluster", "RayServer", "StorageServerActor"]
 
 # ---------------------------------------------------------------------------------------- actors
 
@@ -99,10 +103,41 @@ class FlightStorage:
         and the controller keeps it on its GC list and retries."""
         self._storage().delete(work)
 
+    def read(self, location: str, keys: list[Partition]) -> pa.Table:
+        """Read groups from the server at ``location`` without a token (the archive's reads: no lease,
+        generation or state is touched)."""
+        return self._storage().client(location).get(keys, timeout=self.timeout)
+
     def fence(self, work: Sequence[FenceWork]) -> None:
         """Raise the generation of ``work``'s groups (the fences of one location) on their server (see
         :meth:`StoragePool.fence_groups`); raise on failure (the controller retries)."""
         self._storage().fence_groups(work)
+
+
+class ArchiveFactory:
+    """Makes the controller actor's :class:`~trajflight._archive.Archive` in the actor's process
+    (picklable: Ray ships it; the archive's filesystem and connections are made where it runs).
+
+    Args:
+        location, filesystem, flush_after: As :class:`~trajflight._archive.Archive` takes them.
+        storage: The actor's hands on the storage servers (reads and deletes).
+    """
+
+    def __init__(self, location: str, filesystem: Any, flush_after: float, storage: FlightStorage) -> None:
+        self.location = location
+        self.filesystem = filesystem
+        self.flush_after = flush_after
+        self.storage = storage
+
+    def __call__(self) -> Archive:
+        storage = self.storage
+        return Archive(
+            self.location,
+            read=storage.read,
+            delete=storage.delete,
+            filesystem=self.filesystem,
+            flush_after=self.flush_after,
+        )
 
 
 class StorageServerActor:
@@ -197,6 +232,9 @@ class RayCluster:
         num_cpus: CPUs of the local Ray runtime when this starts one (default: Ray's detection).
         shm: Give every storage server a shared-memory arena on its node (default), so that clients on
             that node read and write through it; ``False``: Flight only.
+        archive, archive_filesystem, archive_flush: Archive committed groups before their deletes, as
+            :class:`~trajflight.LocalCluster` does; the controller actor writes it, so ``archive`` must
+            be reachable from the actor's node (a shared path or an object store URI).
 
     Raises:
         ConfigError: a bad setting, naming it.
@@ -214,6 +252,9 @@ class RayCluster:
         timeout: float = 30.0,
         num_cpus: int | None = None,
         shm: bool = True,
+        archive: str | os.PathLike[str] | None = None,
+        archive_filesystem: Any = None,
+        archive_flush: float = 2.0,
     ) -> None:
         if servers is not None and (isinstance(servers, bool) or not isinstance(servers, int) or servers < 1):
             raise ConfigError(
@@ -237,6 +278,9 @@ class RayCluster:
         self.timeout = timeout
         self.num_cpus = num_cpus
         self.shm = bool(shm)
+        self.archive = None if archive is None else os.fspath(archive)
+        self.archive_filesystem = archive_filesystem
+        self.archive_flush = archive_flush
         self.servers: list[RayServer] = []
         self._server_actors: list[Any] = []
         self._controller_actor: Any = None
@@ -298,6 +342,9 @@ class RayCluster:
         here = ray.get_runtime_context().get_node_id()
         strategy = NodeAffinitySchedulingStrategy(here, soft=self.state_dir is None)
         storage = FlightStorage(timeout=self.timeout)
+        archive = None
+        if self.archive is not None:
+            archive = ArchiveFactory(self.archive, self.archive_filesystem, self.archive_flush, storage)
         try:
             actor = start_ray_actor(
                 name=self.name,
@@ -306,6 +353,7 @@ class RayCluster:
                 deleter=storage.delete,
                 fencer=storage.fence,
                 options={"scheduling_strategy": strategy},
+                batch_deleter=archive,
             )
         except ValueError as exc:  # Ray: the name is already taken
             raise AlreadyExistsError(

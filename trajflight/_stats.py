@@ -93,6 +93,9 @@ def format_table(stats: dict[str, Any], job: str | None) -> str:
         lines.append("controller counters (bytes: the sizes writers announced, their groups' Arrow buffers)")
         for key, value in sorted(counters.items()):
             lines.append(f"  {key:<22} {value}")
+    archive = stats.get("controller", {}).get("archive")
+    if archive:
+        lines.extend(_archive_lines(archive))
     if "counts" in stats:
         nonzero = {k: v for k, v in stats["counts"].items() if v}
         lines.append(f"job {job}: " + (", ".join(f"{k}={v}" for k, v in nonzero.items()) or "no groups"))
@@ -111,6 +114,19 @@ def format_table(stats: dict[str, Any], job: str | None) -> str:
             f"read {s.get('groups_read', 0)} groups ({s.get('bytes_read', 0)} bytes)"
         )
     return "\n".join(lines)
+
+
+def _archive_lines(archive: dict[str, Any]) -> list[str]:
+    """The archive's part of the table: what it wrote, what waits, and its last error (what to do)."""
+    lines = [
+        f"archive {archive.get('location', '')}: {archive.get('files', 0)} files, "
+        f"{archive.get('groups', 0)} groups, {archive.get('rows', 0)} rows, {archive.get('bytes', 0)} bytes; "
+        f"{archive.get('pending', 0)} waiting, {archive.get('failures', 0)} failures"
+    ]
+    error = archive.get("error")
+    if error:
+        lines.append(f"  {error.get('type', 'ArchiveError')}: {error.get('message', '')}")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:

@@ -26,6 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--port", type=int, default=0, help="the controller's TCP port; 0 picks a free one (default)"
     )
     parser.add_argument("--state-dir", default=None, help="controller journal directory (crash recovery)")
+    parser.add_argument(
+        "--archive",
+        default=None,
+        help="archive committed groups here as Parquet before deleting them (a path or pyarrow.fs URI)",
+    )
     parser.add_argument("--log-level", default="WARNING", help="Python logging level for stderr (WARNING)")
 
 
@@ -58,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             state_dir=args.state_dir,
+            archive=args.archive,
         ).start()
     except TrajflightError as exc:
         print(f"trajflight up: {exc}", file=sys.stderr)

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 __all__ = [
     "ECHO_CHARS",
     "AlreadyExistsError",
+    "ArchiveError",
     "CapacityExceededError",
     "CheckpointError",
     "ConfigError",
@@ -183,6 +184,15 @@ class UnavailableError(TrajflightError):
     """A server or the controller could not be reached."""
 
     code = "unavailable"
+
+
+class ArchiveError(TrajflightError):
+    """The archive of trained groups could not be written (a full, read-only or unreachable target).
+
+    The groups it concerns stay on their storage servers and on the GC list, retried with back-off;
+    nothing is deleted unarchived. ``location`` names the archive."""
+
+    code = "archive"
 
 
 def _all_subclasses(cls: type[TrajflightError]) -> list[type[TrajflightError]]:

@@ -14,6 +14,7 @@ Modules: ``_task`` (task, reward, policy), ``_worker`` (rollout workers), ``_sta
 from __future__ import annotations
 
 import argparse
+import shlex
 import shutil
 import sys
 import tempfile
@@ -65,6 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--state-dir", default=None, help="checkpoints and published weights (default: a temporary folder)"
     )
     parser.add_argument("--ray", action="store_true", help="run on a local Ray data plane instead")
+    parser.add_argument(
+        "--archive",
+        metavar="DIR",
+        default=None,
+        help="archive every trained group to DIR (Parquet; a local path or a pyarrow.fs URI) and print "
+        "the `trajflight sql` command to study it",
+    )
     parser.add_argument("--plot", metavar="PATH", default=None, help="draw the reward curve to PATH (PNG)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -131,9 +139,9 @@ def run(args: argparse.Namespace) -> int:
     if args.ray:
         from trajflight._ray_plane import RayCluster
 
-        plane: Any = RayCluster(servers=args.servers, capacity="1GiB")
+        plane: Any = RayCluster(servers=args.servers, capacity="1GiB", archive=args.archive)
     else:
-        plane = trajflight.LocalCluster(servers=args.servers, capacity="1GiB")
+        plane = trajflight.LocalCluster(servers=args.servers, capacity="1GiB", archive=args.archive)
     owned = args.state_dir is None
     state = Path(tempfile.mkdtemp(prefix="trajflight-demo-") if owned else args.state_dir)
     state.mkdir(parents=True, exist_ok=True)
@@ -188,4 +196,16 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.plot:
         plot_curve(demo.tally, args.plot, title=f"trajflight demo: {a.groups} prompts, K={a.samples}")
+    if args.archive is not None:
+        _print_archive_commands(args.archive)
     return 0 if ok and failure is None else 1
+
+
+def _print_archive_commands(archive: str) -> None:
+    """Say where the trained groups went and the command that studies them."""
+    query = (
+        "SELECT policy_version, count(*) AS samples, avg(reward) AS reward, avg(staleness) AS staleness "
+        "FROM trajectories GROUP BY 1 ORDER BY 1"
+    )
+    print(f"\ntrained groups archived to {archive}; study them with:")
+    print(f"  trajflight sql {shlex.quote(archive)} {shlex.quote(query)}")

@@ -1,0 +1,109 @@
+"""How the archive batches: many groups per file, cut by count and size, flushed on a timer; dropped
+groups are deleted without archiving. Driven with a fake clock and fake servers, no data plane."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from trajflight._archive import Archive
+from trajflight.controller import DeleteWork
+from trajflight.keys import Partition
+
+from .conftest import encoded
+
+
+@dataclass
+class FakeServers:
+    """Groups of job ``j`` epoch 1 on one location; records reads and deletes."""
+
+    job: str = "j"
+    deleted: list[int] = field(default_factory=list)
+    reads: int = 0
+
+    def read(self, location: str, keys: list[Partition]) -> pa.Table:
+        self.reads += 1
+        return pa.Table.from_batches([encoded(k.job_id, k.epoch, k.group_id) for k in keys])
+
+    def delete(self, work: DeleteWork) -> None:
+        self.deleted.append(work.partition.group_id)
+
+
+@dataclass
+class Clock:
+    now: float = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _work(group: int, reason: str = "committed") -> DeleteWork:
+    facts: dict[str, Any] = {}
+    if reason == "committed":
+        facts = {"committed_at": 1.5, "trained_by": "t", "trained_version": 2}
+    return DeleteWork(Partition("j", 1, group), "s0", "grpc://s0", 1, 1, None, reason, **facts)
+
+
+def _files(root: Any) -> list[str]:
+    return sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".parquet"))
+
+
+def test_groups_wait_for_the_timer_then_share_one_file(tmp_path):
+    """A slow job's committed groups are not held forever: after ``flush_after`` they are written, all
+    in one file, and only then deleted; a dropped group is deleted at once and never archived."""
+    servers, clock = FakeServers(), Clock()
+    archive = Archive(tmp_path, read=servers.read, delete=servers.delete, flush_after=5.0, clock=clock)
+    assert archive([_work(0), _work(1), _work(9, "dropped")]) == [(_work(9, "dropped"), True, None)]
+    assert (archive.pending, servers.deleted, _files(tmp_path)) == (2, [9], [])
+    clock.now += 4.9
+    assert archive([]) == []
+    clock.now += 0.1
+    out = archive([])
+    assert sorted(w.partition.group_id for w, ok, _ in out if ok) == [0, 1]
+    (path,) = _files(tmp_path)
+    assert pq.read_table(path).column("group_id").to_pylist() == [0, 0, 0, 1, 1, 1]
+    assert sorted(servers.deleted) == [0, 1, 9]
+    assert os.listdir(tmp_path / "_manifests") == []
+
+
+def test_files_are_cut_by_group_count_and_by_size(tmp_path):
+    """``max_groups`` waiting groups are written at once, in files of at most ``max_groups``; a file
+    also ends before the group that would take it past ``max_bytes``."""
+    servers = FakeServers()
+    archive = Archive(tmp_path, read=servers.read, delete=servers.delete, max_groups=3, clock=Clock())
+    out = archive([_work(g) for g in range(7)])
+    assert len(out) == 7
+    assert sorted(pq.read_metadata(f).num_rows for f in _files(tmp_path)) == [3, 9, 9]
+    sizes = {g: encoded("j", 1, g).nbytes for g in range(6)}
+    limit = sum(sizes.values()) // 3
+    small = Archive(
+        tmp_path / "small", read=servers.read, delete=servers.delete, max_groups=6, max_bytes=limit
+    )
+    assert len(small([_work(g) for g in range(6)])) == 6
+    files = [pq.read_table(f).column("group_id").to_pylist() for f in _files(tmp_path / "small")]
+    assert len(files) >= 3
+    assert sorted(g for f in files for g in set(f)) == list(range(6))  # every group in one file
+    for groups in files:
+        ids = sorted(set(groups))
+        assert len(ids) == 1 or sum(sizes[g] for g in ids) <= limit, (ids, limit)
+
+
+def test_dropped_groups_are_archived_marked_only_when_asked(tmp_path):
+    """With ``archive_dropped`` a dropped group (an UNKNOWN group an operator dropped, say) is archived
+    with ``outcome = "dropped"`` and null lease facts, beside the committed ones."""
+    servers = FakeServers()
+    archive = Archive(
+        tmp_path, read=servers.read, delete=servers.delete, archive_dropped=True, flush_after=0.0
+    )
+    out = archive([_work(0), _work(1, "dropped")])
+    assert sorted(w.partition.group_id for w, ok, _ in out if ok) == [0, 1]
+    (path,) = _files(tmp_path)
+    rows = pq.read_table(path, columns=["group_id", "outcome", "trained_by"]).to_pylist()
+    assert {(r["group_id"], r["outcome"], r["trained_by"]) for r in rows} == {
+        (0, "committed", "t"),
+        (1, "dropped", None),
+    }
