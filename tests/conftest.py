@@ -16,6 +16,11 @@ from pathlib import Path
 
 import pytest
 
+# Before any test module is collected: Ray reads this flag once, at ``import ray``, and without it a Ray
+# started on 127.0.0.1 advertises (and its actors bind) the machine's network address. A test module
+# that imports ray at collection (``pytest.importorskip("ray")``) would otherwise beat the runtime fixture.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
 # Helpers shared by several test folders, importable by name. Only this folder goes on sys.path: the test
 # folders themselves are named like the packages they test (``trajflight``, ``codec``, ...), so putting
 # ``tests/`` there would shadow the real packages. (--import-mode=importlib adds no test folder itself.)
