@@ -26,20 +26,9 @@ import json
 import sys
 from pathlib import Path
 
-__all__ = ["add_arguments", "run"]
+from ._names import SYSTEMS
 
-# The names of ``_run.ALL_SYSTEMS`` (not imported: importing this module stays cheap).
-SYSTEMS = (
-    "memcpy",
-    "shm-ceiling",
-    "flight",
-    "flight-per-group",
-    "trajflight",
-    "trajflight-flight",
-    "ray",
-    "ray-per-group",
-    "transferqueue",
-)
+__all__ = ["add_arguments", "run"]
 
 
 def _systems(text: str) -> tuple[str, ...]:

@@ -38,22 +38,13 @@ from typing import Any
 
 from trajflight.workload import SyntheticGroup, make_workload
 
+from ._names import SYSTEMS
 from ._stats import PeakMemory, Progress, Stats, cpu_count, percentile, release_free_memory, timed
 from ._system import GET_VARIANTS, SUBSET_COLUMNS, USER_COLUMNS, System, SystemUnavailable, payload_of
 
 __all__ = ["ALL_SYSTEMS", "BenchConfig", "run_bench"]
 
-ALL_SYSTEMS: tuple[str, ...] = (
-    "memcpy",
-    "shm-ceiling",
-    "flight",
-    "flight-per-group",
-    "trajflight",
-    "trajflight-flight",
-    "ray",
-    "ray-per-group",
-    "transferqueue",
-)
+ALL_SYSTEMS = SYSTEMS
 SCHEMA_VERSION = 2
 
 

@@ -34,6 +34,7 @@ from trajflight.flight_server._server import ACTIONS, StorageServer
 from trajflight.flight_server._store import StoreLimits
 from trajflight.flight_server._tls import TlsConfig
 from trajflight.flight_server._tls import client_kwargs as tls_client_kwargs
+from trajflight.flight_server._tls import scheme as tls_scheme
 from trajflight.flight_server._wire import (
     WIRE_VERSION,
     GetTicket,
@@ -70,5 +71,6 @@ __all__ = [
     "server_errors",
     "sweep_dead_arenas",
     "tls_client_kwargs",
+    "tls_scheme",
     "translate_errors",
 ]

@@ -57,7 +57,14 @@ from trajflight.controller import (
     client_call,
 )
 from trajflight.errors import InvalidRequestError, TrajflightError, UnavailableError, brief
-from trajflight.flight_server import TlsConfig, host_id, server_errors, tls_client_kwargs, translate_errors
+from trajflight.flight_server import (
+    TlsConfig,
+    host_id,
+    server_errors,
+    tls_client_kwargs,
+    tls_scheme,
+    translate_errors,
+)
 
 __all__ = [
     "CALLS",
@@ -110,7 +117,7 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
         tls: TlsConfig | None = None,
         archive_status: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
-        self.scheme = "grpc" if tls is None else "grpc+tls"
+        self.scheme = tls_scheme(tls)
         super().__init__(f"{self.scheme}://{host}:{port}", **(tls.server_kwargs() if tls else {}))
         self.controller = controller
         self.archive_status = archive_status

@@ -54,18 +54,12 @@ def sweep_dead_arenas(base: str, *, keep: str = "") -> int:
                 continue
         except OSError:
             continue
-        locks = _dead_locks(entry.path)
-        if locks is None:
-            if _no_files(entry.path):  # what servers that stopped cleanly left of a crashed cluster's
-                shutil.rmtree(entry.path, ignore_errors=True)
-                removed += 1
-            continue  # else a live server, or not an arena this module made
-        try:  # holding every lock: a server starting on it meanwhile is refused
+        if remove_dead_arena(entry.path):
+            removed += 1
+        elif _no_files(entry.path):  # what servers that stopped cleanly left of a crashed cluster's
             shutil.rmtree(entry.path, ignore_errors=True)
             removed += 1
-        finally:
-            for fd in locks:
-                os.close(fd)
+        # else a live server, or not an arena this module made
     if removed:
         log.warning("shared-memory arenas: removed %d directories of dead servers under %s", removed, base)
     return removed
@@ -78,7 +72,7 @@ def remove_dead_arena(path: str) -> bool:
     locks = _dead_locks(path)
     if locks is None:
         return False
-    try:
+    try:  # holding every lock: a server starting on it meanwhile is refused
         shutil.rmtree(path, ignore_errors=True)
     finally:
         for fd in locks:
