@@ -26,6 +26,7 @@ from ._files import read_file as read_checkpoint
 from ._files import write_atomic as write_checkpoint
 from ._host import LocalController, check_timeout
 from ._ledger import Ledger
+from ._metrics import ControllerMetrics
 from ._ray_host import DEFAULT_NAME, import_ray, start_ray_actor
 from ._records import (
     DeleteWork,
@@ -55,6 +56,7 @@ __all__ = [
     "BatchDeleter",
     "Command",
     "ControllerClient",
+    "ControllerMetrics",
     "DeleteWork",
     "FenceWork",
     "GroupInfo",

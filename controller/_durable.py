@@ -40,6 +40,7 @@ from . import _journal
 from ._commands import Acquire, Command, Kind, parse
 from ._files import write_atomic
 from ._ledger import Ledger
+from ._metrics import ControllerMetrics
 from ._records import DeleteWork
 
 __all__ = ["BatchDeleter", "HostCore", "run_deletes"]
@@ -67,6 +68,8 @@ class HostCore:
         compact_every: int = 20000,
     ) -> None:
         self.clock = clock
+        self.metrics = ControllerMetrics()
+        """Prometheus metrics of the calls run here; the host registers the ledger collector."""
         self._fsync = fsync
         self._compact_every = compact_every
         self._records = 0
@@ -160,7 +163,7 @@ class HostCore:
         acquire = record is not None and isinstance(command, Acquire)
         parks = self.ledger.parks if acquire else 0
         try:
-            result = command.apply(self.ledger, now)
+            result = self.metrics.run(command, self.ledger, now)
         except TypeError as exc:  # a value of a type the ledger cannot even compare: the caller's mistake
             raise InvalidRequestError(f"bad arguments for {command.name}: {brief(str(exc))}") from exc
         # An empty acquire changed nothing, unless it parked groups of a server in back-off.

@@ -43,6 +43,7 @@ from ._durable import BatchDeleter, HostCore, run_deletes
 from ._entries import check_seconds
 from ._fences import run_fences
 from ._files import read_file, write_atomic
+from ._metrics import ControllerMetrics, ledger_figures
 from ._records import DeleteWork, FenceWork, Lease
 
 __all__ = ["MAX_WAIT", "POLL_CHECK", "LocalController", "check_timeout"]
@@ -108,8 +109,19 @@ class LocalController:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._parked = 0
+        self._core.metrics.watch(self._figures)
         if start:
             self.start()
+
+    @property
+    def metrics(self) -> ControllerMetrics:
+        """This controller's Prometheus metrics (its own registry: serve ``metrics.registry``)."""
+        return self._core.metrics
+
+    def _figures(self) -> dict[str, Any]:
+        """The ledger's figures for a scrape, read under the lock."""
+        with self._cond:
+            return ledger_figures(self._core.ledger)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:

@@ -19,6 +19,8 @@ It does not retry anything by itself, never replays an UNKNOWN group, and reads 
 from __future__ import annotations
 
 import heapq
+import logging
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 
 from trajflight.errors import (
@@ -30,6 +32,7 @@ from trajflight.errors import (
     StaleFenceError,
     brief,
 )
+from trajflight.logs import context as log_context
 
 from ._entries import (
     COMMITTED,
@@ -56,6 +59,8 @@ from ._servers import Servers
 from ._tokens import Tokens
 from ._upkeep import Upkeep
 
+log = logging.getLogger("trajflight.controller")
+
 __all__ = ["Leases"]
 
 _ENDED_KEPT = 65536
@@ -72,6 +77,7 @@ class Leases:
     __slots__ = (
         "_ended",
         "_ended_groups",
+        "_ends",
         "_groups",
         "_heap",
         "_jobs",
@@ -90,6 +96,7 @@ class Leases:
         self._live: dict[int, _Lease] = {}
         self._ended: dict[int, _Lease] = {}
         self._ended_groups = 0
+        self._ends: Counter[str] = Counter()  # leases ended, by reason (done, expired, fenced, ...)
         self._heap: list[tuple[float, int]] = []
 
     def __iter__(self) -> Iterator[_Lease]:
@@ -134,19 +141,38 @@ class Leases:
         (the fence list), so that the holder, if it still runs, is refused there too."""
         fresh = self._tokens.next() if lease.live else 0
         groups, table = self._groups, self._groups.table
+        ready = unknown = 0
         for key in lease.live:
             g = table[key]
             if g.state is LEASED or g.state is PREPARED:
                 groups.make_ready(g, front=True)
+                ready += 1
             elif g.state is TRAINING or g.state is TRAINED:
                 groups.set_state(g, UNKNOWN)
                 g.lease = None
+                unknown += 1
+                log.warning(
+                    "group became UNKNOWN: lease %d ended (%s) while it was in training; an operator "
+                    "resolves it",
+                    lease.token,
+                    reason,
+                    extra=log_context(partition=key, token=lease.token),
+                )
             else:
                 continue
             g.generation = fresh
             self._upkeep.fence(g, fresh, now)
         lease.live.clear()
         self._retire(lease, reason)
+        log.info(
+            "lease %d of %s ended (%s): %d groups back to READY, %d UNKNOWN",
+            lease.token,
+            lease.owner,
+            reason,
+            ready,
+            unknown,
+            extra=log_context(job=lease.job_id, token=lease.token),
+        )
 
     def end_job(self, job_id: str, now: float) -> None:
         """End every live lease of ``job_id``: a newer epoch fenced it."""
@@ -162,12 +188,18 @@ class Leases:
 
     def _retire(self, lease: _Lease, reason: str) -> None:
         lease.ended = reason
+        self._ends[reason] += 1
         del self._live[lease.token]
         self._ended[lease.token] = lease
         self._ended_groups += len(lease.keys)
         while len(self._ended) > _ENDED_KEPT or self._ended_groups > _ENDED_GROUPS_KEPT:
             oldest = self._ended.pop(next(iter(self._ended)))
             self._ended_groups -= len(oldest.keys)
+
+    def end_counts(self) -> dict[str, int]:
+        """Leases ended since this ledger was made (or loaded), by reason: ``done`` (committed or
+        released), ``expired``, ``fenced`` (a newer epoch), ``restart``."""
+        return dict(self._ends)
 
     # ------------------------------------------------------------------ lookups
     def lookup(self, token: int) -> _Lease:
@@ -303,6 +335,15 @@ class Leases:
         lease.keys = keys
         self._live[token] = lease
         heapq.heappush(self._heap, (lease.expires_at, token))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "lease %d granted to %s: %d groups for %.3gs",
+                token,
+                owner,
+                len(keys),
+                ttl,
+                extra=log_context(job=job_id, token=token),
+            )
         return Lease(token, job_id, owner, lease.expires_at, tuple(infos))
 
     def renew(self, token: int, now: float, ttl: float | None) -> float:
@@ -422,6 +463,13 @@ class Leases:
                     job.gc.add(key, now)
             if not lease.live:
                 self._retire(lease, "done")
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "lease %d committed %d groups",
+                    token,
+                    len(keys),
+                    extra=log_context(job=lease.job_id, token=token),
+                )
         return keys
 
     # ------------------------------------------------------------------ giving groups back

@@ -602,6 +602,23 @@ class Ledger:
         did not know them)."""
         return self._jobs.counts(job_id)
 
+    def job_ids(self) -> list[str]:
+        """The ids of the open jobs, in the order they were opened (for metrics and operators)."""
+        return self._jobs.ids()
+
+    def config_of(self, job_id: str) -> JobConfig:
+        """The configuration of an open job (its capacity bounds among them).
+
+        Raises:
+            NotFoundError: the job is not open.
+        """
+        return self._jobs.job(job_id).config
+
+    def lease_ends(self) -> dict[str, int]:
+        """Leases ended since this ledger was made or loaded, by reason (``done``, ``expired``,
+        ``fenced``, ``restart``): the lease-expiry metric."""
+        return self._leases.end_counts()
+
     def lost(self, job_id: str) -> tuple[LostGroup, ...]:
         """Every group of the job that can never be offered again although it was not trained, with why
         (oldest first; carried in checkpoints and snapshots)."""

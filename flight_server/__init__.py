@@ -29,6 +29,7 @@ from trajflight.flight_server._client import (
     run_parallel,
 )
 from trajflight.flight_server._errors import WIRE_ERRORS, server_errors, translate_errors
+from trajflight.flight_server._metrics import MetricsEndpoint, ServerMetrics
 from trajflight.flight_server._segments import join_batches
 from trajflight.flight_server._server import ACTIONS, StorageServer
 from trajflight.flight_server._store import StoreLimits
@@ -55,7 +56,9 @@ __all__ = [
     "GroupRead",
     "LeaseToken",
     "ListCriteria",
+    "MetricsEndpoint",
     "PutDescriptor",
+    "ServerMetrics",
     "ShmArena",
     "ShmOpened",
     "StorageClient",

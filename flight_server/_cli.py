@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 import re
 import signal
@@ -21,6 +20,7 @@ import sys
 import threading
 from types import FrameType
 
+from trajflight import logs
 from trajflight.errors import ConfigError, TrajflightError
 from trajflight.flight_server._tls import TlsConfig
 from trajflight.units import format_size, parse_duration, parse_size
@@ -38,7 +38,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--retry-after", default="1s", help="retry hint of capacity refusals, e.g. 500ms")
     parser.add_argument("--secret-file", default=None, help="file holding the deployment secret (optional)")
     parser.add_argument("--shutdown-grace", default="3s", help="wait this long for in-flight calls on exit")
-    parser.add_argument("--log-level", default="WARNING", help="Python logging level for stderr")
+    logs.add_arguments(parser)
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics over HTTP on this port (0: a free one; health names it). Default: off",
+    )
+    parser.add_argument(
+        "--metrics-host", default="127.0.0.1", help="interface of the metrics endpoint (default: loopback)"
+    )
     parser.add_argument(
         "--shm-dir",
         default=None,
@@ -133,10 +142,8 @@ def run(args: argparse.Namespace) -> int:
     from trajflight.flight_server._server import StorageServer
     from trajflight.flight_server._store import StoreLimits
 
-    logging.basicConfig(
-        level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
-    )
     try:
+        logs.setup_from_args(args)
         limits = StoreLimits(
             capacity_bytes=parse_size(args.capacity, setting="capacity"),
             capacity_groups=args.max_groups,
@@ -160,6 +167,8 @@ def run(args: argparse.Namespace) -> int:
             arena=arena,
             shm_ttl=parse_duration(args.shm_ttl, setting="shm-ttl"),
             tls=_tls(args),
+            metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host,
         )
     except TrajflightError as exc:
         print(f"trajflight server: {exc}", file=sys.stderr)
@@ -176,8 +185,8 @@ def run(args: argparse.Namespace) -> int:
         _stop_with_parent(stop)
     print(server.location, flush=True)
     print(
-        f"trajflight server: serving on {server.location} (capacity {format_size(limits.capacity_bytes)}); "
-        "stop with Ctrl-C or SIGTERM",
+        f"trajflight server: serving on {server.location} (capacity {format_size(limits.capacity_bytes)}"
+        f"{'; metrics ' + server.metrics_url if server.metrics_url else ''}); stop with Ctrl-C or SIGTERM",
         file=sys.stderr,
         flush=True,
     )

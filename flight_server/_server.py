@@ -38,6 +38,7 @@ import pyarrow.flight as flight
 from trajflight.codec import STANDARD_SCHEMA, TrajectorySchema, validate_group
 from trajflight.errors import InvalidRequestError, SchemaError
 from trajflight.flight_server._errors import server_errors
+from trajflight.flight_server._metrics import MetricsEndpoint, ServerMetrics
 from trajflight.flight_server._put_stream import check_stream_schema, receive, receive_groups
 from trajflight.flight_server._store import GroupStore, Stored, StoreLimits
 from trajflight.flight_server._store_records import fmt_key
@@ -144,6 +145,9 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
             a writer's own ``ttl`` gets (it may ask for less, never more).
         tls: Serve ``grpc+tls://`` with this certificate and key; with its ``ca``, demand client
             certificates signed by it (mutual TLS). None: plaintext ``grpc://``.
+        metrics_port: Serve Prometheus metrics (:attr:`metrics`) over HTTP on this port (0: a free one;
+            :attr:`metrics_url` names it). None (the default): no endpoint; the metrics are still kept.
+        metrics_host: Interface of the metrics endpoint; loopback by default.
     """
 
     def __init__(
@@ -157,6 +161,8 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         arena: ShmArena | None = None,
         shm_ttl: float = 30.0,
         tls: TlsConfig | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
     ) -> None:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
             raise InvalidRequestError(f"port must be an int in 0..65535, got {port!r}")
@@ -178,6 +184,17 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
                 arena.close()
             raise
         self._location = f"{scheme(tls)}://{host}:{self.port}"
+        self.metrics = ServerMetrics(self.store.stats, self._location)
+        """This server's Prometheus metrics (its own registry); ``count_refusal`` is the credential hook."""
+        self._metrics_endpoint: MetricsEndpoint | None = None
+        if metrics_port is not None:
+            try:
+                self._metrics_endpoint = MetricsEndpoint(self.metrics.registry, metrics_host, metrics_port)
+            except BaseException:
+                self.shutdown()
+                if arena is not None:
+                    arena.close()
+                raise
         self._local: LocalChannelServer | None = None
         if arena is not None:
             # Same-host clients send their (small) actions over a Unix socket in the private arena
@@ -190,13 +207,14 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
 
     def _run_local(self, name: str, body: bytes | bytearray, payload: bytes | bytearray) -> dict[str, Any]:
         """An action from the same-host channel; ``shm_put`` is the one that carries a payload."""
-        if name == "shm_put":
-            return self._shm_put_inline(body, payload)
-        if payload:
-            raise InvalidRequestError(
-                f"action {echo(name)} takes no payload; only shm_put carries group bytes", field="payload"
-            )
-        return self._run_action(name, decode_action_body(name, body))
+        with self.metrics.timed(_op(name)):
+            if name == "shm_put":
+                return self._shm_put_inline(body, payload)
+            if payload:
+                raise InvalidRequestError(
+                    f"action {echo(name)} takes no payload; only shm_put carries group bytes", field="payload"
+                )
+            return self._run_action(name, decode_action_body(name, body))
 
     def _shm_put_inline(self, body: bytes | bytearray, payload: bytes | bytearray) -> dict[str, Any]:
         """One small group sent whole over the same-host channel (see :meth:`ShmStore.put_inline`).
@@ -234,6 +252,11 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         """The URI clients connect to, with the real port (``grpc://127.0.0.1:40123``)."""
         return self._location
 
+    @property
+    def metrics_url(self) -> str | None:
+        """``http://host:port/metrics`` of the Prometheus endpoint, or None without one."""
+        return None if self._metrics_endpoint is None else self._metrics_endpoint.url
+
     # ------------------------------------------------------------------------------------ lifecycle
 
     def close(self, timeout: float = 5.0) -> bool:
@@ -261,6 +284,8 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         threading.Thread(target=_shutdown, name="trajflight-server-shutdown", daemon=True).start()
         stopped = done.wait(timeout)
         self._stop_sweeper.set()
+        if self._metrics_endpoint is not None:
+            self._metrics_endpoint.close()
         if self._local is not None:
             self._local.close()
         if self.store.board is not None:
@@ -314,7 +339,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         writer: flight.FlightMetadataWriter,
     ) -> None:
         """Receive a group (or appended columns) and publish it atomically; see the module docstring."""
-        with server_errors("do_put"):
+        with server_errors("do_put"), self.metrics.timed("do_put"):
             request = decode_descriptor(descriptor)
             if isinstance(request, AppendDescriptor):
                 self._append(context, request, reader)
@@ -394,7 +419,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
 
     def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.RecordBatchStream:
         """Stream the groups a ticket names, projected; C++ drives the stream over the stored buffers."""
-        with server_errors("do_get"):
+        with server_errors("do_get"), self.metrics.timed("do_get"):
             request = decode_ticket(ticket.ticket)
             self._verify_tokens(request.groups)
             return flight.RecordBatchStream(self.store.read(request.groups, request.columns))
@@ -454,7 +479,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
     def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> list[flight.Result]:
         """Run one action; the result is one JSON message."""
         name = action.type
-        with server_errors(f"action {echo(name)}"):
+        with server_errors(f"action {echo(name)}"), self.metrics.timed(_op(name)):
             body = decode_action_body(name, action.body.to_pybytes() if action.body is not None else b"")
             result = self._run_action(name, body)
             return [flight.Result(json.dumps(result).encode())]
@@ -492,6 +517,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
             "host_id": self.host_id,
             "shm_dir": None if self.arena is None else self.arena.directory,
             "shm_socket": None if self._local is None else self._local.path,
+            "metrics": self.metrics_url,
         }
 
     def _shm_deadline(self, asked: float | None) -> float:
@@ -566,3 +592,8 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
             "groups": groups,
             "fences": None if self.store.board is None else self.store.board.path,
         }
+
+
+def _op(name: str) -> str:
+    """The ``op`` label of an action: its name when it is one, else ``unknown`` (callers choose names)."""
+    return name if name in ACTIONS else "unknown"

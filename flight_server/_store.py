@@ -86,6 +86,9 @@ class GroupStore:
         self._capacity = Capacity(self.limits)  # bytes held and reserved: under the lock
         self._groups_read = 0  # groups handed to readers (do_get or shared-memory handles), for stats
         self._bytes_read = 0  # their stored bytes (before projection)
+        self._groups_put = 0  # groups published (every route), for stats and metrics
+        self._bytes_put = 0  # their stored bytes
+        self._groups_deleted = 0  # groups deleted or purged
 
     # ------------------------------------------------------------------------------------- accounting
 
@@ -291,6 +294,8 @@ class GroupStore:
                     self._capacity.held_bytes += group.nbytes
                     self._release_locked(res)
                     res.done = True
+                self._groups_put += len(groups)
+                self._bytes_put += sum(g.nbytes for g in groups)
         except BaseException:
             self._release_parts(groups)
             raise
@@ -554,6 +559,7 @@ class GroupStore:
                 deleted += 1
                 freed += group.nbytes
             self._capacity.held_bytes -= freed
+            self._groups_deleted += deleted
         self._release_parts(dropped)
         return {"deleted": deleted, "bytes_freed": freed, "missing": missing}
 
@@ -573,6 +579,7 @@ class GroupStore:
                     self._fences.purged(key)
                     purged += 1
                 self._capacity.held_bytes -= freed
+                self._groups_deleted += purged
             result = {
                 "job_id": job_id,
                 "min_epoch": fenced,
@@ -635,6 +642,9 @@ class GroupStore:
                 "tombstones": self._fences.tombstone_figures(),
                 "groups_read": self._groups_read,
                 "bytes_read": self._bytes_read,
+                "groups_put": self._groups_put,
+                "bytes_put": self._bytes_put,
+                "groups_deleted": self._groups_deleted,
                 "jobs": jobs,
                 **({"shm": self.shm.stats()} if self.shm is not None else {}),
             }

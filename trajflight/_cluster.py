@@ -88,6 +88,10 @@ class LocalCluster:
             ``endpoint_override``, say); None resolves it from the URI.
         archive_flush: Longest a committed group waits for its archive file (seconds).
         archive_dropped: Archive dropped groups too, marked ``outcome = "dropped"``.
+        metrics_port: Serve Prometheus metrics: the controller's on this port (0: a free one), each
+            storage server's on a free port of its own; :attr:`metrics_urls` names them all. None (the
+            default): no metrics endpoint.
+        metrics_host: Interface the metrics endpoints bind; loopback by default.
     """
 
     def __init__(
@@ -109,6 +113,8 @@ class LocalCluster:
         archive_filesystem: Any = None,
         archive_flush: float = 2.0,
         archive_dropped: bool = False,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
     ) -> None:
         if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
             raise ConfigError(
@@ -150,6 +156,9 @@ class LocalCluster:
         self.controller: LocalController | None = None
         self._control: ControlServer | None = None
         self._started = False
+        self.metrics_port = metrics_port
+        self.metrics_host = metrics_host
+        self._server_metrics: list[str] = []
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> LocalCluster:
@@ -175,7 +184,13 @@ class LocalCluster:
         )
         status = None if self.archive is None else self.archive.status
         self._control = ControlServer(
-            self.controller, host=self.host, port=port, archive_status=status, tls=self.tls
+            self.controller,
+            host=self.host,
+            port=port,
+            archive_status=status,
+            tls=self.tls,
+            metrics_port=self.metrics_port,
+            metrics_host=self.metrics_host,
         )
         local = ControllerClient(LocalTransport(self.controller), timeout=self.timeout)
         for i, location in enumerate(self.server_locations):
@@ -209,6 +224,8 @@ class LocalCluster:
         if self._control is None or self.controller is None:
             raise UnavailableError("the cluster is not running")
         port = self._control.port
+        if self._control.metrics_endpoint is not None:  # the successor serves on the same port
+            self.metrics_port = self._control.metrics_endpoint.port
         self.controller.close()  # first: parked long polls are answered, so the shutdown never waits them out
         self._control.shutdown()
         self._start_controller(port=port)
@@ -220,9 +237,19 @@ class LocalCluster:
             limits = StoreLimits(capacity_bytes=self.capacity, capacity_groups=self.max_groups)
             for i in range(self.num_servers):
                 arena = ShmArena(self.server_shm_dir(i)) if self.shm else None
-                server = StorageServer(self.host, 0, limits=limits, arena=arena, tls=self.tls)
+                server = StorageServer(
+                    self.host,
+                    0,
+                    limits=limits,
+                    arena=arena,
+                    tls=self.tls,
+                    metrics_port=None if self.metrics_port is None else 0,
+                    metrics_host=self.metrics_host,
+                )
                 self._threads.append(server)
                 self.server_locations.append(server.location)
+                if server.metrics_url is not None:
+                    self._server_metrics.append(server.metrics_url)
             return
         self._logdir = tempfile.TemporaryDirectory(prefix="trajflight-cluster-")
         for i in range(self.num_servers):
@@ -248,9 +275,16 @@ class LocalCluster:
             if shm_dir is not None:
                 cmd += ["--shm-dir", shm_dir]
             cmd += self._tls_args()
+            if self.metrics_port is not None:
+                cmd += ["--metrics-port", "0", "--metrics-host", self.metrics_host]
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
             self._procs.append(proc)
             self.server_locations.append(_read_location(proc, log_path, timeout=60.0))
+        if self.metrics_port is not None:  # each server names its free metrics port in its health
+            for location in self.server_locations:
+                self._server_metrics.append(
+                    self._pool.client(location).health(timeout=self.timeout)["metrics"]
+                )
 
     def _tls_args(self) -> list[str]:
         """``--tls-*`` arguments of a server process: the material written once, 0600, in the log dir."""
@@ -285,6 +319,7 @@ class LocalCluster:
         for server in self._threads:
             server.close()
         self._threads.clear()
+        self._server_metrics.clear()
         for proc in self._procs:
             if proc.poll() is None:
                 proc.terminate()
@@ -313,6 +348,17 @@ class LocalCluster:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+    @property
+    def metrics_urls(self) -> dict[str, str]:
+        """What Prometheus scrapes: ``{"controller": url, "server-<i>": url, ...}`` (empty without
+        ``metrics_port``)."""
+        out: dict[str, str] = {}
+        if self._control is not None and self._control.metrics_url is not None:
+            out["controller"] = self._control.metrics_url
+        for i, url in enumerate(self._server_metrics):
+            out[f"server-{i}"] = url
+        return out
 
     # ------------------------------------------------------------------ access
     def server_shm_dir(self, index: int) -> str | None:

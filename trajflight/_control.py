@@ -58,6 +58,7 @@ from trajflight.controller import (
 )
 from trajflight.errors import InvalidRequestError, TrajflightError, UnavailableError, brief
 from trajflight.flight_server import (
+    MetricsEndpoint,
     TlsConfig,
     host_id,
     server_errors,
@@ -106,6 +107,9 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
             must present a certificate it signed). None: plaintext.
         archive_status: What the host's archive did (``Archive.status``), reported by ``info`` under
             ``"archive"``; None when the data plane keeps no archive.
+        metrics_port: Serve the controller's Prometheus metrics (``controller.metrics``) over HTTP on
+            this port (0: a free one; :attr:`metrics_url` and ``info`` name it). None: no endpoint.
+        metrics_host: Interface of the metrics endpoint; loopback by default.
     """
 
     def __init__(
@@ -116,9 +120,21 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
         port: int = 0,
         tls: TlsConfig | None = None,
         archive_status: Callable[[], dict[str, Any]] | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
     ) -> None:
         self.scheme = tls_scheme(tls)
-        super().__init__(f"{self.scheme}://{host}:{port}", **(tls.server_kwargs() if tls else {}))
+        self.metrics_endpoint = (
+            None
+            if metrics_port is None
+            else MetricsEndpoint(controller.metrics.registry, metrics_host, metrics_port)
+        )
+        try:
+            super().__init__(f"{self.scheme}://{host}:{port}", **(tls.server_kwargs() if tls else {}))
+        except BaseException:
+            if self.metrics_endpoint is not None:
+                self.metrics_endpoint.close()
+            raise
         self.controller = controller
         self.archive_status = archive_status
         self.host = host
@@ -133,6 +149,13 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
         self._closing = True
         self.controller.wake()
         super().shutdown()
+        if self.metrics_endpoint is not None:
+            self.metrics_endpoint.close()
+
+    @property
+    def metrics_url(self) -> str | None:
+        """``http://host:port/metrics`` of the controller's Prometheus endpoint, or None without one."""
+        return None if self.metrics_endpoint is None else self.metrics_endpoint.url
 
     @property
     def location(self) -> str:
@@ -274,6 +297,7 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
             "servers": [dataclasses.asdict(s) for s in servers],
             "counters": counters,
             "uptime_s": time.time() - self.started_at,
+            "metrics": self.metrics_url,
         }
         if self.archive_status is not None:
             out["archive"] = self.archive_status()

@@ -1,0 +1,261 @@
+"""Prometheus metrics of the controller: the ledger read at scrape time, calls timed on the hot path.
+
+:class:`ControllerMetrics` has its own ``CollectorRegistry`` (several controllers share a process in
+tests). It holds:
+
+* :class:`LedgerCollector`, which reads the ledger when Prometheus scrapes (under the host's lock, through
+  the ``read`` callable the host gives): groups by job and state, ``UNKNOWN`` groups, bytes and groups held
+  against each job's and each storage server's capacity, live leases, the GC and fence backlogs, commits,
+  deletes, lost and purged groups, leases ended by reason (``expired`` among them);
+* per operation (every command of :mod:`._commands`, the sweeper's included), a latency histogram
+  ``trajflight_controller_call_seconds{op}`` and ``trajflight_controller_calls_total{op,outcome}``;
+* hot-path counters of what the calls did: ``trajflight_groups_published_total``,
+  ``trajflight_leases_granted_total``, ``trajflight_groups_leased_total``;
+* ``trajflight_controller_refusals_total{reason}`` (every reason exported from the start);
+  :meth:`ControllerMetrics.count_refusal` is the hook credential checks call.
+
+No figure is kept in the ledger for metrics' sake: counters of calls start at zero in each process (a
+recovered controller counts again from zero; the ledger's own totals, such as commits, carry over).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from trajflight.refusals import REFUSAL_REASONS, check_reason, refusal_reason
+
+from ._commands import COMMANDS, Acquire, Command, Publish, PublishMany
+from ._ledger import Ledger
+from ._records import GroupState
+
+__all__ = ["LATENCY_BUCKETS", "ControllerMetrics", "LedgerCollector", "ledger_figures"]
+
+R = TypeVar("R")
+
+LATENCY_BUCKETS = (0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 0.5)
+"""Upper bounds (seconds) of the controller's call latency: the ledger's own work, 10 us to 0.5 s."""
+
+_OUTCOMES = ("ok", "refused", "error")
+
+
+def ledger_figures(ledger: Ledger) -> dict[str, Any]:
+    """What :class:`LedgerCollector` exports, read from ``ledger`` (call it under the host's lock).
+
+    Returns:
+        ``{"jobs": {job: {"counts", "usage", "capacity", "gc", "leases"}}, "servers": [ServerInfo],
+        "fences": n, "lease_ends": {reason: n}}``.
+    """
+    jobs: dict[str, Any] = {}
+    for job_id in ledger.job_ids():
+        cfg = ledger.config_of(job_id)
+        jobs[job_id] = {
+            "counts": ledger.counts(job_id),
+            "usage": ledger.usage(job_id),
+            "capacity": (cfg.capacity_bytes, cfg.capacity_groups),
+            "gc": len(ledger.gc_list(job_id)),
+            "leases": len(ledger.live_leases(job_id)),
+        }
+    return {
+        "jobs": jobs,
+        "servers": list(ledger.servers()),
+        "fences": len(ledger.fence_list()),
+        "lease_ends": ledger.lease_ends(),
+    }
+
+
+class LedgerCollector(Collector):
+    """The ledger's state as gauges and counters, read at scrape time.
+
+    Args:
+        read: Returns :func:`ledger_figures` of the current ledger, taken under the host's lock.
+    """
+
+    def __init__(self, read: Callable[[], dict[str, Any]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterable[Metric]:
+        """One family per figure; per-job ones labelled ``job``, per-server ones ``server``."""
+        f = self._read()
+        by_state = GaugeMetricFamily(
+            "trajflight_groups", "Groups by job and state (ledger).", labels=["job", "state"]
+        )
+        unknown = GaugeMetricFamily(
+            "trajflight_unknown_groups",
+            "Groups UNKNOWN (left by a lease that ended in training).",
+            labels=["job"],
+        )
+        used_b = GaugeMetricFamily(
+            "trajflight_job_bytes", "Bytes a job holds (reserved or stored).", labels=["job"]
+        )
+        used_g = GaugeMetricFamily(
+            "trajflight_job_held_groups", "Groups a job holds, not yet deleted.", labels=["job"]
+        )
+        cap_b = GaugeMetricFamily(
+            "trajflight_job_capacity_bytes", "A job's byte bound (if it has one).", labels=["job"]
+        )
+        cap_g = GaugeMetricFamily(
+            "trajflight_job_capacity_groups", "A job's group bound (if it has one).", labels=["job"]
+        )
+        gc = GaugeMetricFamily(
+            "trajflight_gc_backlog", "Groups waiting for a confirmed delete.", labels=["job"]
+        )
+        leases = GaugeMetricFamily("trajflight_live_leases", "Leases held now.", labels=["job"])
+        kept = GaugeMetricFamily(
+            "trajflight_kept_groups", "Committed groups kept for a restore.", labels=["job"]
+        )
+        committed = CounterMetricFamily(
+            "trajflight_groups_committed", "Groups committed (ledger total).", labels=["job"]
+        )
+        deleted = CounterMetricFamily(
+            "trajflight_groups_deleted", "Deletes confirmed (ledger total).", labels=["job"]
+        )
+        lost = GaugeMetricFamily(
+            "trajflight_lost_groups", "Groups that can never be offered again.", labels=["job"]
+        )
+        purged = CounterMetricFamily("trajflight_groups_purged", "Groups restores purged.", labels=["job"])
+        for job, j in sorted(f["jobs"].items()):
+            counts = j["counts"]
+            for state in GroupState:
+                by_state.add_metric([job, state.value], counts.get(state.value, 0))
+            unknown.add_metric([job], counts.get(GroupState.UNKNOWN.value, 0))
+            used_b.add_metric([job], j["usage"][0])
+            used_g.add_metric([job], j["usage"][1])
+            if j["capacity"][0] is not None:
+                cap_b.add_metric([job], j["capacity"][0])
+            if j["capacity"][1] is not None:
+                cap_g.add_metric([job], j["capacity"][1])
+            gc.add_metric([job], j["gc"])
+            leases.add_metric([job], j["leases"])
+            kept.add_metric([job], counts.get("kept", 0))
+            committed.add_metric([job], counts.get("committed_total", 0))
+            deleted.add_metric([job], counts.get("deleted", 0))
+            lost.add_metric([job], counts.get("lost", 0))
+            purged.add_metric([job], counts.get("purged", 0))
+        yield from (
+            by_state,
+            unknown,
+            used_b,
+            used_g,
+            cap_b,
+            cap_g,
+            gc,
+            leases,
+            kept,
+            committed,
+            deleted,
+            lost,
+            purged,
+        )
+        names = (
+            ("used_bytes", "Bytes the ledger has reserved or stored on a storage server."),
+            ("capacity_bytes", "Bytes a storage server may hold (as registered)."),
+            ("used_groups", "Groups the ledger has reserved or stored on a storage server."),
+            ("capacity_groups", "Groups a storage server may hold (as registered)."),
+        )
+        for name, doc in names:
+            family = GaugeMetricFamily(f"trajflight_controller_server_{name}", doc, labels=["server"])
+            for server in f["servers"]:
+                family.add_metric([server.server_id], getattr(server, name))
+            yield family
+        yield GaugeMetricFamily(
+            "trajflight_fence_backlog", "Generation raises waiting for a storage server.", value=f["fences"]
+        )
+        ends = CounterMetricFamily(
+            "trajflight_leases_ended", "Leases ended, by reason (expired among them).", labels=["reason"]
+        )
+        for reason in ("done", "expired", "fenced", "restart"):
+            ends.add_metric([reason], f["lease_ends"].get(reason, 0))
+        yield ends
+
+
+class ControllerMetrics:
+    """The controller's metrics (see the module docstring). :attr:`registry` is what an endpoint serves.
+
+    The ledger collector is registered by :meth:`watch` (the host knows its lock).
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._latency = Histogram(
+            "trajflight_controller_call_seconds",
+            "Time the controller spends on an operation (the ledger's work), by operation.",
+            ["op"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        calls = Counter(
+            "trajflight_controller_calls",
+            "Controller operations by outcome (ok, refused, error).",
+            ["op", "outcome"],
+            registry=self.registry,
+        )
+        refusals = Counter(
+            "trajflight_controller_refusals",
+            "Operations refused, by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self._published = Counter(
+            "trajflight_groups_published", "Groups published (made READY) by writers.", registry=self.registry
+        )
+        self._granted = Counter("trajflight_leases_granted", "Leases granted.", registry=self.registry)
+        self._leased = Counter(
+            "trajflight_groups_leased", "Groups handed out in leases.", registry=self.registry
+        )
+        self._by_reason = {r: refusals.labels(r) for r in REFUSAL_REASONS}
+        # Children made once: a call then costs two dict lookups, one observe and one increment.
+        self._ops = {
+            name: (self._latency.labels(name), {o: calls.labels(name, o) for o in _OUTCOMES})
+            for name in COMMANDS
+        }
+        self._watched = False
+        self._lock = threading.Lock()
+
+    def watch(self, read: Callable[[], dict[str, Any]]) -> None:
+        """Register the ledger collector over ``read`` (:func:`ledger_figures` under the host's lock);
+        once (a second call changes nothing)."""
+        with self._lock:
+            if not self._watched:
+                self.registry.register(LedgerCollector(read))
+                self._watched = True
+
+    def count_refusal(self, reason: str) -> None:
+        """Count one refused call of ``reason`` (one of :data:`~trajflight.refusals.REFUSAL_REASONS`).
+
+        Raises:
+            InvalidRequestError: an unknown reason.
+        """
+        self._by_reason[check_reason(reason)].inc()
+
+    def run(self, command: Command[R], ledger: Ledger, now: float) -> R:
+        """``command.apply(ledger, now)``, timed and counted (its outcome, a refusal's reason, what it
+        published or leased); exceptions propagate."""
+        latency, outcomes = self._ops[command.name]
+        start = time.perf_counter()
+        try:
+            result = command.apply(ledger, now)
+        except BaseException as exc:
+            latency.observe(time.perf_counter() - start)
+            reason = refusal_reason(exc)
+            if reason is not None:
+                self._by_reason[reason].inc()
+            outcomes["error" if reason is None else "refused"].inc()
+            raise
+        latency.observe(time.perf_counter() - start)
+        outcomes["ok"].inc()
+        if isinstance(command, Acquire):
+            if result is not None:
+                self._granted.inc()
+                self._leased.inc(len(result.groups))  # type: ignore[attr-defined]
+        elif isinstance(command, Publish):
+            self._published.inc()
+        elif isinstance(command, PublishMany):
+            self._published.inc(len(result))  # type: ignore[arg-type]
+        return result
