@@ -26,6 +26,8 @@ import json
 import sys
 from pathlib import Path
 
+from trajflight import logs
+
 from ._names import SYSTEMS
 
 __all__ = ["add_arguments", "run"]
@@ -71,6 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--schema", action="store_true", help="print the result's JSON Schema and exit")
+    logs.add_arguments(parser)
 
 
 def _outputs(args: argparse.Namespace) -> tuple[str | None, str | None, str | None]:
@@ -88,8 +91,15 @@ def _outputs(args: argparse.Namespace) -> tuple[str | None, str | None, str | No
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark described by ``args``: 0 on success; 1 when trajflight itself failed, or under
     ``--check`` when a target was missed; 2 on bad options."""
+    from trajflight.errors import ConfigError
+
     from ._schema import SCHEMA
 
+    try:
+        logs.setup_from_args(args)
+    except ConfigError as exc:
+        print(f"trajflight bench: {exc}", file=sys.stderr)
+        return 2
     if args.schema:
         print(json.dumps(SCHEMA, indent=2))
         return 0

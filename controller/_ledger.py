@@ -21,12 +21,14 @@ never replays an UNKNOWN group.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from trajflight.errors import (
     InvalidRequestError,
 )
+from trajflight.logs import context as log_context
 
 from . import _checkpoint as _ckpt
 from ._entries import (
@@ -62,6 +64,8 @@ from ._records import (
 from ._restore import restore
 
 __all__ = ["Ledger"]
+
+log = logging.getLogger("trajflight.controller")
 
 
 class Ledger:
@@ -178,9 +182,16 @@ class Ledger:
         job = self._jobs.get(job_id)
         if job is None:
             self._jobs.add(self._groups.new_job(job_id, epoch, cfg))
+            log.info("job opened at epoch %d", epoch, extra=log_context(job=job_id, epoch=epoch))
             return cfg
         if not self._jobs.is_new_epoch(job, epoch, cfg):
             return cfg
+        log.info(
+            "job moves to epoch %d: epoch %d and older are fenced",
+            epoch,
+            job.epoch,
+            extra=log_context(job=job_id, epoch=epoch),
+        )
         self._leases.end_job(job_id, now)
         for key in list(job.groups):
             g = self._groups.table[key]

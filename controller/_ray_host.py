@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from trajflight import logs
 from trajflight.errors import TrajflightError, UnavailableError
 
 from ._checkpoint import checkpoint_seq
@@ -104,6 +105,7 @@ class ControllerActor:
         fencer: Callable[[Sequence[FenceWork]], None] | None = None,
         batch_deleter: Callable[[], BatchDeleter] | None = None,
     ) -> None:
+        logs.setup_from_env()  # the actor's entry: RayCluster(log_level=) sets the environment
         self._core = HostCore(clock=time.time, state_dir=state_dir, fsync=journal_fsync)
         self._deleter = deleter
         self._batch_deleter = None if batch_deleter is None else batch_deleter()

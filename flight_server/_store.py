@@ -23,6 +23,7 @@ serialisation and validation run outside it.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -42,8 +43,11 @@ from trajflight.flight_server.shm._arena import ShmArena
 from trajflight.flight_server.shm._segment import Segment
 from trajflight.flight_server.shm._store import ShmStore
 from trajflight.keys import Partition
+from trajflight.logs import context as log_context
 
 __all__ = ["GroupStore", "Reservation", "StoreLimits", "Stored", "StoredGroup"]
+
+log = logging.getLogger("trajflight.flight_server")
 
 Stored = StoredGroup[Segment]
 """A group as this store keeps it: its parts placed in arena segments (none without an arena)."""
@@ -561,6 +565,10 @@ class GroupStore:
             self._capacity.held_bytes -= freed
             self._groups_deleted += deleted
         self._release_parts(dropped)
+        if log.isEnabledFor(logging.DEBUG):
+            for r in reads:
+                token = None if r.token is None else r.token.generation
+                log.debug("group deleted", extra=log_context(partition=r.key, token=token))
         return {"deleted": deleted, "bytes_freed": freed, "missing": missing}
 
     def fence(self, job_id: str, min_epoch: int, *, purge: bool = False) -> dict[str, Any]:
@@ -587,6 +595,9 @@ class GroupStore:
                 "bytes_freed": freed,
             }
         self._release_parts(dropped)
+        log.info(
+            "job fenced below epoch %d (%d groups purged)", fenced, purged, extra=log_context(job=job_id)
+        )
         return result
 
     def advance_generation(self, reads: Iterable[GroupRead]) -> tuple[int, list[dict[str, Any]]]:

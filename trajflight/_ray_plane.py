@@ -42,6 +42,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from trajflight import logs
 from trajflight._archive import Archive
 from trajflight._client import Client
 from trajflight._ray_connect import SCHEME, current_node_id, loopback_addresses, parse_ray_address
@@ -160,6 +161,7 @@ class StorageServerActor:
     ) -> None:
         from trajflight.flight_server import ShmArena, StorageServer, StoreLimits
 
+        logs.setup_from_env()  # the actor's entry: RayCluster(log_level=) sets the environment
         ray = import_ray()
         self.node_id: str = ray.get_runtime_context().get_node_id()
         self.host = host or ray.util.get_node_ip_address()
@@ -235,6 +237,8 @@ class RayCluster:
         archive, archive_filesystem, archive_flush: Archive committed groups before their deletes, as
             :class:`~trajflight.LocalCluster` does; the controller actor writes it, so ``archive`` must
             be reachable from the actor's node (a shared path or an object store URI).
+        log_level, log_json: Set logging up in the actors' processes (``trajflight.logs``) at this level,
+            as JSON lines with ``log_json``; None (default) leaves their logging as Ray sets it.
 
     Raises:
         ConfigError: a bad setting, naming it.
@@ -255,6 +259,8 @@ class RayCluster:
         archive: str | os.PathLike[str] | None = None,
         archive_filesystem: Any = None,
         archive_flush: float = 2.0,
+        log_level: str | None = None,
+        log_json: bool = False,
     ) -> None:
         if servers is not None and (isinstance(servers, bool) or not isinstance(servers, int) or servers < 1):
             raise ConfigError(
@@ -281,6 +287,7 @@ class RayCluster:
         self.archive = None if archive is None else os.fspath(archive)
         self.archive_filesystem = archive_filesystem
         self.archive_flush = archive_flush
+        self._log_env = logs.env_for(log_level, log_json)  # checked here: a bad level fails early
         self.servers: list[RayServer] = []
         self._server_actors: list[Any] = []
         self._controller_actor: Any = None
@@ -352,7 +359,7 @@ class RayCluster:
                 state_dir=self.state_dir,
                 deleter=storage.delete,
                 fencer=storage.fence,
-                options={"scheduling_strategy": strategy},
+                options={"scheduling_strategy": strategy, **self._runtime_env()},
                 batch_deleter=archive,
             )
         except ValueError as exc:  # Ray: the name is already taken
@@ -364,6 +371,10 @@ class RayCluster:
         transport = RayTransport(actor)
         self._controller = ControllerClient(transport, timeout=self.timeout)
         transport.info(self.timeout)  # up and answering
+
+    def _runtime_env(self) -> dict[str, Any]:
+        """Actor options that carry the logging set-up (``log_level``) to the actors' processes."""
+        return {"runtime_env": {"env_vars": self._log_env}} if self._log_env else {}
 
     def _placement(self, ray: Any) -> list[str]:
         """Node ids of the servers to start, one entry per server (this node first, then by id)."""
@@ -389,6 +400,7 @@ class RayCluster:
                     max_restarts=0,  # its groups lived in its memory: a restarted server would be empty
                     max_concurrency=4,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                    **self._runtime_env(),
                 ).remote(self.capacity, self.max_groups, shm=self.shm)
             )
         refs = [a.describe.remote() for a in self._server_actors]

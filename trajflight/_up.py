@@ -8,11 +8,12 @@ is up and one when it stopped (as ``trajflight server`` does).
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 import sys
 import threading
 from types import FrameType
+
+from trajflight import logs
 
 __all__ = ["add_arguments", "run"]
 
@@ -31,7 +32,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="archive committed groups here as Parquet before deleting them (a path or pyarrow.fs URI)",
     )
-    parser.add_argument("--log-level", default="WARNING", help="Python logging level for stderr (WARNING)")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve the controller's Prometheus metrics on this port (0: a free one), each storage "
+        "server's on a free port of its own; the stderr line names them. Default: off",
+    )
+    parser.add_argument(
+        "--metrics-host", default="127.0.0.1", help="interface of the metrics endpoints (default: loopback)"
+    )
+    logs.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,11 +52,11 @@ def run(args: argparse.Namespace) -> int:
     from trajflight._cluster import LocalCluster
     from trajflight.errors import TrajflightError
 
-    level = logging.getLevelName(args.log_level.upper())
-    if not isinstance(level, int):
-        print(f"trajflight up: unknown --log-level {args.log_level[:40]!r}", file=sys.stderr)
+    try:
+        logs.setup_from_args(args)
+    except TrajflightError as exc:
+        print(f"trajflight up: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     if not 0 <= args.port <= 65535:
         print(f"trajflight up: --port must be 0..65535, got {args.port}", file=sys.stderr)
         return 2
@@ -64,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
             port=args.port,
             state_dir=args.state_dir,
             archive=args.archive,
+            metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host,
         ).start()
     except TrajflightError as exc:
         print(f"trajflight up: {exc}", file=sys.stderr)
@@ -79,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
         print(cluster.address, flush=True)
         print(
             f"trajflight up: serving on {cluster.address} (controller; storage servers "
-            f"{', '.join(cluster.server_locations)}); stop with Ctrl-C or SIGTERM",
+            f"{', '.join(cluster.server_locations)}){_metrics_note(cluster.metrics_urls)}; stop with Ctrl-C "
+            "or SIGTERM",
             file=sys.stderr,
             flush=True,
         )
@@ -89,3 +103,10 @@ def run(args: argparse.Namespace) -> int:
         cluster.close()
     print("trajflight up: stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def _metrics_note(urls: dict[str, str]) -> str:
+    """`` (metrics: controller http://..., server-0 http://...)`` or nothing without metrics."""
+    if not urls:
+        return ""
+    return " (metrics: " + ", ".join(f"{name} {url}" for name, url in urls.items()) + ")"

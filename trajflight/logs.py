@@ -16,6 +16,7 @@ import argparse
 import datetime as _dt
 import json
 import logging
+import os
 import sys
 from collections.abc import Mapping
 from typing import IO, Any
@@ -28,7 +29,9 @@ __all__ = [
     "TextFormatter",
     "add_arguments",
     "context",
+    "env_for",
     "setup_from_args",
+    "setup_from_env",
     "setup_logging",
 ]
 
@@ -151,6 +154,34 @@ def add_arguments(parser: argparse.ArgumentParser, *, default: str = "WARNING") 
     parser.add_argument(
         "--log-json", action="store_true", help="log one JSON object per line (job, partition, token fields)"
     )
+
+
+LEVEL_ENV = "TRAJFLIGHT_LOG_LEVEL"
+JSON_ENV = "TRAJFLIGHT_LOG_JSON"
+
+
+def env_for(level: str | int | None, json_lines: bool = False) -> dict[str, str]:
+    """The environment that makes :func:`setup_from_env` in another process (a Ray actor) set this
+    logging up; empty when ``level`` is None.
+
+    Raises:
+        ConfigError: ``level`` is not a logging level.
+    """
+    if level is None:
+        return {}
+    return {LEVEL_ENV: logging.getLevelName(_level(level)), JSON_ENV: "1" if json_lines else "0"}
+
+
+def setup_from_env() -> None:
+    """:func:`setup_logging` from ``TRAJFLIGHT_LOG_LEVEL`` and ``TRAJFLIGHT_LOG_JSON`` (``1``: JSON
+    lines), what :func:`env_for` sets for a process started elsewhere; nothing when the level is unset.
+
+    Raises:
+        ConfigError: an unknown level.
+    """
+    level = os.environ.get(LEVEL_ENV)
+    if level:
+        setup_logging(level, json_lines=os.environ.get(JSON_ENV, "0") == "1")
 
 
 def setup_from_args(args: argparse.Namespace | Mapping[str, Any]) -> None:

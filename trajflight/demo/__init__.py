@@ -22,6 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trajflight import logs
+from trajflight.errors import ConfigError
+
 __all__ = ["add_arguments", "run"]
 
 
@@ -75,6 +78,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--plot", metavar="PATH", default=None, help="draw the reward curve to PATH (PNG)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics while it runs: the controller's on this port (0: a free one), each "
+        "storage server's on a free port; stderr names them (not with --ray). Default: off",
+    )
+    logs.add_arguments(parser)
 
 
 class _Progress:
@@ -128,6 +139,13 @@ def _check(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     """Run the demo; returns 0 when every check holds, 1 when one fails, 2 on bad options."""
     problem = _check(args)
+    if problem is None and args.ray and args.metrics_port is not None:
+        problem = "--metrics-port serves the embedded data plane's metrics; drop it with --ray"
+    if problem is None:
+        try:
+            logs.setup_from_args(args)
+        except ConfigError as exc:  # an unknown --log-level
+            problem = str(exc)
     if problem is not None:
         print(f"trajflight demo: {problem}", file=sys.stderr)
         return 2
@@ -139,9 +157,17 @@ def run(args: argparse.Namespace) -> int:
     if args.ray:
         from trajflight._ray_plane import RayCluster
 
-        plane: Any = RayCluster(servers=args.servers, capacity="1GiB", archive=args.archive)
+        plane: Any = RayCluster(
+            servers=args.servers,
+            capacity="1GiB",
+            archive=args.archive,
+            log_level=args.log_level,
+            log_json=args.log_json,
+        )
     else:
-        plane = trajflight.LocalCluster(servers=args.servers, capacity="1GiB", archive=args.archive)
+        plane = trajflight.LocalCluster(
+            servers=args.servers, capacity="1GiB", archive=args.archive, metrics_port=args.metrics_port
+        )
     owned = args.state_dir is None
     state = Path(tempfile.mkdtemp(prefix="trajflight-demo-") if owned else args.state_dir)
     state.mkdir(parents=True, exist_ok=True)
@@ -150,6 +176,8 @@ def run(args: argparse.Namespace) -> int:
     failure: TrajflightError | None = None
     try:
         with plane:
+            for name, url in getattr(plane, "metrics_urls", {}).items():
+                print(f"trajflight demo: metrics of {name} at {url}", file=sys.stderr, flush=True)
             demo = DemoRun(args, plane, state, progress.note)
             demo.tally.started_at = started
             demo.on_step = progress.step
