@@ -514,6 +514,13 @@ class Recover(Command[int]):
         return ledger.recover(self.incarnation, now=now)
 
 
+@_declare(Q, HOST)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Figures(Command[dict[str, Any]]):
+    def apply(self, ledger: Ledger, now: float) -> dict[str, Any]:
+        return ledger.figures()
+
+
 # ---------------------------------------------------------------------- the sweeper
 @_declare(T, HOST)
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -33,6 +33,7 @@ from ._commands import (
     ConfirmCheckpoint,
     DeleteDone,
     FenceDone,
+    Figures,
     Release,
     TakeDeletes,
     TakeFences,
@@ -43,7 +44,7 @@ from ._durable import BatchDeleter, HostCore, run_deletes
 from ._entries import check_seconds
 from ._fences import run_fences
 from ._files import read_file, write_atomic
-from ._metrics import ControllerMetrics, ledger_figures
+from ._metrics import ControllerMetrics
 from ._records import DeleteWork, FenceWork, Lease
 
 __all__ = ["MAX_WAIT", "POLL_CHECK", "LocalController", "check_timeout"]
@@ -121,7 +122,7 @@ class LocalController:
     def _figures(self) -> dict[str, Any]:
         """The ledger's figures for a scrape, read under the lock."""
         with self._cond:
-            return ledger_figures(self._core.ledger)
+            return self._core.run(Figures())
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:

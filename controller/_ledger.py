@@ -613,22 +613,32 @@ class Ledger:
         did not know them)."""
         return self._jobs.counts(job_id)
 
-    def job_ids(self) -> list[str]:
-        """The ids of the open jobs, in the order they were opened (for metrics and operators)."""
-        return self._jobs.ids()
+    def figures(self) -> dict[str, Any]:
+        """What the metrics export (``trajflight.controller._metrics``), in one read.
 
-    def config_of(self, job_id: str) -> JobConfig:
-        """The configuration of an open job (its capacity bounds among them).
-
-        Raises:
-            NotFoundError: the job is not open.
+        Returns:
+            ``{"jobs": {job_id: {"counts": counts(job), "usage": (bytes, groups), "capacity":
+            (capacity_bytes | None, capacity_groups | None), "gc": groups waiting for a confirmed delete,
+            "leases": live leases}}, "servers": [ServerInfo], "fences": fences waiting, "lease_ends":
+            {reason: leases ended since this ledger was made or loaded}}`` (reasons ``done``, ``expired``,
+            ``fenced``, ``restart``).
         """
-        return self._jobs.job(job_id).config
-
-    def lease_ends(self) -> dict[str, int]:
-        """Leases ended since this ledger was made or loaded, by reason (``done``, ``expired``,
-        ``fenced``, ``restart``): the lease-expiry metric."""
-        return self._leases.end_counts()
+        jobs: dict[str, Any] = {}
+        for job in self._jobs:
+            cfg = job.config
+            jobs[job.job_id] = {
+                "counts": self._jobs.counts(job.job_id),
+                "usage": (job.used_bytes, job.used_groups),
+                "capacity": (cfg.capacity_bytes, cfg.capacity_groups),
+                "gc": len(self._upkeep.gc_list(job.job_id)),
+                "leases": len(self._leases.live_tokens(job.job_id)),
+            }
+        return {
+            "jobs": jobs,
+            "servers": list(self.servers()),
+            "fences": len(self._upkeep.fences),
+            "lease_ends": self._leases.end_counts(),
+        }
 
     def lost(self, job_id: str) -> tuple[LostGroup, ...]:
         """Every group of the job that can never be offered again although it was not trained, with why

@@ -35,7 +35,7 @@ from ._commands import COMMANDS, Acquire, Command, Publish, PublishMany
 from ._ledger import Ledger
 from ._records import GroupState
 
-__all__ = ["LATENCY_BUCKETS", "ControllerMetrics", "LedgerCollector", "ledger_figures"]
+__all__ = ["LATENCY_BUCKETS", "ControllerMetrics", "LedgerCollector"]
 
 R = TypeVar("R")
 
@@ -45,36 +45,11 @@ LATENCY_BUCKETS = (0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.0
 _OUTCOMES = ("ok", "refused", "error")
 
 
-def ledger_figures(ledger: Ledger) -> dict[str, Any]:
-    """What :class:`LedgerCollector` exports, read from ``ledger`` (call it under the host's lock).
-
-    Returns:
-        ``{"jobs": {job: {"counts", "usage", "capacity", "gc", "leases"}}, "servers": [ServerInfo],
-        "fences": n, "lease_ends": {reason: n}}``.
-    """
-    jobs: dict[str, Any] = {}
-    for job_id in ledger.job_ids():
-        cfg = ledger.config_of(job_id)
-        jobs[job_id] = {
-            "counts": ledger.counts(job_id),
-            "usage": ledger.usage(job_id),
-            "capacity": (cfg.capacity_bytes, cfg.capacity_groups),
-            "gc": len(ledger.gc_list(job_id)),
-            "leases": len(ledger.live_leases(job_id)),
-        }
-    return {
-        "jobs": jobs,
-        "servers": list(ledger.servers()),
-        "fences": len(ledger.fence_list()),
-        "lease_ends": ledger.lease_ends(),
-    }
-
-
 class LedgerCollector(Collector):
     """The ledger's state as gauges and counters, read at scrape time.
 
     Args:
-        read: Returns :func:`ledger_figures` of the current ledger, taken under the host's lock.
+        read: Returns ``Ledger.figures()`` of the current ledger, read under the host's lock.
     """
 
     def __init__(self, read: Callable[[], dict[str, Any]]) -> None:
@@ -219,7 +194,7 @@ class ControllerMetrics:
         self._lock = threading.Lock()
 
     def watch(self, read: Callable[[], dict[str, Any]]) -> None:
-        """Register the ledger collector over ``read`` (:func:`ledger_figures` under the host's lock);
+        """Register the ledger collector over ``read`` (``Ledger.figures()`` under the host's lock);
         once (a second call changes nothing)."""
         with self._lock:
             if not self._watched:
