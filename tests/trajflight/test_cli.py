@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -212,3 +213,37 @@ def test_kill_9_of_up_leaves_no_shared_memory_directory():
     while deployment.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not deployment.exists()
+
+
+def test_up_serves_metrics_and_logs_json_lines_naming_the_job():
+    proc, address = _start_up("--servers", "1", "--metrics-port", "0", "--log-level", "INFO", "--log-json")
+    try:
+        with trajflight.connect(address, timeout=20) as client:
+            client.open_job("metrics-job", 1)
+            put_groups(client.writer("metrics-job", 1), 2)
+            metrics = client.controller.transport.info(20)["metrics"]
+        with urllib.request.urlopen(metrics, timeout=10) as response:
+            text = response.read().decode()
+        assert 'trajflight_groups{job="metrics-job",state="READY"} 2.0' in text
+        assert "trajflight_groups_published_total 2.0" in text
+    finally:
+        err = _stop(proc)
+    (start,) = [line for line in err.splitlines() if line.startswith("trajflight up: serving on ")]
+    assert f"controller {metrics}" in start
+    assert "server-0 http://127.0.0.1:" in start
+    logged = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    opened = [line for line in logged if line["message"] == "job opened at epoch 1"]
+    assert [(line["job"], line["epoch"], line["logger"]) for line in opened] == [
+        ("metrics-job", 1, "trajflight.controller")
+    ]
+
+
+def test_up_refuses_an_unknown_log_level():
+    out = subprocess.run(
+        [sys.executable, "-m", "trajflight", "up", "--log-level", "chatty"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "unknown log level 'chatty'" in out.stderr
