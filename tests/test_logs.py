@@ -125,3 +125,13 @@ def test_the_ledger_logs_an_expired_lease_and_each_unknown_group_with_job_partit
     ended = [r for r in caplog.records if r.levelno == logging.INFO and "ended (expired)" in r.getMessage()]
     assert [(r.job, r.token) for r in ended] == [("j", lease.token)]
     assert "1 groups back to READY, 1 UNKNOWN" in ended[0].getMessage()
+
+
+def test_ray_cluster_checks_its_log_level_early_and_hands_it_to_its_actors():
+    from trajflight._ray_plane import RayCluster
+
+    with pytest.raises(ConfigError, match="unknown log level"):
+        RayCluster(servers=1, log_level="chatty")
+    plane = RayCluster(servers=1, log_level="info", log_json=True)  # not started: no Ray needed
+    assert plane._runtime_env() == {"runtime_env": {"env_vars": {logs.LEVEL_ENV: "INFO", logs.JSON_ENV: "1"}}}
+    assert RayCluster(servers=1)._runtime_env() == {}  # by default the actors log as Ray sets them up

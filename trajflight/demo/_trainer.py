@@ -109,6 +109,8 @@ class _Incarnation:
                 seed=a.seed,
                 weights_dir=str(run.state),
                 lead=2 * a.batch_groups,
+                log_level=getattr(a, "log_level", "WARNING"),
+                log_json=getattr(a, "log_json", False),
             )
             p = ctx.Process(target=rollout_worker, args=(spec, self.todo, self.stop, run.events), daemon=True)
             p.start()

@@ -50,6 +50,7 @@ class WorkerSpec:
         seed: The run's seed (prompts and sampling are seeded from it and the prompt number).
         weights_dir: Where the trainer publishes the weights of each policy version.
         lead: Most groups the job may hold that no trainer took yet before this worker waits.
+        log_level, log_json: The demo's ``--log-level`` and ``--log-json``, set up in the worker process.
     """
 
     address: str
@@ -60,6 +61,8 @@ class WorkerSpec:
     seed: int
     weights_dir: str
     lead: int
+    log_level: str = "WARNING"
+    log_json: bool = False
 
 
 def refusal_kind(exc: BaseException) -> str:
@@ -207,6 +210,9 @@ def rollout_worker(spec: WorkerSpec, todo: Any, stop: Any, events: Any) -> None:
     """A rollout worker process: put groups for the prompts on ``todo`` until ``stop`` is set and
     ``todo`` is empty, or until refused. Reports ``put``/``retry`` events, at most one ending event
     (``fenced``, ``gave up``, ``refused`` or ``failed``) and always ``done`` last, on ``events``."""
+    from trajflight import logs
+
+    logs.setup_logging(spec.log_level, json_lines=spec.log_json)  # the worker process's entry
     worker = _Worker(spec, events)
     try:
         worker.run(todo, stop)
