@@ -8,8 +8,10 @@ workload (G=64, K=8 by default). Rounds alternate between:
 * off: both replaced by pass-throughs (a reusable null context; ``command.apply``), the collectors
   idle (nothing scrapes).
 
-Each round measures ``Writer.put_many`` of the workload, ``Trainer.lease`` of it + ``fetch`` (jagged) +
-commit, and the small-group round trip (put one group of 8 samples, lease it, fetch it, commit) p50.
+A round of each mode runs back to back (which goes first alternates), so each pair of rounds saw about
+the same machine: the per-pair ratio on/off is the figure least moved by other load. Each round measures
+``Writer.put_many`` of the workload, ``Trainer.lease`` of it + ``fetch`` (jagged) + commit, and the
+small-group round trip (put one group of 8 samples, lease it, fetch it, commit) p50.
 Also the two hot-path calls alone, per call. Medians and spread; ratios on/off.
 
 Usage::
@@ -131,7 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     for name in ("put_many", "lease_fetch", "small_p50"):
         on, off = (statistics.median(times[m][name]) for m in ("on", "off"))
+        pairs = [a / b for a, b in zip(times["on"][name], times["off"][name], strict=True)]
         results[name] = {
+            "pair_ratio_median": statistics.median(pairs),
+            "pair_ratio_spread": [min(pairs), max(pairs)],
             "on_ms": on * 1e3,
             "off_ms": off * 1e3,
             "on_spread_ms": [min(times["on"][name]) * 1e3, max(times["on"][name]) * 1e3],
@@ -141,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         spread = {m: f"[{min(times[m][name]) * 1e3:.2f}..{max(times[m][name]) * 1e3:.2f}]" for m in times}
         print(
             f"{name:<12} on {on * 1e3:8.2f} ms {spread['on']}  off {off * 1e3:8.2f} ms {spread['off']}  "
-            f"on/off {on / off:.3f}"
+            f"on/off {on / off:.3f}; per round pair {statistics.median(pairs):.3f} "
+            f"[{min(pairs):.2f}..{max(pairs):.2f}]"
         )
     per_call = _per_call()
     results["per_call"] = per_call
