@@ -51,6 +51,59 @@ LATENCY_BUCKETS = (0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.0
 """Upper bounds (seconds) of the controller's call latency: the ledger's own work, 10 us to 0.5 s."""
 
 
+_PER_JOB: tuple[tuple[str, str, bool, Callable[[dict[str, Any]], Any]], ...] = (
+    # (name, help, gauge (else counter), the value in a job's figures of Ledger.figures())
+    (
+        "trajflight_unknown_groups",
+        "Groups UNKNOWN (left by a lease that ended in training).",
+        True,
+        lambda j: j["counts"].get(GroupState.UNKNOWN.value, 0),
+    ),
+    ("trajflight_job_bytes", "Bytes a job holds (reserved or stored).", True, lambda j: j["usage"][0]),
+    ("trajflight_job_held_groups", "Groups a job holds, not yet deleted.", True, lambda j: j["usage"][1]),
+    (
+        "trajflight_job_capacity_bytes",
+        "A job's byte bound (if it has one).",
+        True,
+        lambda j: j["capacity"][0],
+    ),
+    (
+        "trajflight_job_capacity_groups",
+        "A job's group bound (if it has one).",
+        True,
+        lambda j: j["capacity"][1],
+    ),
+    ("trajflight_gc_backlog", "Groups waiting for a confirmed delete.", True, lambda j: j["gc"]),
+    ("trajflight_live_leases", "Leases held now.", True, lambda j: j["leases"]),
+    (
+        "trajflight_kept_groups",
+        "Committed groups kept for a restore.",
+        True,
+        lambda j: j["counts"].get("kept", 0),
+    ),
+    (
+        "trajflight_lost_groups",
+        "Groups that can never be offered again.",
+        True,
+        lambda j: j["counts"].get("lost", 0),
+    ),
+    (
+        "trajflight_groups_committed",
+        "Groups committed (ledger total).",
+        False,
+        lambda j: j["counts"].get("committed_total", 0),
+    ),
+    (
+        "trajflight_groups_deleted",
+        "Deletes confirmed (ledger total).",
+        False,
+        lambda j: j["counts"].get("deleted", 0),
+    ),
+    ("trajflight_groups_purged", "Groups restores purged.", False, lambda j: j["counts"].get("purged", 0)),
+)
+"""The per-job families of :class:`LedgerCollector` (besides groups by state)."""
+
+
 class LedgerCollector(Collector):
     """The ledger's state as gauges and counters, read at scrape time.
 
@@ -67,73 +120,20 @@ class LedgerCollector(Collector):
         by_state = GaugeMetricFamily(
             "trajflight_groups", "Groups by job and state (ledger).", labels=["job", "state"]
         )
-        unknown = GaugeMetricFamily(
-            "trajflight_unknown_groups",
-            "Groups UNKNOWN (left by a lease that ended in training).",
-            labels=["job"],
-        )
-        used_b = GaugeMetricFamily(
-            "trajflight_job_bytes", "Bytes a job holds (reserved or stored).", labels=["job"]
-        )
-        used_g = GaugeMetricFamily(
-            "trajflight_job_held_groups", "Groups a job holds, not yet deleted.", labels=["job"]
-        )
-        cap_b = GaugeMetricFamily(
-            "trajflight_job_capacity_bytes", "A job's byte bound (if it has one).", labels=["job"]
-        )
-        cap_g = GaugeMetricFamily(
-            "trajflight_job_capacity_groups", "A job's group bound (if it has one).", labels=["job"]
-        )
-        gc = GaugeMetricFamily(
-            "trajflight_gc_backlog", "Groups waiting for a confirmed delete.", labels=["job"]
-        )
-        leases = GaugeMetricFamily("trajflight_live_leases", "Leases held now.", labels=["job"])
-        kept = GaugeMetricFamily(
-            "trajflight_kept_groups", "Committed groups kept for a restore.", labels=["job"]
-        )
-        committed = CounterMetricFamily(
-            "trajflight_groups_committed", "Groups committed (ledger total).", labels=["job"]
-        )
-        deleted = CounterMetricFamily(
-            "trajflight_groups_deleted", "Deletes confirmed (ledger total).", labels=["job"]
-        )
-        lost = GaugeMetricFamily(
-            "trajflight_lost_groups", "Groups that can never be offered again.", labels=["job"]
-        )
-        purged = CounterMetricFamily("trajflight_groups_purged", "Groups restores purged.", labels=["job"])
+        families = [
+            (GaugeMetricFamily if gauge else CounterMetricFamily)(name, doc, labels=["job"])
+            for name, doc, gauge, _ in _PER_JOB
+        ]
         for job, j in sorted(f["jobs"].items()):
             counts = j["counts"]
             for state in GroupState:
                 by_state.add_metric([job, state.value], counts.get(state.value, 0))
-            unknown.add_metric([job], counts.get(GroupState.UNKNOWN.value, 0))
-            used_b.add_metric([job], j["usage"][0])
-            used_g.add_metric([job], j["usage"][1])
-            if j["capacity"][0] is not None:
-                cap_b.add_metric([job], j["capacity"][0])
-            if j["capacity"][1] is not None:
-                cap_g.add_metric([job], j["capacity"][1])
-            gc.add_metric([job], j["gc"])
-            leases.add_metric([job], j["leases"])
-            kept.add_metric([job], counts.get("kept", 0))
-            committed.add_metric([job], counts.get("committed_total", 0))
-            deleted.add_metric([job], counts.get("deleted", 0))
-            lost.add_metric([job], counts.get("lost", 0))
-            purged.add_metric([job], counts.get("purged", 0))
-        yield from (
-            by_state,
-            unknown,
-            used_b,
-            used_g,
-            cap_b,
-            cap_g,
-            gc,
-            leases,
-            kept,
-            committed,
-            deleted,
-            lost,
-            purged,
-        )
+            for family, (_, _, _, read) in zip(families, _PER_JOB, strict=True):
+                value = read(j)
+                if value is not None:  # a job without a capacity bound has no bound to show
+                    family.add_metric([job], value)
+        yield by_state
+        yield from families
         names = (
             ("used_bytes", "Bytes the ledger has reserved or stored on a storage server."),
             ("capacity_bytes", "Bytes a storage server may hold (as registered)."),

@@ -9,7 +9,6 @@ import logging
 import pytest
 
 from trajflight import logs
-from trajflight.controller import Ledger
 from trajflight.errors import ConfigError
 from trajflight.keys import Partition
 
@@ -91,40 +90,6 @@ def test_setup_from_env_uses_what_env_for_sets(monkeypatch, restore_root_logging
     assert logging.getLogger().level == logging.DEBUG
     handler = next(h for h in logging.getLogger().handlers if h.get_name() == "trajflight")
     assert isinstance(handler.formatter, logs.JsonFormatter)
-
-
-def test_the_ledger_logs_an_expired_lease_and_each_unknown_group_with_job_partition_and_token(caplog):
-    ledger = Ledger()
-    ledger.register_server(
-        "s0", node="n0", location="grpc://127.0.0.1:1", capacity_bytes=10**9, capacity_groups=100, now=0.0
-    )
-    ledger.open_job("j", 1, {"default_lease_ttl": "10s"}, now=0.0)
-    ledger.register_writer("j", 1, "w0", node="n0", now=0.0)
-    keys = []
-    for _ in range(2):
-        grant = ledger.allocate("j", 1, "w0", nbytes=100, now=0.0)
-        ledger.publish(
-            grant.partition,
-            token=grant.token,
-            rows=2,
-            nbytes=100,
-            tokens=4,
-            policy_version=0,
-            columns=("response_ids",),
-            now=0.0,
-        )
-        keys.append(grant.partition)
-    lease = ledger.acquire("j", "trainer", max_groups=2, now=0.0)
-    assert lease is not None
-    ledger.prepare(lease.token, "b", partitions=[keys[0]], now=1.0)
-    ledger.start_training(lease.token, "b", now=1.0)
-    with caplog.at_level(logging.INFO, logger="trajflight.controller"):
-        ledger.tick(100.0)  # past the TTL: one group goes back to READY, the one in training to UNKNOWN
-    unknown = [r for r in caplog.records if "UNKNOWN:" in r.getMessage()]
-    assert [(r.job, r.partition, r.token) for r in unknown] == [("j", f"j/1/{keys[0].group_id}", lease.token)]
-    ended = [r for r in caplog.records if r.levelno == logging.INFO and "ended (expired)" in r.getMessage()]
-    assert [(r.job, r.token) for r in ended] == [("j", lease.token)]
-    assert "1 groups back to READY, 1 UNKNOWN" in ended[0].getMessage()
 
 
 def test_ray_cluster_checks_its_log_level_early_and_hands_it_to_its_actors():
