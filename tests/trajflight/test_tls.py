@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,6 +14,8 @@ from trajflight.devcerts import DevCerts, make_dev_certs
 from trajflight.errors import ConfigError, UnavailableError
 from trajflight.flight_server import StorageClient, StorageServer, TlsConfig
 from trajflight.workload import make_workload
+
+from .conftest import start_up, stop_up
 
 pytest.importorskip("cryptography", reason="the tls extra: pip install 'trajflight[tls]'")
 
@@ -112,38 +113,17 @@ def test_a_ray_plane_serves_its_storage_servers_over_mutual_tls(ray_runtime, cer
 
 def test_up_with_dev_tls_serves_mutual_tls_to_clients_holding_the_certificates(tmp_path):
     folder = tmp_path / "dev-tls"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "trajflight",
-            "up",
-            "--servers",
-            "1",
-            "--capacity",
-            "64MiB",
-            "--dev-tls",
-            str(folder),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc, address = start_up(
+        "--servers", "1", "--capacity", "64MiB", "--dev-tls", str(folder), scheme="grpc+tls"
     )
     try:
-        address = proc.stdout.readline().strip() if proc.stdout else ""
-        assert address.startswith("grpc+tls://127.0.0.1:"), proc.stderr.read() if proc.stderr else ""
         tls = TlsConfig.from_files(folder / "client.pem", folder / "client.key", folder / "ca.pem")
         with trajflight.connect(address, tls=tls, transport="flight") as client:
             assert _round_trip(client, "up-tls") == 4
         with pytest.raises(UnavailableError):
             trajflight.connect(address, tls=TlsConfig(ca=tls.ca), timeout=5).controller.servers()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-        err = proc.stderr.read() if proc.stderr else ""
-        for stream in (proc.stdout, proc.stderr):
-            if stream:
-                stream.close()
+        err = stop_up(proc)
     assert f"{folder}/client.pem" in err  # it says how clients connect
 
 
