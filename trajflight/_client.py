@@ -52,9 +52,10 @@ def connect(
         timeout: Default deadline of every call, seconds.
         transport: How group data moves to and from storage servers: ``"auto"`` (shared memory with
             servers on this host that have an arena, Flight otherwise), ``"shm"`` or ``"flight"`` (forced).
-        tls: For a ``grpc+tls://`` plane: the CA its servers' certificates chain to, and this client's
-            certificate and key where the plane demands mutual TLS (the same material reaches the
-            controller and every storage server).
+        tls: For a plane that serves TLS (a ``grpc+tls://`` address, or a Ray plane started with
+            ``tls=``): the CA its servers' certificates chain to, and this client's certificate and key
+            where the plane demands mutual TLS (the same material reaches the controller, over Flight,
+            and every storage server).
 
     Raises:
         InvalidRequestError: an address of another scheme. UnavailableError / NotFoundError: nothing
@@ -72,7 +73,12 @@ def connect(
         controller = connect_ray_plane(address, timeout=timeout)
         # Ray plane servers register under their Ray node ids: writers are placed by this process's.
         return Client(
-            controller, address=address, timeout=timeout, transport=transport, node=current_node_id()
+            controller,
+            address=address,
+            timeout=timeout,
+            transport=transport,
+            node=current_node_id(),
+            tls=tls,
         )
     raise InvalidRequestError(
         f"unknown data plane address {address!r}: use grpc://HOST:PORT (embedded) or ray://NAMESPACE/NAME"

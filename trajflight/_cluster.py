@@ -35,7 +35,7 @@ from typing import IO, Any
 from trajflight._archive import Archive
 from trajflight._client import Client
 from trajflight._control import ControlServer
-from trajflight._storage import StoragePool, Transport
+from trajflight._storage import StoragePool, Transport, check_tls_pair
 from trajflight.controller import ControllerClient, LocalController, LocalTransport
 from trajflight.errors import ConfigError, UnavailableError
 from trajflight.flight_server import TlsConfig, host_id, sweep_dead_arenas
@@ -139,12 +139,7 @@ class LocalCluster:
         self._threads: list[Any] = []
         self._logs: list[IO[bytes]] = []
         self._logdir: tempfile.TemporaryDirectory[str] | None = None
-        if tls is not None and client_tls is None:
-            raise ConfigError(
-                "tls without client_tls: the cluster's own clients need the CA of its servers' certificate "
-                "(and a client certificate where tls demands one)",
-                setting="client_tls",
-            )
+        check_tls_pair(tls, client_tls)
         self.tls = tls
         self.client_tls = client_tls
         self._pool = StoragePool(timeout=timeout, tls=client_tls)

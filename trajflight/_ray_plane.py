@@ -46,7 +46,7 @@ from trajflight import logs
 from trajflight._archive import Archive
 from trajflight._client import Client
 from trajflight._ray_connect import SCHEME, current_node_id, loopback_addresses, parse_ray_address
-from trajflight._storage import StoragePool
+from trajflight._storage import StoragePool, check_tls_pair
 from trajflight.controller import (
     DEFAULT_NAME,
     ControllerClient,
@@ -62,7 +62,7 @@ from trajflight.errors import (
     InvalidRequestError,
     UnavailableError,
 )
-from trajflight.flight_server import remove_dead_arena
+from trajflight.flight_server import TlsConfig, remove_dead_arena
 from trajflight.keys import Partition
 from trajflight.units import parse_size
 
@@ -80,23 +80,26 @@ class FlightStorage:
 
     Args:
         timeout: Deadline of each call to a storage server, seconds.
+        tls: What the controller actor presents to ``grpc+tls://`` storage servers (see
+            :class:`RayCluster`'s ``client_tls``).
     """
 
-    def __init__(self, timeout: float = 10.0) -> None:
+    def __init__(self, timeout: float = 10.0, tls: TlsConfig | None = None) -> None:
         self.timeout = timeout
+        self.tls = tls
         self._pool: StoragePool | None = None
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"timeout": self.timeout}
+        return {"timeout": self.timeout, "tls": self.tls}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["timeout"])  # type: ignore[misc]
+        self.__init__(state["timeout"], state.get("tls"))  # type: ignore[misc]
 
     def _storage(self) -> StoragePool:
         with self._lock:
             if self._pool is None:
-                self._pool = StoragePool(timeout=self.timeout)
+                self._pool = StoragePool(timeout=self.timeout, tls=self.tls)
             return self._pool
 
     def delete(self, work: DeleteWork) -> None:
@@ -154,10 +157,16 @@ class StorageServerActor:
             started by :class:`RayCluster`).
         shm: Give the server a fresh auto-named arena (``/dev/shm/trajflight-<uuid>``); making one also
             sweeps the arenas killed servers left on the node.
+        tls: Serve ``grpc+tls://`` with this material (see :class:`RayCluster`); ``None``: plaintext.
     """
 
     def __init__(
-        self, capacity_bytes: int, capacity_groups: int, host: str | None = None, shm: bool = True
+        self,
+        capacity_bytes: int,
+        capacity_groups: int,
+        host: str | None = None,
+        shm: bool = True,
+        tls: TlsConfig | None = None,
     ) -> None:
         from trajflight.flight_server import ShmArena, StorageServer, StoreLimits
 
@@ -168,7 +177,7 @@ class StorageServerActor:
         limits = StoreLimits(capacity_bytes=capacity_bytes, capacity_groups=capacity_groups)
         arena = ShmArena() if shm else None
         try:
-            self.server = StorageServer(self.host, 0, limits=limits, arena=arena)
+            self.server = StorageServer(self.host, 0, limits=limits, arena=arena, tls=tls)
         except BaseException:
             if arena is not None:
                 arena.close()
@@ -239,6 +248,13 @@ class RayCluster:
             be reachable from the actor's node (a shared path or an object store URI).
         log_level, log_json: Set logging up in the actors' processes (``trajflight.logs``) at this level,
             as JSON lines with ``log_json``; None (default) leaves their logging as Ray sets it.
+        tls: Serve every storage server over ``grpc+tls://`` with this certificate and key (valid for
+            every node's address; with a ``ca``, mutual TLS: clients must present a certificate signed
+            by it). The controller actor is reached through Ray, not Flight: Ray's own transport is not
+            covered by this (see the README's Security section).
+        client_tls: What this plane's own clients (``client()``, the controller actor's deletes, fences
+            and archive reads) present to the storage servers; required with ``tls``. Clients elsewhere
+            pass theirs to ``trajflight.connect(address, tls=...)``.
 
     Raises:
         ConfigError: a bad setting, naming it.
@@ -261,7 +277,10 @@ class RayCluster:
         archive_flush: float = 2.0,
         log_level: str | None = None,
         log_json: bool = False,
+        tls: TlsConfig | None = None,
+        client_tls: TlsConfig | None = None,
     ) -> None:
+        check_tls_pair(tls, client_tls)
         if servers is not None and (isinstance(servers, bool) or not isinstance(servers, int) or servers < 1):
             raise ConfigError(
                 f"servers: need at least one storage server (or None: one per node), got {servers!r}",
@@ -288,6 +307,8 @@ class RayCluster:
         self.archive_filesystem = archive_filesystem
         self.archive_flush = archive_flush
         self._log_env = logs.env_for(log_level, log_json)  # checked here: a bad level fails early
+        self.tls = tls
+        self.client_tls = client_tls
         self.servers: list[RayServer] = []
         self._server_actors: list[Any] = []
         self._controller_actor: Any = None
@@ -348,7 +369,7 @@ class RayCluster:
         # journal must be where Ray restarts the actor); otherwise Ray may move it if the node dies.
         here = ray.get_runtime_context().get_node_id()
         strategy = NodeAffinitySchedulingStrategy(here, soft=self.state_dir is None)
-        storage = FlightStorage(timeout=self.timeout)
+        storage = FlightStorage(timeout=self.timeout, tls=self.client_tls)
         archive = None
         if self.archive is not None:
             archive = ArchiveFactory(self.archive, self.archive_filesystem, self.archive_flush, storage)
@@ -401,7 +422,7 @@ class RayCluster:
                     max_concurrency=4,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
                     **self._runtime_env(),
-                ).remote(self.capacity, self.max_groups, shm=self.shm)
+                ).remote(self.capacity, self.max_groups, shm=self.shm, tls=self.tls)
             )
         refs = [a.describe.remote() for a in self._server_actors]
         try:
@@ -524,6 +545,7 @@ class RayCluster:
             address=self.address,
             timeout=self.timeout,
             node=current_node_id(),
+            tls=self.client_tls,
         )
 
     def kill_server(self, index: int) -> None:

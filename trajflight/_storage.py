@@ -45,11 +45,26 @@ __all__ = [
     "TRANSPORTS",
     "StoragePool",
     "Transport",
+    "check_tls_pair",
     "read_handle",
 ]
 
 Transport = Literal["auto", "shm", "flight"]
 TRANSPORTS: tuple[str, ...] = ("auto", "shm", "flight")
+
+
+def check_tls_pair(tls: TlsConfig | None, client_tls: TlsConfig | None) -> None:
+    """Refuse a data plane that serves TLS but whose own clients could not reach it.
+
+    Raises:
+        ConfigError: ``tls`` without ``client_tls``.
+    """
+    if tls is not None and client_tls is None:
+        raise ConfigError(
+            "tls without client_tls: the cluster's own clients need the CA of its servers' certificate "
+            "(and a client certificate where tls demands one)",
+            setting="client_tls",
+        )
 
 
 class StoragePool:

@@ -12,6 +12,12 @@ import signal
 import sys
 import threading
 from types import FrameType
+from typing import TYPE_CHECKING
+
+from trajflight.errors import ConfigError
+
+if TYPE_CHECKING:
+    from trajflight.flight_server import TlsConfig
 
 from trajflight import logs
 
@@ -43,6 +49,67 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics-host", default="127.0.0.1", help="interface of the metrics endpoints (default: loopback)"
     )
     logs.add_arguments(parser)
+    tls = parser.add_argument_group(
+        "TLS", "serve every endpoint over grpc+tls:// (clients: trajflight.connect(address, tls=...))"
+    )
+    tls.add_argument(
+        "--tls-cert", default=None, help="PEM certificate chain of every endpoint (with --tls-key)"
+    )
+    tls.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    tls.add_argument("--tls-ca", default=None, help="PEM CA that signed --tls-cert (the plane's own clients)")
+    tls.add_argument(
+        "--tls-client-ca", default=None, help="PEM CA client certificates must chain to: mutual TLS"
+    )
+    tls.add_argument(
+        "--tls-client-cert", default=None, help="with --tls-client-ca: the plane's own client certificate"
+    )
+    tls.add_argument("--tls-client-key", default=None, help="the private key of --tls-client-cert")
+    tls.add_argument(
+        "--dev-tls",
+        default=None,
+        metavar="DIR",
+        help="make a private CA and certificates in DIR (development only) and serve mutual TLS with them",
+    )
+
+
+def _tls(args: argparse.Namespace) -> tuple[TlsConfig | None, TlsConfig | None]:
+    """The servers' and the plane's own clients' TLS material from the ``--tls-*``/``--dev-tls`` options.
+
+    Raises:
+        ConfigError: an option without the ones it needs, or a file that cannot be read.
+    """
+    from trajflight.flight_server import TlsConfig
+
+    given = [
+        n
+        for n in ("cert", "key", "ca", "client_ca", "client_cert", "client_key")
+        if getattr(args, f"tls_{n}")
+    ]
+    if args.dev_tls is not None:
+        if given:
+            raise ConfigError(
+                "--dev-tls makes its own certificates: drop the --tls-* options", setting="dev-tls"
+            )
+        from trajflight.devcerts import make_dev_certs
+
+        certs = make_dev_certs(args.dev_tls, hosts=sorted({args.host, "127.0.0.1", "localhost"}))
+        return certs.server, certs.client
+    if not given:
+        return None, None
+    if args.tls_cert is None or args.tls_ca is None:
+        raise ConfigError(
+            "TLS needs --tls-cert, --tls-key and --tls-ca (the CA that signed the certificate, for the "
+            "plane's own clients)",
+            setting="tls-cert",
+        )
+    if (args.tls_client_ca is None) != (args.tls_client_cert is None):
+        raise ConfigError(
+            "mutual TLS needs --tls-client-ca and the plane's own --tls-client-cert/--tls-client-key",
+            setting="tls-client-ca",
+        )
+    server = TlsConfig.from_files(args.tls_cert, args.tls_key, args.tls_client_ca)
+    client = TlsConfig.from_files(args.tls_client_cert, args.tls_client_key, args.tls_ca)
+    return server, client
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     try:
+        tls, client_tls = _tls(args)
         cluster = LocalCluster(
             servers=args.servers,
             capacity=args.capacity,
@@ -77,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
             archive=args.archive,
             metrics_port=args.metrics_port,
             metrics_host=args.metrics_host,
+            tls=tls,
+            client_tls=client_tls,
         ).start()
     except TrajflightError as exc:
         print(f"trajflight up: {exc}", file=sys.stderr)
@@ -97,6 +167,13 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
+        if args.dev_tls is not None:
+            print(
+                f"trajflight up: clients connect with tls=TlsConfig.from_files('{args.dev_tls}/client.pem', "
+                f"'{args.dev_tls}/client.key', '{args.dev_tls}/ca.pem')",
+                file=sys.stderr,
+                flush=True,
+            )
         while not stop.wait(0.5):
             pass
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import signal
 import subprocess
 import sys
 import textwrap
@@ -75,3 +76,27 @@ def start_child(code: str, *args: object) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def start_up(*args: str, scheme: str = "grpc") -> tuple[subprocess.Popen[str], str]:
+    """Start ``trajflight up ARGS`` and return it with the address it printed (``scheme://127.0.0.1:P``)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trajflight", "up", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    address = proc.stdout.readline().strip() if proc.stdout else ""
+    assert address.startswith(f"{scheme}://127.0.0.1:"), proc.stderr.read() if proc.stderr else ""
+    return proc, address
+
+
+def stop_up(proc: subprocess.Popen[str]) -> str:
+    """SIGTERM ``proc``, check it exits 0, and return its stderr."""
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    err = proc.stderr.read() if proc.stderr else ""
+    for stream in (proc.stdout, proc.stderr):
+        if stream:
+            stream.close()
+    return err

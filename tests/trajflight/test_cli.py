@@ -21,7 +21,7 @@ import pytest
 
 import trajflight
 
-from .conftest import put_groups
+from .conftest import put_groups, start_up, stop_up
 
 
 def _free_port() -> int:
@@ -30,41 +30,18 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_up(*args: str) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "trajflight", "up", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    address = proc.stdout.readline().strip() if proc.stdout else ""
-    assert address.startswith("grpc://127.0.0.1:"), proc.stderr.read() if proc.stderr else ""
-    return proc, address
-
-
-def _stop(proc: subprocess.Popen[str]) -> str:
-    """SIGTERM ``proc``, check it exits 0, and return its stderr."""
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 0
-    err = proc.stderr.read() if proc.stderr else ""
-    for stream in (proc.stdout, proc.stderr):
-        if stream:
-            stream.close()
-    return err
-
-
 @pytest.fixture(scope="module")
 def plane() -> Iterator[str]:
     """One `trajflight up` for the module's read-only checks, on a port given with --port."""
     port = _free_port()
-    proc, address = _start_up(
+    proc, address = start_up(
         "--servers", "2", "--capacity", "64MiB", "--port", str(port), "--log-level", "info"
     )
     try:
         assert address == f"grpc://127.0.0.1:{port}"
         yield address
     finally:
-        _stop(proc)
+        stop_up(proc)
 
 
 def _stats(address: str, job: str | None = "cli-job") -> dict[str, Any]:
@@ -78,7 +55,7 @@ def _stats(address: str, job: str | None = "cli-job") -> dict[str, Any]:
 
 
 def test_up_then_connect_put_and_stats_then_sigterm():
-    proc, address = _start_up("--servers", "1", "--capacity", "64MiB")
+    proc, address = start_up("--servers", "1", "--capacity", "64MiB")
     try:
         with trajflight.connect(address, timeout=20) as client:
             client.open_job("cli-job", 1)
@@ -106,7 +83,7 @@ def test_up_then_connect_put_and_stats_then_sigterm():
         ).stdout
         assert "groups_published" in table
     finally:
-        err = _stop(proc)
+        err = stop_up(proc)
     (start,) = [line for line in err.splitlines() if line.startswith("trajflight up: serving on ")]
     assert address in start
     assert err.rstrip().endswith("trajflight up: stopped")  # issue 19: it printed nothing when it stopped
@@ -197,7 +174,7 @@ def test_up_refuses_a_port_in_use_in_one_line(plane: str):
 def test_kill_9_of_up_leaves_no_shared_memory_directory():
     """issue 19: after `kill -9` of `trajflight up` its servers stopped and removed their arenas, but
     the empty deployment directory /dev/shm/trajflight-<uuid>/ stayed until a later start swept it."""
-    proc, address = _start_up("--servers", "2", "--capacity", "64MiB")
+    proc, address = start_up("--servers", "2", "--capacity", "64MiB")
     try:
         arenas = [s["shm"]["dir"] for s in _stats(address, None)["servers"].values()]
         deployment = Path(arenas[0]).parent
@@ -216,7 +193,7 @@ def test_kill_9_of_up_leaves_no_shared_memory_directory():
 
 
 def test_up_serves_metrics_and_logs_json_lines_naming_the_job():
-    proc, address = _start_up("--servers", "1", "--metrics-port", "0", "--log-level", "INFO", "--log-json")
+    proc, address = start_up("--servers", "1", "--metrics-port", "0", "--log-level", "INFO", "--log-json")
     try:
         with trajflight.connect(address, timeout=20) as client:
             client.open_job("metrics-job", 1)
@@ -227,7 +204,7 @@ def test_up_serves_metrics_and_logs_json_lines_naming_the_job():
         assert 'trajflight_groups{job="metrics-job",state="READY"} 2.0' in text
         assert "trajflight_groups_published_total 2.0" in text
     finally:
-        err = _stop(proc)
+        err = stop_up(proc)
     (start,) = [line for line in err.splitlines() if line.startswith("trajflight up: serving on ")]
     assert f"controller {metrics}" in start
     assert "server-0 http://127.0.0.1:" in start

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +14,8 @@ from trajflight.devcerts import DevCerts, make_dev_certs
 from trajflight.errors import ConfigError, UnavailableError
 from trajflight.flight_server import StorageClient, StorageServer, TlsConfig
 from trajflight.workload import make_workload
+
+from .conftest import start_up, stop_up
 
 pytest.importorskip("cryptography", reason="the tls extra: pip install 'trajflight[tls]'")
 
@@ -81,3 +85,67 @@ def test_tls_settings_that_cannot_work_are_config_errors_naming_them(certs):
     with pytest.raises(ConfigError, match="cannot read"):
         TlsConfig.from_files(Path("/nonexistent/cert.pem"), Path("/nonexistent/key.pem"))
     assert "BEGIN" not in repr(certs.server)  # the key never shows in a repr or a log line
+
+
+@pytest.mark.ray
+def test_a_ray_plane_serves_its_storage_servers_over_mutual_tls(ray_runtime, certs):
+    from trajflight import RayCluster
+
+    with pytest.raises(ConfigError, match="client_tls"):
+        RayCluster(tls=certs.server)
+    with RayCluster(servers=1, capacity="64MiB", tls=certs.server, client_tls=certs.client) as plane:
+        (location,) = plane.server_locations
+        assert location.startswith("grpc+tls://127.0.0.1:")
+        with plane.client() as client:  # the plane's own client, same node: the arena still serves
+            assert _round_trip(client, "ray-own") == 4
+        with trajflight.connect(plane.address, tls=certs.client, transport="flight") as client:
+            assert _round_trip(client, "ray-flight") == 4
+        assert plane.wait_idle("ray-flight") == (0, 0)  # the controller actor's deletes went over mTLS
+        with pytest.raises(UnavailableError), StorageClient(location, timeout=5) as plaintext:
+            plaintext.health()
+        # No CA given: the system's roots do not trust the private CA, so the handshake fails.
+        with (
+            trajflight.connect(plane.address, transport="flight") as stranger,
+            pytest.raises(UnavailableError, match="certificate verify failed"),
+        ):
+            stranger.open_job("no-cert", 1)
+
+
+def test_up_with_dev_tls_serves_mutual_tls_to_clients_holding_the_certificates(tmp_path):
+    folder = tmp_path / "dev-tls"
+    proc, address = start_up(
+        "--servers", "1", "--capacity", "64MiB", "--dev-tls", str(folder), scheme="grpc+tls"
+    )
+    try:
+        tls = TlsConfig.from_files(folder / "client.pem", folder / "client.key", folder / "ca.pem")
+        with trajflight.connect(address, tls=tls, transport="flight") as client:
+            assert _round_trip(client, "up-tls") == 4
+        with pytest.raises(UnavailableError):
+            trajflight.connect(address, tls=TlsConfig(ca=tls.ca), timeout=5).controller.servers()
+    finally:
+        err = stop_up(proc)
+    assert f"{folder}/client.pem" in err  # it says how clients connect
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--tls-cert", "c.pem", "--tls-key", "k.pem"], "--tls-ca"),
+        (
+            ["--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-ca", "a.pem", "--tls-client-ca", "a.pem"],
+            "mutual",
+        ),
+        (["--dev-tls", "d", "--tls-ca", "a.pem"], "drop the --tls-"),
+        (["--tls-cert", "/no/c.pem", "--tls-key", "/no/k.pem", "--tls-ca", "/no/a.pem"], "cannot read"),
+    ],
+)
+def test_up_refuses_tls_options_that_cannot_work_naming_them(options, message):
+    out = subprocess.run(
+        [sys.executable, "-m", "trajflight", "up", "--servers", "1", *options],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr
