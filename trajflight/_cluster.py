@@ -202,6 +202,11 @@ class LocalCluster:
             archive_dropped=self.archive_dropped,
         )
 
+    def _close_archive(self) -> None:
+        """End the archive's pool (its held groups stay on the GC list: a successor archives them)."""
+        if self.archive is not None:
+            self.archive.close()
+
     def restart_controller(self) -> None:
         """Replace the controller by a fresh one on the same address (its state is lost unless a
         ``state_dir`` journal recovers it); the storage servers and their data stay. Restore jobs from
@@ -211,6 +216,7 @@ class LocalCluster:
         port = self._control.port
         self.controller.close()  # first: parked long polls are answered, so the shutdown never waits them out
         self._control.shutdown()
+        self._close_archive()
         self._start_controller(port=port)
 
     def _start_servers(self) -> None:
@@ -281,6 +287,7 @@ class LocalCluster:
             self._control.shutdown()
             self._control = None
         self.controller = None
+        self._close_archive()
         self._pool.close()
         for server in self._threads:
             server.close()
