@@ -41,6 +41,7 @@ from ._commands import Acquire, Command, Kind, parse
 from ._files import write_atomic
 from ._ledger import Ledger
 from ._records import DeleteWork
+from ._timeline import Timeline
 
 __all__ = ["BatchDeleter", "HostCore", "run_deletes"]
 
@@ -72,6 +73,7 @@ class HostCore:
         self._records = 0
         self._journal: BinaryIO | None = None
         self.recovered_leases = 0
+        self.timeline = Timeline()
         if state_dir is None:
             self._dir: Path | None = None
             self.ledger = Ledger()
@@ -136,6 +138,11 @@ class HostCore:
         if self._journal is not None:
             self._journal.close()
             self._journal = None
+
+    def sample_timeline(self) -> None:
+        """Add every job's counts to :attr:`timeline` when a sample is due (the sweeper calls this)."""
+        ledger = self.ledger
+        self.timeline.sample(self.clock(), lambda: {j: ledger.counts(j) for j in ledger.job_ids})
 
     def apply(self, method: str, kwargs: dict[str, Any]) -> Any:
         """Run the operation ``method`` with ``kwargs`` (see :meth:`run`).

@@ -66,7 +66,7 @@ from trajflight.controller import DeleteWork, run_deletes
 from trajflight.errors import ArchiveError, NotFoundError, brief
 from trajflight.keys import Partition
 
-__all__ = ["FACT_COLUMNS", "Archive", "open_filesystem"]
+__all__ = ["FACT_COLUMNS", "TIMELINE_KEY", "Archive", "open_filesystem"]
 
 log = logging.getLogger("trajflight.archive")
 
@@ -74,6 +74,9 @@ FACT_COLUMNS: tuple[str, ...] = ("trained_by", "committed_at", "trained_version"
 """The lease-fact columns the archive adds to every row."""
 
 _MANIFESTS = "_manifests"
+TIMELINE_KEY = b"trajflight.timeline"
+"""The Parquet footer key of each data file's copy of the controller's timeline (JSON: ``v``, ``run``,
+``samples``), as it was when the file was written."""
 WORKERS = 4
 """Threads of the archive's pool: files being written (Parquet and zstd release the GIL) and deletes."""
 FILES_IN_FLIGHT = 2
@@ -169,6 +172,12 @@ class Archive:
             ``UNKNOWN`` groups, a new epoch's dropped READY groups, a restore's purges), marked
             ``outcome = "dropped"`` and without lease facts; by default they are deleted unarchived.
 
+    Attributes:
+        timeline: The controller's timeline of job counts (``LocalController.timeline``), set by the
+            host once the controller exists; every data file carries it as it was when the file was
+            written, in its Parquet footer under :data:`TIMELINE_KEY` (a report over the archive alone
+            draws it). None writes no timeline.
+
     Raises:
         ArchiveError: the location cannot be opened, or its manifests cannot be read.
     """
@@ -204,6 +213,8 @@ class Archive:
         self.last_error: ArchiveError | None = None
         self._local = isinstance(self.fs, pafs.LocalFileSystem)
         self._pool: ThreadPoolExecutor | None = None
+        self.timeline: Callable[[], list[dict[str, Any]]] | None = None
+        self._run_id = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}-{os.urandom(4).hex()}"
         self._load_manifests()
 
     # ------------------------------------------------------------------ paths
@@ -276,6 +287,14 @@ class Archive:
         for (job_id, epoch), items in fresh.items():
             out.extend(self._archive_new(job_id, epoch, items))
         return out
+
+    def _timeline_metadata(self) -> dict[bytes, bytes]:
+        """The footer metadata that carries the controller's timeline (none without one)."""
+        samples = None if self.timeline is None else self.timeline()
+        if not samples:
+            return {}
+        body = {"v": 1, "run": self._run_id, "samples": samples}
+        return {TIMELINE_KEY: json.dumps(body, separators=(",", ":")).encode()}
 
     # ------------------------------------------------------------------ writing
     def _archive_new(self, job_id: str, epoch: int, items: list[DeleteWork]) -> list[Outcome]:
@@ -387,6 +406,9 @@ class Archive:
             if name in table.column_names:
                 table = table.drop_columns([name])
             table = table.append_column(name, column)
+        timeline = self._timeline_metadata()
+        if timeline:
+            table = table.replace_schema_metadata({**(table.schema.metadata or {}), **timeline})
         sink = pa.BufferOutputStream()
         pq.write_table(
             table,

@@ -173,6 +173,8 @@ class LocalCluster:
             state_dir=self.state_dir,
             batch_deleter=self.archive,
         )
+        if self.archive is not None:
+            self.archive.timeline = self.controller.timeline
         status = None if self.archive is None else self.archive.status
         self._control = ControlServer(
             self.controller, host=self.host, port=port, archive_status=status, tls=self.tls
