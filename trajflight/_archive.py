@@ -38,8 +38,14 @@ reader never sees a partial file; names starting with ``.`` or ``_`` are ignored
 
 What it does not guarantee: files of about ``max_bytes`` exactly (a batch is cut between groups); an
 archive shared by two controllers (each would write its own batches); the removal of a manifest whose
-last deletes completed in a process that then died (it is kept, harmless, and loaded again). It runs on
-the sweeper's thread: while a file is written, the sweeper waits (expiry still happens lazily on calls).
+last deletes completed in a process that then died (it is kept, harmless, and loaded again).
+
+**Threads.** Calls are synchronous and one at a time: ``LocalCluster`` runs them on an
+:class:`~trajflight._archive_worker.ArchiveWorker` thread, off the controller's sweeper. Within a call,
+files are written on a small pool (:data:`WORKERS` threads; Parquet and zstd release the GIL) while the
+next file's groups are read, and a durable file's deletes run in parallel slices. Parquet is written with
+zstd level :data:`ZSTD_LEVEL` and dictionary encoding for string columns only (the profile and the
+figures are in BENCHMARKS.md, "The archive").
 """
 
 from __future__ import annotations
