@@ -2,7 +2,8 @@
 "groups per state over time" and "throughput over time".
 
 Each sample is plain JSON: ``{"t": <wall-clock seconds>, "jobs": {<job>: <counts>}}``, where counts are
-:meth:`~._ledger.Ledger.counts` (groups per state, ``committed_total``, ``deleted``, ...). Samples are
+:meth:`~._ledger.Ledger.counts` (groups per state, ``committed_total``, ``deleted``, ...) with the zero
+ones left out (the host samples them so: a missing count is 0). Samples are
 taken at most every ``interval`` seconds; when ``capacity`` are kept, every other one is dropped and the
 interval doubles, so the history always spans the whole run in bounded memory.
 

@@ -151,14 +151,22 @@ def test_bad_sources_raise_typed_errors(tmp_path):
     assert not (tmp_path / "r.html").exists()
 
 
-def test_the_command_writes_the_page_and_fails_with_one_line(tmp_path, job):
-    root = _trained_archive(tmp_path, job)
+def test_the_command_writes_the_page_and_fails_with_one_line(tmp_path):
+    """The command's success path over a full archive runs in tests/archive/test_demo_archive.py (the
+    command the demo prints); here, a source with no figure's data, and a missing one."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "bare" / "job_id=j" / "epoch=1"
+    folder.mkdir(parents=True)
+    pq.write_table(pa.table({"group_id": [1], "reward": [1.0]}), folder / "part-0.parquet")
     out = tmp_path / "cli.html"
-    cmd = [sys.executable, "-m", "trajflight", "report", str(root), "-o", str(out)]
+    cmd = [sys.executable, "-m", "trajflight", "report", str(tmp_path / "bare"), "-o", str(out)]
     done = subprocess.run([*cmd, "--png", str(tmp_path / "p")], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "6 of 6 figures drawn" in done.stdout
-    _check_page(out.read_text(encoding="utf-8"), drawn=set(KEYS))
+    assert "(0 of 6 figures drawn)" in done.stdout
+    assert "  staleness: no data: " in done.stdout
+    _check_page(out.read_text(encoding="utf-8"), drawn=set())
     bad = subprocess.run(
         [sys.executable, "-m", "trajflight", "report", str(tmp_path / "nowhere")],
         capture_output=True,

@@ -57,5 +57,4 @@ def test_the_sweeper_samples_every_jobs_counts():
     finally:
         host.close()
     assert [s["t"] for s in samples] == [100.0, 100.3]
-    assert samples[0]["jobs"]["j"]["committed_total"] == 0
-    assert "READY" in samples[0]["jobs"]["j"]
+    assert samples[0]["jobs"] == {"j": {}}  # an open job with no group yet: every count is 0, left out

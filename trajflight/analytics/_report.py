@@ -267,7 +267,8 @@ def _archive_timeline(location: Source, filesystem: pafs.FileSystem | None) -> l
 
 
 def _series(samples: list[dict[str, Any]], job: str | None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Seconds since the first sample, and every count summed over the jobs shown."""
+    """Seconds since the first sample, and every count summed over the jobs shown (a count a sample
+    leaves out is 0)."""
     samples = sorted(samples, key=lambda s: s["t"])
     t = np.array([s["t"] for s in samples], dtype=float)
     keys = sorted({k for s in samples for j, c in s["jobs"].items() if job in (None, j) for k in c})
@@ -297,18 +298,19 @@ def _states(plt: Any, samples: list[dict[str, Any]], job: str | None) -> Figure 
 
 def _throughput(plt: Any, samples: list[dict[str, Any]], job: str | None) -> Figure | str:
     t, sums = _series(samples, job)
-    if len(t) < 2 or "committed_total" not in sums:
+    if len(t) < 2:
         return "no data: no controller timeline with two samples or more (see the module docstring)"
     dt = np.maximum(np.diff(t), 1e-9)
+    zeros = np.zeros(len(t))
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     for key, label in (("committed_total", "committed"), ("deleted", "deleted (archived first)")):
-        if key in sums:
-            ax.plot(t[1:], np.diff(sums[key]) / dt, label=label, drawstyle="steps-pre")
+        ax.plot(t[1:], np.diff(sums.get(key, zeros)) / dt, label=label, drawstyle="steps-pre")
     ax.set_xlabel("seconds since the first sample")
     ax.set_ylabel("groups / s")
     ax.legend(fontsize="small")
     ax.grid(alpha=0.3)
-    total = sums["committed_total"][-1] - sums["committed_total"][0]
+    committed = sums.get("committed_total", zeros)
+    total = committed[-1] - committed[0]
     note = f"{total:.0f} groups committed over {t[-1]:.0f} s ({total / max(t[-1], 1e-9):.1f} groups/s)"
     return Figure("throughput", "", _png(fig), note)
 
