@@ -42,6 +42,7 @@ from ._files import write_atomic
 from ._ledger import Ledger
 from ._metrics import ControllerMetrics
 from ._records import DeleteWork
+from ._timeline import Timeline
 
 __all__ = ["BatchDeleter", "HostCore", "run_deletes"]
 
@@ -75,6 +76,7 @@ class HostCore:
         self._records = 0
         self._journal: BinaryIO | None = None
         self.recovered_leases = 0
+        self.timeline = Timeline()
         if state_dir is None:
             self._dir: Path | None = None
             self.ledger = Ledger()
@@ -139,6 +141,15 @@ class HostCore:
         if self._journal is not None:
             self._journal.close()
             self._journal = None
+
+    def sample_timeline(self) -> None:
+        """Add every job's counts to :attr:`timeline` when a sample is due (the sweeper calls this)."""
+        ledger = self.ledger
+
+        def counts() -> dict[str, dict[str, int]]:  # zeros left out: most states are empty most of the time
+            return {j: {k: v for k, v in ledger.counts(j).items() if v} for j in ledger.job_ids}
+
+        self.timeline.sample(self.clock(), counts)
 
     def apply(self, method: str, kwargs: dict[str, Any]) -> Any:
         """Run the operation ``method`` with ``kwargs`` (see :meth:`run`).

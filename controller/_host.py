@@ -323,6 +323,7 @@ class LocalController:
                 return 0
             before = self._core.ledger.ready_version
             self._core.run(Tick())
+            self._core.sample_timeline()
             work = self._core.run(TakeDeletes(limit=self._delete_batch))
             fences = self._core.run(TakeFences(limit=self._delete_batch))
             if self._core.ledger.ready_version != before:
@@ -344,6 +345,10 @@ class LocalController:
                     FenceDone(partition=fence.partition, generation=fence.generation, ok=ok, error=error)
                 )
         return len(work) + len(fences) + (len(results) if held else 0)
+
+    def timeline(self) -> list[dict[str, Any]]:
+        """The sweeper's samples of every job's counts, oldest first (see ``controller._timeline``)."""
+        return self._core.timeline.samples()
 
     def _run_deletes(self, work: list[DeleteWork]) -> list[tuple[DeleteWork, bool, str | None]]:
         """Run a pass's deletes through the batch deleter when there is one, else one by one."""

@@ -605,6 +605,12 @@ class Ledger:
         return self._upkeep.fence_done(partition, generation, ok, self._advance(now), error)
 
     # ------------------------------------------------------------------ queries
+    @property
+    def job_ids(self) -> tuple[str, ...]:
+        """The ids of every job opened (or restored) on this ledger (a property, not an operation: the
+        host's timeline reads it, no client asks for it)."""
+        return tuple(self._jobs.ids())
+
     def counts(self, job_id: str) -> dict[str, int]:
         """Groups per state for the job (every state present), plus ``deleted`` (confirmed deletes),
         ``committed_total`` (commits ever, deleted or not), ``kept`` (COMMITTED groups kept for a restore

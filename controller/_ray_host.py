@@ -208,12 +208,14 @@ class ControllerActor:
             return ("err", exc)
 
     async def info(self) -> dict[str, Any]:
-        """Incarnation, pid and how many leases the last recovery ended (for operators and tests)."""
+        """Incarnation, pid, how many leases the last recovery ended, and the timeline of every job's counts
+        (``controller._timeline``), for operators, tests and reports."""
         self._ensure_started()
         return {
             "incarnation": self._core.incarnation,
             "pid": os.getpid(),
             "recovered_leases": self._core.recovered_leases,
+            "timeline": self._core.timeline.samples(),
             **self._archive_info(),
         }
 
@@ -225,6 +227,7 @@ class ControllerActor:
     async def sweep(self) -> int:
         """One sweeper pass (expiries, then deletes and fences); returns the work items run."""
         self._apply(Tick())
+        self._core.sample_timeline()
         work = self._apply(TakeDeletes(limit=self._delete_batch))
         fences = self._apply(TakeFences(limit=self._delete_batch))
         held = self._batch_deleter is not None and self._batch_deleter.pending > 0

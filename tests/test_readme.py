@@ -31,6 +31,7 @@ def test_readme_python_examples_run(capsys):
     assert "torch.Size([6, 7]) [4, 0, 7, 4, 0, 7]" in out
     assert "Partition(job_id='grpo-run', epoch=1, group_id=0) 3 READY" in out
     assert "(0, 0)" in out
+    assert "['reward', 'length']" in out  # the Analytics example's report: the figures it could draw
 
 
 def test_readme_comments_show_what_the_code_prints(capsys):

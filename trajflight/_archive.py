@@ -38,8 +38,14 @@ reader never sees a partial file; names starting with ``.`` or ``_`` are ignored
 
 What it does not guarantee: files of about ``max_bytes`` exactly (a batch is cut between groups); an
 archive shared by two controllers (each would write its own batches); the removal of a manifest whose
-last deletes completed in a process that then died (it is kept, harmless, and loaded again). It runs on
-the sweeper's thread: while a file is written, the sweeper waits (expiry still happens lazily on calls).
+last deletes completed in a process that then died (it is kept, harmless, and loaded again).
+
+**Threads.** Calls are synchronous and one at a time: ``LocalCluster`` runs them on an
+:class:`~trajflight._archive_worker.ArchiveWorker` thread, off the controller's sweeper. Within a call,
+files are written on a small pool (:data:`WORKERS` threads; Parquet and zstd release the GIL) while the
+next file's groups are read, and a durable file's deletes run in parallel slices. Parquet is written with
+zstd level :data:`ZSTD_LEVEL` and dictionary encoding for string columns only (the profile and the
+figures are in BENCHMARKS.md, "The archive").
 """
 
 from __future__ import annotations
@@ -51,7 +57,9 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -64,7 +72,7 @@ from trajflight.controller import DeleteWork, run_deletes
 from trajflight.errors import ArchiveError, NotFoundError, brief
 from trajflight.keys import Partition
 
-__all__ = ["FACT_COLUMNS", "Archive", "open_filesystem"]
+__all__ = ["FACT_COLUMNS", "TIMELINE_KEY", "Archive", "open_filesystem"]
 
 log = logging.getLogger("trajflight.archive")
 
@@ -72,8 +80,18 @@ FACT_COLUMNS: tuple[str, ...] = ("trained_by", "committed_at", "trained_version"
 """The lease-fact columns the archive adds to every row."""
 
 _MANIFESTS = "_manifests"
+TIMELINE_KEY = b"trajflight.timeline"
+"""The Parquet footer key of each data file's copy of the controller's timeline (JSON: ``v``, ``run``,
+``samples``), as it was when the file was written."""
+WORKERS = 4
+"""Threads of the archive's pool: files being written (Parquet and zstd release the GIL) and deletes."""
+FILES_IN_FLIGHT = 2
+"""Files of one flush written at once while the next file's groups are read."""
 READ_GROUPS = 64
 """Groups read from a server in one stream (bounds the memory of a read beyond one file's groups)."""
+ZSTD_LEVEL = 1
+"""The archive's zstd level: level 1 writes the standard workload's token columns about as small as the
+default level 3 (BENCHMARKS.md, "The archive"), in less time."""
 _WRITE_HINT = "make the archive writable (space, permissions, credentials)"
 _READ_HINT = "bring the storage server back, or restore the job so that its lost groups are accounted for"
 Outcome = tuple[DeleteWork, bool, str | None]
@@ -160,6 +178,12 @@ class Archive:
             ``UNKNOWN`` groups, a new epoch's dropped READY groups, a restore's purges), marked
             ``outcome = "dropped"`` and without lease facts; by default they are deleted unarchived.
 
+    Attributes:
+        timeline: The controller's timeline of job counts (``LocalController.timeline``), set by the
+            host once the controller exists; every data file carries it as it was when the file was
+            written, in its Parquet footer under :data:`TIMELINE_KEY` (a report over the archive alone
+            draws it). None writes no timeline.
+
     Raises:
         ArchiveError: the location cannot be opened, or its manifests cannot be read.
     """
@@ -194,6 +218,9 @@ class Archive:
         self.counters = {"files": 0, "groups": 0, "rows": 0, "bytes": 0, "failures": 0, "rewrites": 0}
         self.last_error: ArchiveError | None = None
         self._local = isinstance(self.fs, pafs.LocalFileSystem)
+        self._pool: ThreadPoolExecutor | None = None
+        self.timeline: Callable[[], list[dict[str, Any]]] | None = None
+        self._run_id = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}-{os.urandom(4).hex()}"
         self._load_manifests()
 
     # ------------------------------------------------------------------ paths
@@ -267,13 +294,34 @@ class Archive:
             out.extend(self._archive_new(job_id, epoch, items))
         return out
 
+    def _timeline_metadata(self) -> dict[bytes, bytes]:
+        """The footer metadata that carries the controller's timeline (none without one)."""
+        samples = None if self.timeline is None else self.timeline()
+        if not samples:
+            return {}
+        body = {"v": 1, "run": self._run_id, "samples": samples}
+        return {TIMELINE_KEY: json.dumps(body, separators=(",", ":")).encode()}
+
     # ------------------------------------------------------------------ writing
     def _archive_new(self, job_id: str, epoch: int, items: list[DeleteWork]) -> list[Outcome]:
         """Read ``items`` (one job and epoch) a slice at a time, and write a file whenever the groups
-        read reach a file's size, so at most about one file's groups are held in memory."""
+        read reach a file's size. Files are written on the archive's pool while the next one's groups
+        are read; at most :data:`FILES_IN_FLIGHT` are being written, so at most about that many plus
+        one files' groups are held in memory. Each file's deletes start once it is durable."""
         out: list[Outcome] = []
         chunk: list[tuple[DeleteWork, pa.Table]] = []
         size = 0
+        writing: deque[tuple[_Batch, Future[None]]] = deque()
+
+        def begin(chunk: list[tuple[DeleteWork, pa.Table]]) -> None:
+            started = self._start_batch(job_id, epoch, chunk)
+            if isinstance(started, list):
+                out.extend(started)
+                return
+            writing.append(started)
+            while len(writing) >= FILES_IN_FLIGHT:
+                out.extend(self._end_batch(*writing.popleft()))
+
         for location, ws in _by_location(items).items():
             for start in range(0, len(ws), READ_GROUPS):
                 part = ws[start : start + READ_GROUPS]
@@ -288,12 +336,14 @@ class Archive:
                     if t is None:
                         continue
                     if chunk and (len(chunk) >= self.max_groups or size + t.nbytes > self.max_bytes):
-                        out.extend(self._write_batch(job_id, epoch, chunk))
+                        begin(chunk)
                         chunk, size = [], 0
                     chunk.append((w, t))
                     size += t.nbytes
         if chunk:
-            out.extend(self._write_batch(job_id, epoch, chunk))
+            begin(chunk)
+        while writing:
+            out.extend(self._end_batch(*writing.popleft()))
         return out
 
     def _read_groups(self, location: str, items: list[DeleteWork]) -> list[tuple[DeleteWork, Any]]:
@@ -311,9 +361,11 @@ class Archive:
             return out
         return _split_groups(table, items)
 
-    def _write_batch(
+    def _start_batch(
         self, job_id: str, epoch: int, chunk: list[tuple[DeleteWork, pa.Table]]
-    ) -> list[Outcome]:
+    ) -> tuple[_Batch, Future[None]] | list[Outcome]:
+        """Record a new batch's manifest, then start writing its file on the pool; the failed outcomes
+        of its groups when the manifest cannot be written."""
         members = [w for w, _ in chunk]
         batch = _Batch(batch_name(_key(w) for w in members), job_id, epoch, members)
         try:
@@ -321,11 +373,21 @@ class Archive:
         except Exception as exc:  # nothing recorded: the groups form a new batch on their retry
             return self._failed(members, "writing a manifest", exc)
         self._remember(batch)
+        return batch, self._executor().submit(self._write_file, batch, [t for _, t in chunk])
+
+    def _end_batch(self, batch: _Batch, writing: Future[None]) -> list[Outcome]:
+        """Wait for a batch's file; once it is durable delete its groups, else report them failed."""
         try:
-            self._write_file(batch, [t for _, t in chunk])
+            writing.result()
         except Exception as exc:  # the manifest stays: the retry writes this same file
-            return self._failed(members, "writing a file", exc)
-        return self._delete_members(batch, members)
+            return self._failed(batch.members, "writing a file", exc)
+        return self._delete_members(batch, batch.members)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        """The pool that writes files and runs deletes (made on first use, ended by :meth:`close`)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="trajflight-archive")
+        return self._pool
 
     def _finish(self, batch: _Batch, items: list[DeleteWork]) -> list[Outcome]:
         """Groups handed out again whose batch is recorded: write its file if it is missing, then delete."""
@@ -350,8 +412,17 @@ class Archive:
             if name in table.column_names:
                 table = table.drop_columns([name])
             table = table.append_column(name, column)
+        timeline = self._timeline_metadata()
+        if timeline:
+            table = table.replace_schema_metadata({**(table.schema.metadata or {}), **timeline})
         sink = pa.BufferOutputStream()
-        pq.write_table(table, sink, compression="zstd")
+        pq.write_table(
+            table,
+            sink,
+            compression="zstd",
+            compression_level=ZSTD_LEVEL,
+            use_dictionary=_dictionary_columns(table.schema),
+        )
         data = sink.getvalue()
         self._put(self._file(batch), data)
         with self._lock:
@@ -385,7 +456,7 @@ class Archive:
 
     # ------------------------------------------------------------------ deleting
     def _delete_members(self, batch: _Batch, items: list[DeleteWork]) -> list[Outcome]:
-        out: list[Outcome] = run_deletes(items, self._delete)
+        out = self._run_deletes(items)
         batch.deleted.update(_key(w) for w, ok, _ in out if ok)
         if len(batch.deleted) >= len(batch.members):
             with contextlib.suppress(OSError):  # a manifest left behind is harmless (module docstring)
@@ -393,6 +464,25 @@ class Archive:
             self._batches.pop(batch.name, None)
             for w in batch.members:
                 self._index.pop(_key(w), None)
+        return out
+
+    def _run_deletes(self, items: list[DeleteWork]) -> list[Outcome]:
+        """Run deletes on the pool, a slice per worker (they wait on their servers, not on this process);
+        never raises."""
+        if len(items) < 2 * WORKERS:
+            few: list[Outcome] = run_deletes(items, self._delete)
+            return few
+        step = -(-len(items) // WORKERS)
+        slices = [items[i : i + step] for i in range(0, len(items), step)]
+        delete = self._delete
+
+        def run(ws: list[DeleteWork]) -> list[Outcome]:
+            done: list[Outcome] = run_deletes(ws, delete)
+            return done
+
+        out: list[Outcome] = []
+        for done in self._executor().map(run, slices):
+            out.extend(done)
         return out
 
     def _failed(
@@ -423,8 +513,12 @@ class Archive:
             }
 
     def close(self) -> None:
-        """Forget held groups without deleting them: they stay on the GC list and are handed out again."""
+        """Forget held groups without deleting them: they stay on the GC list and are handed out again;
+        end the pool (a file being written is finished first)."""
         self._held, self._oldest = {}, None
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
 
 def _by_location(items: Iterable[DeleteWork]) -> dict[str, list[DeleteWork]]:
@@ -432,6 +526,13 @@ def _by_location(items: Iterable[DeleteWork]) -> dict[str, list[DeleteWork]]:
     for w in items:
         out.setdefault(w.location, []).append(w)
     return out
+
+
+def _dictionary_columns(schema: pa.Schema) -> list[str]:
+    """The columns worth dictionary-encoding: top-level strings (job, owner, outcome: few values). Token,
+    logprob and mask lists are not: Parquet's dictionary attempt on them costs most of a file's write
+    time and falls back to plain encoding anyway (BENCHMARKS.md, "The archive")."""
+    return [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
 
 
 def _split_groups(table: pa.Table, items: list[DeleteWork]) -> list[tuple[DeleteWork, Any]]:

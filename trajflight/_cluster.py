@@ -33,6 +33,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from trajflight._archive import Archive
+from trajflight._archive_worker import ArchiveWorker
 from trajflight._client import Client
 from trajflight._control import ControlServer
 from trajflight._storage import StoragePool, Transport, check_tls_pair
@@ -148,6 +149,7 @@ class LocalCluster:
         self.archive_flush = archive_flush
         self.archive_dropped = archive_dropped
         self.archive: Archive | None = None
+        self._archive_worker: ArchiveWorker | None = None  # runs ``archive`` off the sweeper's thread
         self.controller: LocalController | None = None
         self._control: ControlServer | None = None
         self._started = False
@@ -171,13 +173,16 @@ class LocalCluster:
 
     def _start_controller(self, port: int) -> None:
         self.archive = self._open_archive()
+        self._archive_worker = None if self.archive is None else ArchiveWorker(self.archive)
         self.controller = LocalController(
             deleter=self._pool.delete,
             fencer=self._pool.fence_groups,
             state_dir=self.state_dir,
-            batch_deleter=self.archive,
+            batch_deleter=self._archive_worker,
         )
-        status = None if self.archive is None else self.archive.status
+        if self.archive is not None:
+            self.archive.timeline = self.controller.timeline
+        status = None if self._archive_worker is None else self._archive_worker.status
         self._control = ControlServer(
             self.controller,
             host=self.host,
@@ -212,6 +217,13 @@ class LocalCluster:
             archive_dropped=self.archive_dropped,
         )
 
+    def _close_archive(self) -> None:
+        """Stop the archive's worker and pool (what it held stays on the GC list: a successor archives
+        it)."""
+        if self._archive_worker is not None:
+            self._archive_worker.close()
+            self._archive_worker = None
+
     def restart_controller(self) -> None:
         """Replace the controller by a fresh one on the same address (its state is lost unless a
         ``state_dir`` journal recovers it); the storage servers and their data stay. Restore jobs from
@@ -223,6 +235,7 @@ class LocalCluster:
             self.metrics_port = self._control.metrics_endpoint.port
         self.controller.close()  # first: parked long polls are answered, so the shutdown never waits them out
         self._control.shutdown()
+        self._close_archive()
         self._start_controller(port=port)
 
     def _start_servers(self) -> None:
@@ -310,6 +323,7 @@ class LocalCluster:
             self._control.shutdown()
             self._control = None
         self.controller = None
+        self._close_archive()
         self._pool.close()
         for server in self._threads:
             server.close()

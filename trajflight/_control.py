@@ -14,8 +14,9 @@ Actions (``do_action`` type -> JSON body -> one result):
 * ``checkpoint``: ``{"job_id", "timeout"}`` -> bytes; ``restore``: ``{"source", "kwargs", ...}`` with the
   checkpoint's bytes as ``source``. A ``path`` to write or a ``source`` path to read is refused: the
   controller writes and reads no file a caller names (a client does that I/O in its own process).
-* ``info``: deployment facts (storage servers, host identity, counters); unlike the others its body
-  (empty or ``{"v": 1}``) and its answer are plain JSON, so that any Flight client can ask.
+* ``info``: deployment facts (storage servers, host identity, counters, the timeline of job counts);
+  unlike the others its body (empty or ``{"v": 1}``) and its answer are plain JSON, so that any Flight
+  client can ask.
 
 Every request is bounded before it is parsed: at most :data:`MAX_REQUEST_BYTES` (``restore``:
 :data:`MAX_RESTORE_BYTES`; a larger checkpoint is restored in the controller's own process) and
@@ -173,7 +174,7 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
             ("acquire", "long-poll lease: {kwargs, wait, timeout} -> lease or null"),
             ("checkpoint", "take a job checkpoint: {job_id, path, timeout} -> bytes"),
             ("restore", "restore a job from a checkpoint: {source, kwargs, timeout}"),
-            ("info", "deployment facts: storage servers, host identity, counters"),
+            ("info", "deployment facts: storage servers, host identity, counters, timeline"),
         ]
 
     def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> Any:
@@ -298,6 +299,7 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
             "counters": counters,
             "uptime_s": time.time() - self.started_at,
             "metrics": self.metrics_url,
+            "timeline": self.controller.timeline(),
         }
         if self.archive_status is not None:
             out["archive"] = self.archive_status()

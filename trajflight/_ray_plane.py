@@ -44,6 +44,7 @@ import pyarrow as pa
 
 from trajflight import logs
 from trajflight._archive import Archive
+from trajflight._archive_worker import ArchiveWorker
 from trajflight._client import Client
 from trajflight._ray_connect import SCHEME, current_node_id, loopback_addresses, parse_ray_address
 from trajflight._storage import StoragePool, check_tls_pair
@@ -119,8 +120,9 @@ class FlightStorage:
 
 
 class ArchiveFactory:
-    """Makes the controller actor's :class:`~trajflight._archive.Archive` in the actor's process
-    (picklable: Ray ships it; the archive's filesystem and connections are made where it runs).
+    """Makes the controller actor's :class:`~trajflight._archive.Archive`, run by an ``ArchiveWorker``,
+    in the actor's process (picklable: Ray ships it; the archive's filesystem, connections and thread
+    are made where it runs).
 
     Args:
         location, filesystem, flush_after: As :class:`~trajflight._archive.Archive` takes them.
@@ -133,15 +135,17 @@ class ArchiveFactory:
         self.flush_after = flush_after
         self.storage = storage
 
-    def __call__(self) -> Archive:
+    def __call__(self) -> ArchiveWorker:
+        """The archive, on a worker thread of its own (the actor's sweeper only queues its deletes)."""
         storage = self.storage
-        return Archive(
+        archive = Archive(
             self.location,
             read=storage.read,
             delete=storage.delete,
             filesystem=self.filesystem,
             flush_after=self.flush_after,
         )
+        return ArchiveWorker(archive)
 
 
 class StorageServerActor:

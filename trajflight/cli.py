@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "run DuckDB SQL over a trajectories view of live and archived groups",
     ),
     "export": ("trajflight.analytics._export", "dump live (or archived) groups to one Parquet file"),
+    "report": ("trajflight.analytics._report", "draw an HTML report of plots over live or archived groups"),
 }
 
 

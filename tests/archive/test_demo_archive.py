@@ -13,7 +13,7 @@ from trajflight.analytics import scan
 
 def test_demo_archives_every_trained_sample_once_and_prints_a_working_sql_command(tmp_path: Path) -> None:
     """Issue 17: the demo run with ``--archive`` must end with every trained sample in the archive
-    exactly once and print a ``trajflight sql`` command that runs on it."""
+    exactly once and print a ``trajflight sql`` and a ``trajflight report`` command that run on it."""
     archive = tmp_path / "archive"
     cmd = [sys.executable, "-m", "trajflight", "demo", "--workers", "2", "--no-progress", "--groups", "24"]
     result = subprocess.run([*cmd, "--archive", str(archive)], capture_output=True, text=True, timeout=300)
@@ -30,3 +30,10 @@ def test_demo_archives_every_trained_sample_once_and_prints_a_working_sql_comman
     rows = sql.stdout.strip().splitlines()
     assert rows[0].startswith("policy_version,samples,reward,staleness")
     assert sum(int(r.split(",")[1]) for r in rows[1:]) == 24 * 8
+    (line,) = [x for x in result.stdout.splitlines() if x.strip().startswith("trajflight report ")]
+    argv = shlex.split(line)
+    command = [sys.executable, "-m", "trajflight", *argv[1:]]
+    made = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert made.returncode == 0, made.stderr[-2000:]
+    assert "(6 of 6 figures drawn)" in made.stdout  # the demo's archive holds rows, facts and timeline
+    assert (tmp_path / "report.html").read_text().count('<img alt="') == 6

@@ -8,8 +8,11 @@
 * Derived columns analysts always compute (:data:`DERIVED_COLUMNS`: ``prompt_length``,
   ``response_length``, ``tokens``, ``mean_logprob``, ``top_p_entropy``), made on request by the scan;
   :func:`add_derived` makes them on any table of trajectory rows.
-* ``trajflight sql SOURCE "SELECT ..."`` (DuckDB over a ``trajectories`` view) and ``trajflight export
-  SOURCE OUT.parquet`` are the command-line faces of the same scan.
+* :func:`report` draws six figures (reward by policy version, response lengths and finish reasons by
+  epoch, staleness, groups per state and throughput over time) into one static HTML page.
+* ``trajflight sql SOURCE "SELECT ..."`` (DuckDB over a ``trajectories`` view), ``trajflight export
+  SOURCE OUT.parquet`` and ``trajflight report SOURCE -o report.html`` are the command-line faces of the
+  same scan.
 
 pyarrow is all a scan needs; DuckDB and Polars are imported only by the calls that return them, and a
 missing one raises :class:`~trajflight.errors.ConfigError` naming ``pip install 'trajflight[analytics]'``.
@@ -18,6 +21,7 @@ missing one raises :class:`~trajflight.errors.ConfigError` naming ``pip install 
 from __future__ import annotations
 
 from trajflight.analytics._derived import DERIVED_COLUMNS, add_derived
+from trajflight.analytics._report import FIGURES, Figure, Report, report
 from trajflight.analytics._scan import Scan, scan
 
-__all__ = ["DERIVED_COLUMNS", "Scan", "add_derived", "scan"]
+__all__ = ["DERIVED_COLUMNS", "FIGURES", "Figure", "Report", "Scan", "add_derived", "report", "scan"]

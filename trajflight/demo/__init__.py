@@ -74,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         default=None,
         help="archive every trained group to DIR (Parquet; a local path or a pyarrow.fs URI) and print "
-        "the `trajflight sql` command to study it",
+        "the `trajflight sql` and `trajflight report` commands to study it",
     )
     parser.add_argument("--plot", metavar="PATH", default=None, help="draw the reward curve to PATH (PNG)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -230,10 +230,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_archive_commands(archive: str) -> None:
-    """Say where the trained groups went and the command that studies them."""
+    """Say where the trained groups went and the commands that study them (a query, a report)."""
     query = (
         "SELECT policy_version, count(*) AS samples, avg(reward) AS reward, avg(staleness) AS staleness "
         "FROM trajectories GROUP BY 1 ORDER BY 1"
     )
     print(f"\ntrained groups archived to {archive}; study them with:")
     print(f"  trajflight sql {shlex.quote(archive)} {shlex.quote(query)}")
+    print(f"  trajflight report {shlex.quote(archive)} -o report.html")
