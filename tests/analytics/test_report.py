@@ -97,7 +97,7 @@ def test_a_report_over_an_archive_draws_all_six_figures(tmp_path, job):
     """Issue 17: an archive of a LocalCluster run holds what every figure needs: the rows (staleness
     included) and, in its files' footers, the controller's timeline."""
     root = _trained_archive(tmp_path, job)
-    out, pngs = tmp_path / "report.html", tmp_path / "png"
+    out, pngs = tmp_path / "new" / "report.html", tmp_path / "png"  # out's folder is made, as png_dir is
     made = report(root, out=out, png_dir=pngs)
     page = out.read_text(encoding="utf-8")
     assert page == made.html

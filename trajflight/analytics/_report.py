@@ -356,8 +356,8 @@ def report(
         source: What :func:`~trajflight.analytics.scan` takes: a data plane address (live groups, and
             the controller's timeline from its ``info``), an archive location (archived groups, and
             the timelines in its files' footers), or a list of those.
-        out: Where to write the page (replaced if it exists); None writes no page (``Report.html``
-            still holds it).
+        out: Where to write the page (replaced if it exists; its folder made if missing); None writes no
+            page (``Report.html`` still holds it).
         png_dir: Also write each drawn figure there as ``<key>.png`` (made if missing); None: none.
         job: Only this job (rows and timeline). epochs: Only these epochs (rows only).
         filesystem: The ``pyarrow.fs`` filesystem of archive paths (an S3 ``endpoint_override``).
@@ -400,6 +400,7 @@ def report(
     page = _page(f"trajflight report: {names}" + (f", job {job}" if job else ""), figures)
     path = None if out is None else Path(out)
     if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)  # as png_dir is: `-o out/report.html` just works
         tmp = path.with_name(f".tmp-{path.name}")
         tmp.write_text(page, encoding="utf-8")
         tmp.replace(path)
