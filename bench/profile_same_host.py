@@ -1,8 +1,8 @@
 """Profile the same-host paths of issue 16 (cProfile), to see where each figure's time goes.
 
-On ``LocalCluster(servers=1, processes=True)`` (one storage server process with its arena, the controller
-in this process), with the client's default transport (shared memory on this host), and the standard
-workload with its user columns (``extra=``), as ``trajflight bench`` runs it:
+On ``LocalCluster(servers=1, processes=True)`` (``--servers``; one storage server process with its arena,
+the controller in this process), with the client's default transport (shared memory on this host), and
+the standard workload with its user columns (``extra=``), as ``trajflight bench`` runs it:
 
 * ``put_many``: ``Writer.put_many`` of the groups' columns (encoding inside);
 * ``get``: ``LeasedBatch.fetch()`` of every column to jagged torch, of a held lease of the batch;
@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--what", default="put_many,get,lease,small,rpc")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--servers", type=int, default=1, help="storage server processes (bench: 2)")
     args = parser.parse_args(argv)
     import torch
 
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     users = [user_columns(g) for g in groups]
     columns = [g.columns(extra=u) for g, u in zip(groups, users, strict=True)]
     encoded = [encode_with_users(g, JOB, 1, u) for g, u in zip(groups, users, strict=True)]
-    with trajflight.LocalCluster(servers=1, capacity="8GiB", processes=True) as cluster:
+    with trajflight.LocalCluster(servers=args.servers, capacity="8GiB", processes=True) as cluster:
         client = cluster.client()
         client.open_job(JOB, 1)
         writer = client.writer(JOB, 1, writer_id="prof-writer")
@@ -103,7 +104,6 @@ def main(argv: list[str] | None = None) -> int:
             _profile("put_many (columns, user columns included)", put_many, args.rounds, args.top)
             drain()
         if "lease" in what:
-
             held: list[Any] = []
 
             def lease() -> Callable[[], None]:
@@ -153,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
                 state["i"] += 1
                 return lambda: rwriter.put(encoded[state["i"] % len(encoded)])
 
-            _profile("handoff writer side: Writer.put over the control RPC", put_rpc, args.rounds * 5, args.top)
+            _profile(
+                "handoff writer side: Writer.put over the control RPC", put_rpc, args.rounds * 5, args.top
+            )
 
             def lease_rpc() -> Callable[[], None]:
                 rwriter.put(encoded[0])
