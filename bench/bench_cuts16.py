@@ -7,12 +7,14 @@ each cut switched off and on, in ABBA order, so that both states see the same ma
 * ``merged``: user columns (``extra=``) of numpy arrays on ``encode_groups``' merged tier; off: the
   merged tier steps aside for them, as before (``_encode_merged._user_names`` answers None);
 * ``threads``: ``run_parallel`` on kept threads; off: a ``ThreadPoolExecutor`` per call, as before
-  (``trajflight._storage.run_parallel`` replaced by the former function).
+  (``trajflight._storage.run_parallel`` replaced by the former function);
+* ``placement``: a ``put_many`` batch on one server where one holds it all; off: placed group by group,
+  as before (``Grants._batch_server`` answers None).
 
-States: ``before`` (both off), ``+merged``, ``+merged+threads`` (after). Figures: ``put_many`` of the
-groups' columns to READY, ``lease`` of the 64 groups, ``get all`` (``fetch()`` to jagged torch),
-``get 2-col``, and the small-group round trip (put one group + lease + fetch + commit). Timing decides
-nothing here.
+States: ``before`` (all off), ``+merged``, ``+merged+threads``, ``+merged+threads+placement`` (after).
+Figures: ``put_many`` of the groups' columns to READY, ``lease`` of the 64 groups, ``get all``
+(``fetch()`` to jagged torch), ``get 2-col``, and the small-group round trip (put one group + lease +
+fetch + commit). Timing decides nothing here.
 
     python bench/bench_cuts16.py [--repeats 9] [--latency-iters 60] [--json out.json]
 """
@@ -35,7 +37,7 @@ from unittest import mock
 T = TypeVar("T")
 JOB = "cuts"
 SUBSET = ("response_ids", "response_logprobs")
-STATES = ("before", "+merged", "+merged+threads")
+STATES = ("before", "+merged", "+merged+threads", "+merged+threads+placement")
 
 
 def _pool_per_call(calls: Sequence[Callable[[], T]], *, name: str = "trajflight-call") -> list[T]:
@@ -50,12 +52,15 @@ def _pool_per_call(calls: Sequence[Callable[[], T]], *, name: str = "trajflight-
 @contextlib.contextmanager
 def _state(name: str) -> Iterator[None]:
     from trajflight.codec import _encode_merged
+    from trajflight.controller._grants import Grants
 
     with contextlib.ExitStack() as stack:
         if name == "before":
             stack.enter_context(mock.patch.object(_encode_merged, "_user_names", return_value=None))
-        if name != "+merged+threads":
+        if name in ("before", "+merged"):
             stack.enter_context(mock.patch("trajflight._storage.run_parallel", _pool_per_call))
+        if name != STATES[-1]:
+            stack.enter_context(mock.patch.object(Grants, "_batch_server", return_value=None))
         yield
 
 
