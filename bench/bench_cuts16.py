@@ -26,13 +26,15 @@ import contextlib
 import functools
 import json
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TypeVar
 from unittest import mock
+
+from trajflight.bench._drain import drain, summary
+from trajflight.bench._stats import timed
 
 T = TypeVar("T")
 JOB = "cuts"
@@ -62,12 +64,6 @@ def _state(name: str) -> Iterator[None]:
         if name != STATES[-1]:
             stack.enter_context(mock.patch.object(Grants, "_batch_server", return_value=None))
         yield
-
-
-def _timed(fn: Callable[[], Any]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,21 +96,15 @@ def main(argv: list[str] | None = None) -> int:
         writer = client.writer(JOB, 1, writer_id="cuts-writer")
         trainer = client.trainer(JOB, owner="cuts-trainer", ttl=300.0)
 
-        def drain() -> None:
-            while (lease := trainer.try_lease(4096, wait=0.0, renew=False)) is not None:
-                lease.commit()
-            cluster.wait_idle(JOB, timeout=60.0)
-            time.sleep(0.2)
-
         def batch_round(out: dict[str, list[float]] | None) -> None:
-            took = {"put_many": _timed(functools.partial(writer.put_many, columns))}
+            took = {"put_many": timed(functools.partial(writer.put_many, columns))}
             t0 = time.perf_counter()
             lease = trainer.lease(64, wait=30.0, renew=False)
             took["lease"] = time.perf_counter() - t0
-            took["get_all"] = _timed(lease.fetch)
-            took["get_subset"] = _timed(functools.partial(lease.fetch, SUBSET))
+            took["get_all"] = timed(lease.fetch)
+            took["get_subset"] = timed(functools.partial(lease.fetch, SUBSET))
             lease.commit()
-            drain()
+            drain(trainer, cluster, JOB)
             if out is not None:
                 for k, v in took.items():
                     out[k].append(v)
@@ -144,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats,
         "load_average": {"before": load_before, "after": os.getloadavg()},
         "payload_bytes": payload,
-        "states": {s: {k: _stats(v) for k, v in d.items()} for s, d in times.items()},
+        "states": {s: {k: summary(v) for k, v in d.items()} for s, d in times.items()},
     }
     sizes = {"put_many": payload, "get_all": payload, "get_subset": subset}
     lb, la = load_before[0], report["load_average"]["after"][0]  # type: ignore[index]
@@ -165,11 +155,6 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
     return 0
-
-
-def _stats(xs: list[float]) -> dict[str, float]:
-    s = sorted(xs)
-    return {"median": statistics.median(s), "min": s[0], "max": s[-1], "n": len(s)}
 
 
 if __name__ == "__main__":

@@ -26,11 +26,12 @@ import argparse
 import functools
 import json
 import os
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
+
+from trajflight.bench._drain import drain, summary
+from trajflight.bench._stats import timed
 
 JOB = "plane"
 SUBSET = ("response_ids", "response_logprobs")
@@ -52,23 +53,20 @@ class Plane:
 
     def drain(self) -> None:
         """Commit whatever is READY and wait until every delete is confirmed."""
-        while (lease := self.trainer.try_lease(4096, wait=0.0, renew=False)) is not None:
-            lease.commit()
-        self.cluster.wait_idle(JOB, timeout=60.0)
-        time.sleep(0.2)  # the server re-creates pre-faulted segments meanwhile
+        drain(self.trainer, self.cluster, JOB)
 
     def round(self, columns: list[dict[str, Any]], record: bool) -> None:
         """One batch through the plane: put_many, lease, get all, get 2-col, commit."""
         took: dict[str, float] = {}
-        took["put_many"] = _timed(lambda: self.writer.put_many(columns))
+        took["put_many"] = timed(lambda: self.writer.put_many(columns))
         t0 = time.perf_counter()
         lease = self.trainer.lease(len(columns), wait=30.0, renew=False)
         took["lease"] = time.perf_counter() - t0
         if len(lease) != len(columns):
             raise RuntimeError(f"{self.name}: leased {len(lease)} groups, expected {len(columns)}")
-        took["get_all"] = _timed(lease.fetch)
-        took["get_subset"] = _timed(functools.partial(lease.fetch, SUBSET))
-        took["commit"] = _timed(lease.commit)
+        took["get_all"] = timed(lease.fetch)
+        took["get_subset"] = timed(functools.partial(lease.fetch, SUBSET))
+        took["commit"] = timed(lease.commit)
         del lease
         self.drain()
         if record:
@@ -88,23 +86,6 @@ class Plane:
             del lease
             if i >= warmup:
                 self.times["small"].append(took)
-
-
-def _timed(fn: Callable[[], Any]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-def _stats(xs: list[float]) -> dict[str, float]:
-    s = sorted(xs)
-    return {
-        "median": statistics.median(s),
-        "min": s[0],
-        "max": s[-1],
-        "p99": s[min(len(s) - 1, round(0.99 * (len(s) - 1)))],
-        "n": len(s),
-    }
 
 
 def _start_ray() -> Any:
@@ -172,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             "load_average": {"before": load_before, "after": os.getloadavg()},
             "seconds": time.time() - started,
             "ray_version": ray.__version__,
-            "planes": {p.name: {k: _stats(v) for k, v in p.times.items()} for p in planes},
+            "planes": {p.name: {k: summary(v) for k, v in p.times.items()} for p in planes},
         }
     finally:
         remote.close()

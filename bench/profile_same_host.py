@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import trajflight
+from trajflight.bench._drain import drain as drain_job
 from trajflight.bench._system import encode_with_users, user_columns
 from trajflight.workload import make_workload
 
@@ -83,10 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer = client.trainer(JOB, owner="prof-trainer", ttl=300.0)
 
         def drain() -> None:
-            while (lease := trainer.try_lease(4096, wait=0.0, renew=False)) is not None:
-                lease.commit()
-            cluster.wait_idle(JOB, timeout=60.0)
-            time.sleep(0.2)
+            drain_job(trainer, cluster, JOB)
 
         for _ in range(3):  # warm the arena, the caches, torch's nested tensors
             writer.put_many(columns)
