@@ -3,8 +3,9 @@
 For groups in the common form (every group of the same columns as numpy arrays: ragged columns as
 ``(values, offsets)`` or :class:`Ragged`/:class:`DoublyRagged` whose offsets run from 0 to the values'
 length, one flat prompt or ``(values, offsets)``, 1-D reward/advantage, a Python int or 1-D array policy
-version, one dtype per column across the groups; no sample ids, finish reasons, telemetry or user
-columns), :func:`merged` checks per group only what merging could hide (each column's sample count, the
+version, one dtype per column across the groups, user columns (``extra``) of 1-D numpy arrays, one value
+per sample, under the same names in the same order in every group; no sample ids, finish reasons or
+telemetry), :func:`merged` checks per group only what merging could hide (each column's sample count, the
 offsets' ends), concatenates the groups into one pseudo-group of all samples (one copy of the payload;
 a flat prompt tiled once per sample, as encode_group stores it) and runs :func:`encode_group` once on it,
 so every per-sample check has one code path. It then builds the columns that depend on the group
@@ -43,7 +44,7 @@ _INT32_MAX = int(np.iinfo(np.int32).max)
 _RAGGED = ("response_ids", "response_logprobs", "loss_mask")
 _DOUBLY_RAGGED = ("top_p_ids", "top_p_probs")
 _PER_SAMPLE = ("reward", "advantage")
-_MERGEABLE = frozenset({"group_id", "prompt_ids", *_RAGGED, *_DOUBLY_RAGGED, *_PER_SAMPLE})
+_MERGEABLE = frozenset({"group_id", "prompt_ids", "extra", *_RAGGED, *_DOUBLY_RAGGED, *_PER_SAMPLE})
 _REQUIRED = frozenset({"group_id", "prompt_ids", "response_ids", "response_logprobs", "reward"})
 _OFFSET_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))  # native order
 _VALUE_KINDS = frozenset("biuf")
@@ -168,6 +169,10 @@ def merged(
     ragged: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {n: [] for n in _RAGGED if n in names}
     doubly: dict[str, list[tuple[np.ndarray, ...]]] = {n: [] for n in _DOUBLY_RAGGED if n in names}
     per_sample: dict[str, list[np.ndarray]] = {n: [] for n in _PER_SAMPLE if n in names}
+    users = _user_names(groups[0].get("extra"), schema) if "extra" in names else ()
+    if users is None:
+        return None
+    extra: dict[str, list[np.ndarray]] = {n: [] for n in users}
     prompts: list[np.ndarray] = []
     prompt_pairs: list[tuple[np.ndarray, np.ndarray]] = []
     versions: list[Any] = []
@@ -198,6 +203,8 @@ def merged(
             if type(array) is not np.ndarray or array.ndim != 1 or len(array) != k:
                 return None
             arrays.append(array)
+        if "extra" in names and not _user_arrays(group["extra"], users, k, extra):
+            return None
         prompt = group["prompt_ids"]
         if type(prompt) is np.ndarray and prompt.ndim == 1:
             if not k:
@@ -210,8 +217,10 @@ def merged(
             prompt_pairs.append(pair)
         versions.append(group.get("policy_version", 0))
     arguments = _merged_arguments(ragged, doubly, per_sample, prompts, prompt_pairs, versions, counts)
-    if arguments is None:
+    if arguments is None or not all(map(_one_dtype, extra.values())):
         return None
+    if extra:
+        arguments["extra"] = {name: _concatenate(arrays) for name, arrays in extra.items()}
     try:
         batch = encode_group(job_id=job_id, epoch=epoch, group_id=ids[0], schema=schema, **arguments)
         return _with_group_columns(batch, job_id, epoch, ids, counts), tuple(counts)
@@ -224,6 +233,34 @@ def _names(group: Mapping[str, Any]) -> frozenset[str] | None:
     tier takes them all, or None."""
     names = frozenset(k for k, v in group.items() if v is not None and k != "policy_version")
     return names if _REQUIRED <= names <= _MERGEABLE else None
+
+
+def _user_names(extra: object, schema: TrajectorySchema) -> tuple[str, ...] | None:
+    """The user columns of a first group, in order, where the merged tier takes them (a dict of string
+    names the schema declares as no nested type, or does not declare), or None."""
+    if type(extra) is not dict or not all(type(name) is str for name in extra):
+        return None
+    for name in extra:
+        if name in schema and not pa.types.is_primitive(schema.field(name).type):
+            return None  # a list column given one value per sample: the precise tier says what is wrong
+    return tuple(extra)
+
+
+def _user_arrays(
+    extra: object, names: tuple[str, ...], samples: int, out: dict[str, list[np.ndarray]]
+) -> bool:
+    """Append a group's user columns to ``out``: whether they are in the merged tier's form (the same
+    names, in the same order, as the first group's; each a 1-D numpy array of a value kind, one value per
+    sample; concatenated, every value keeps its row and its dtype)."""
+    if type(extra) is not dict or tuple(extra) != names:
+        return False
+    for name, array in extra.items():
+        if type(array) is not np.ndarray or array.ndim != 1 or len(array) != samples:
+            return False
+        if array.dtype.kind not in _VALUE_KINDS:
+            return False
+        out[name].append(array)
+    return True
 
 
 def _merged_arguments(

@@ -110,6 +110,9 @@ class Grants:
         for i, size in enumerate(nbytes):
             self._check_group_size(job, size, f"nbytes[{i}]")
         self._check_on_policy(job, writer_id, writer)
+        together = self._batch_server(job, writer.node, nbytes)
+        if together is not None:  # one server: the batch's groups stay one slice of one segment
+            return [self._grant(job, together, size, now) for size in nbytes]
         grants: list[PutGrant] = []
         for size in nbytes:
             server = self._room(job, writer.node, size)
@@ -119,6 +122,28 @@ class Grants:
                 raise server
             grants.append(self._grant(job, server, size, now))
         return grants
+
+    def _batch_server(self, job: _Job, node: str, nbytes: Sequence[int]) -> _Server | None:
+        """The one server all groups of a batch go to, or ``None`` to place them group by group.
+
+        A batch of two or more groups goes to one server when the job's capacity holds all of it and
+        some server has room for all of it: the server placement picks for the whole batch (on the
+        writer's node first, then the least loaded), unless that server is off the writer's node while
+        the first group alone would be placed on it. So a lease of the batch in order reads one slice of
+        one server's segment, with no copy to join groups of several servers (issue 16).
+        """
+        if len(nbytes) < 2:
+            return None
+        total, cfg = sum(nbytes), job.config
+        if (cfg.capacity_bytes is not None and job.used_bytes + total > cfg.capacity_bytes) or (
+            cfg.capacity_groups is not None and job.used_groups + len(nbytes) > cfg.capacity_groups
+        ):
+            return None
+        server = self._servers.place(node, total, len(nbytes))
+        if server is None or server.node == node:
+            return server
+        first = self._servers.place(node, nbytes[0])
+        return server if first is None or first.node != node else None
 
     def _allocating_writer(self, job_id: str, epoch: int, writer_id: str) -> tuple[_Job, _Writer]:
         job = self._jobs.job_epoch(job_id, epoch)

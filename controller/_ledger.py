@@ -271,12 +271,17 @@ class Ledger:
     ) -> list[PutGrant]:
         """Give a writer the next partitions of the job, one per group size in ``nbytes``, in order.
 
-        The grants are exactly those of calling :meth:`allocate` once per size, in order, at the same
-        ``now``, stopping at the first refusal for capacity: the same placement, partitions, tokens and
-        expiries. When capacity runs out after ``k`` grants it returns those ``k`` (a prefix: a later,
-        smaller group is never granted ahead of one that did not fit, so partitions keep the order of the
-        groups); ask again for the rest later. Every grant is whole; nothing is reserved for the groups
-        not granted. Every size is checked before anything is granted, so a refused call changes nothing.
+        Where the job's capacity holds the whole batch and one server has room for all of it, every
+        group goes to that server (the one :meth:`allocate`'s placement picks for the batch's total bytes
+        and groups; off the writer's node only where the first group alone would be placed off it too),
+        so that a lease of the batch in order reads one slice of one segment. Otherwise the grants are
+        exactly those of calling :meth:`allocate` once per size, in order, at the same ``now``, stopping
+        at the first refusal for capacity. Either way the partitions, tokens and expiries are those of
+        the calls of :meth:`allocate`. When capacity runs out after ``k`` grants it returns those ``k``
+        (a prefix: a later, smaller group is never granted ahead of one that did not fit, so partitions
+        keep the order of the groups); ask again for the rest later. Every grant is whole; nothing is
+        reserved for the groups not granted. Every size is checked before anything is granted, so a
+        refused call changes nothing.
 
         Args:
             nbytes: Bytes to reserve for each group (a non-empty list of positive ints).

@@ -2,7 +2,8 @@
 
 A server's ``used_bytes``/``used_groups`` count what is reserved or stored on it until a delete is
 confirmed; :class:`~._groups.Groups` charges and refunds them together with the job's counters. Placement
-prefers a server on the writer's node with room, then the least loaded by bytes (ties by id).
+prefers a server on the writer's node with room, then the least loaded by bytes (ties by id); a batch
+of groups is placed so as a whole where one server has room for all of it (see ``Grants.allocate_many``).
 
 It does not know whether a server is reachable (:mod:`._reach` keeps that) nor check anything on it.
 """
@@ -46,14 +47,15 @@ class Servers:
         """Every server with its reservations, sorted by id."""
         return tuple(self.by_id[s].info() for s in sorted(self.by_id))
 
-    def place(self, node: str, nbytes: int) -> _Server | None:
-        """The server a group of ``nbytes`` from a writer on ``node`` goes to, or ``None`` (no room)."""
+    def place(self, node: str, nbytes: int, groups: int = 1) -> _Server | None:
+        """The server ``groups`` groups of ``nbytes`` in all from a writer on ``node`` go to together, or
+        ``None`` (no server has room for all of them)."""
         best: _Server | None = None
         best_rank: tuple[bool, int, str] | None = None
         for server in self.by_id.values():
             if (
                 server.used_bytes + nbytes > server.capacity_bytes
-                or server.used_groups + 1 > server.capacity_groups
+                or server.used_groups + groups > server.capacity_groups
             ):
                 continue
             rank = (server.node != node, server.used_bytes, server.server_id)

@@ -25,7 +25,7 @@ import functools
 import json
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -50,6 +50,7 @@ from trajflight.flight_server._wire import (
     encode,
     encode_json,
 )
+from trajflight.flight_server._workers import shared_workers
 from trajflight.flight_server.shm._client import INLINE_PUT_BYTES, ShmClient
 from trajflight.flight_server.shm._reader import ShmOpened
 from trajflight.keys import Partition
@@ -500,18 +501,29 @@ class StorageClient:
 
 
 def run_parallel(calls: Sequence[Callable[[], T]], *, name: str = "trajflight-call") -> list[T]:
-    """Run calls at once, each on its own thread (one call runs on this thread); results in call order.
+    """Run calls at once, each on its own thread (the first runs on this thread, the others on kept
+    threads, :mod:`~trajflight.flight_server._workers`: none is started per call); results in call order.
 
-    Flight releases the GIL while it streams, so calls to several servers overlap.
+    Flight releases the GIL while it streams, so calls to several servers overlap. ``name`` is kept for
+    callers; the kept threads are named ``trajflight-call-<n>``.
 
     Raises:
         The first error in call order, once every call ended.
     """
     if len(calls) <= 1:
         return [call() for call in calls]
-    with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix=name) as pool:
-        futures = [pool.submit(call) for call in calls]
-        return [f.result() for f in futures]
+    workers = shared_workers()
+    futures = [workers.submit(call) for call in calls[1:]]
+    first: list[T] = []
+    error: BaseException | None = None
+    try:
+        first.append(calls[0]())
+    except BaseException as exc:  # raised once every call ended, as the others' errors are
+        error = exc
+    wait(futures)
+    if error is not None:
+        raise error
+    return first + [f.result() for f in futures]
 
 
 def get_parallel(

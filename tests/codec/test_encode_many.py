@@ -235,6 +235,72 @@ def test_the_standard_workload_takes_the_merged_tier(top_p):
     assert len({joined.column(n).buffers()[1].address for n in per_token}) == 1
 
 
+def test_user_columns_of_numpy_arrays_take_the_merged_tier():
+    """The standard workload with per-sample user columns (as ``trajflight bench`` passes them) is encoded
+    in one merged call, each group equal to its own encode_group, its user columns typed by the schema."""
+    groups = workload.make_workload(16, 8, seed=2, response_median=64)
+    schema = STANDARD_SCHEMA.extend(("score", pa.float64()))
+    cols = []
+    for g in groups:
+        users = {"user_id": np.arange(8, dtype=np.int64) + 8 * g.group_id, "score": np.full(8, 0.5)}
+        cols.append(g.columns(extra=users) | {"group_id": g.group_id})
+    result, tier = _check(cols, schema)
+    assert tier == "merged"
+    assert result.joined.schema.field("score").type == pa.float64()
+    assert result.joined.column("user_id").to_pylist() == list(range(8 * 16))
+
+
+USER_COLUMNS_ASIDE: dict[str, tuple[Any, str]] = {
+    "names in another order": (
+        lambda g: {"b": np.arange(3.0), "a": np.arange(3)} if g == 9 else None,
+        "refused",
+    ),
+    "another dtype in one group": (
+        lambda g: {"a": np.arange(3), "b": np.arange(3, dtype=np.int32 if g == 9 else np.int64)},
+        "refused",
+    ),
+    "a None value": (lambda g: {"a": np.arange(3), "b": None if g == 9 else np.arange(3.0)}, "refused"),
+    "one group without them": (lambda g: {} if g == 9 else None, "refused"),
+    "a list": (lambda g: {"a": [1, 2, 3], "b": np.arange(3.0)}, "precise"),
+    "a 2-D array": (lambda g: {"a": np.ones((3, 2)), "b": np.arange(3.0)}, "precise"),
+    "strings": (lambda g: {"a": np.array(["x", "y", "z"]), "b": np.arange(3.0)}, "precise"),
+}
+
+
+@pytest.mark.parametrize(("extra", "outcome"), USER_COLUMNS_ASIDE.values(), ids=list(USER_COLUMNS_ASIDE))
+def test_user_columns_outside_the_merged_form_give_the_precise_tiers_outcome(extra, outcome):
+    """Where one group's user columns differ in form, the merged tier steps aside: encode_groups gives what
+    the groups one by one give (the same batch, or a refusal of groups of different schemas)."""
+    groups = []
+    for gid in (4, 9, 2):
+        users = extra(gid)
+        groups.append(
+            _group(gid, extra=users if users is not None else {"a": np.arange(3), "b": np.arange(3.0)})
+        )
+    if outcome == "refused":
+        with (
+            mock.patch.object(_encode_many, "encode_group", wraps=encode_group) as precise,
+            pytest.raises(SchemaError, match="schema"),
+        ):
+            encode_groups(job_id=JOB, epoch=EPOCH, groups=groups)
+        assert precise.called
+        return
+    _, tier = _check(groups)
+    assert tier == "precise"
+
+
+def test_a_user_column_declared_as_a_list_is_not_merged():
+    """A user column the schema declares as a list type, given one value per sample, takes the precise
+    tier (which says what is wrong), never a merged cast."""
+    groups = [_group(gid, extra={"ref": np.arange(3.0)}) for gid in (4, 9)]
+    with (
+        mock.patch.object(_encode_merged, "encode_group", wraps=encode_group) as merged_call,
+        pytest.raises(SchemaError),
+    ):
+        encode_groups(job_id=JOB, epoch=EPOCH, groups=groups, schema=USER_SCHEMA)
+    assert not merged_call.called
+
+
 # --- The precise tier -----------------------------------------------------------------------------------
 
 

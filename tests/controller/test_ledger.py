@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import pytest
 from hypothesis import given, settings
@@ -167,8 +168,12 @@ _sizes = st.integers(1, 1000)
     sizes=st.lists(_sizes, min_size=1, max_size=20),
 )
 def test_allocate_many_grants_exactly_what_repeated_allocate_grants(servers, job_caps, preload, sizes):
+    """The grants of repeated allocate (partitions, tokens, sizes, expiries, the refusal), with every
+    group on one server where the batch fits one: the server placement picks for the batch's total
+    (writer's node first, then least loaded; off the node only where the first group's would be too)."""
     many = _placement_world(servers, job_caps, preload)
     one_by_one = _placement_world(servers, job_caps, preload)
+    together = _one_server_for(many, job_caps, sizes)
     try:
         got: list | CapacityExceededError = many.allocate_many("j", 1, "w0", nbytes=sizes, now=1.0)
     except CapacityExceededError as exc:
@@ -181,12 +186,61 @@ def test_allocate_many_grants_exactly_what_repeated_allocate_grants(servers, job
         except CapacityExceededError as exc:
             refusal = exc
             break
+    if together is not None:
+        assert len(expected) == len(sizes)  # a batch one server holds fits group by group too
+        assert got == [
+            dataclasses.replace(g, server_id=together.server_id, location=together.location) for g in expected
+        ]
+        assert many.usage("j") == one_by_one.usage("j")
+        used = {s.server_id: s.used_bytes for s in many.servers()}
+        before = {s.server_id: s.used_bytes for s in _placement_world(servers, job_caps, preload).servers()}
+        assert used == {k: v + (sum(sizes) if k == together.server_id else 0) for k, v in before.items()}
+        return
     if expected:
         assert got == expected
     else:  # not even the first fits: the batch raises exactly what the first allocate raises
         assert isinstance(got, CapacityExceededError)
         assert (got.message, got.retry_after) == (refusal.message, refusal.retry_after)
     assert many.snapshot() == one_by_one.snapshot()  # the same ledger afterwards, not only the same grants
+
+
+def _one_server_for(ledger, job_caps, sizes):
+    """The server a batch of ``sizes`` from ``w0`` (node ``n0``) goes to as a whole, or None, worked out
+    from the servers' and the job's usage (the rule of ``Ledger.allocate_many``)."""
+    if len(sizes) < 2:
+        return None
+    cap_bytes, cap_groups = job_caps
+    used_bytes, used_groups = ledger.usage("j")
+    if (cap_bytes is not None and used_bytes + sum(sizes) > cap_bytes) or (
+        cap_groups is not None and used_groups + len(sizes) > cap_groups
+    ):
+        return None
+
+    def rank(s, nbytes, groups):
+        fits = s.used_bytes + nbytes <= s.capacity_bytes and s.used_groups + groups <= s.capacity_groups
+        return (s.node != "n0", s.used_bytes, s.server_id) if fits else None
+
+    def best(nbytes, groups):
+        ranked = [(r, s) for s in ledger.servers() if (r := rank(s, nbytes, groups)) is not None]
+        return min(ranked, key=lambda rs: rs[0])[1] if ranked else None
+
+    server = best(sum(sizes), len(sizes))
+    if server is None or server.node == "n0":
+        return server
+    first = best(sizes[0], 1)
+    return server if first is None or first.node != "n0" else None
+
+
+def test_a_batch_one_server_holds_goes_to_that_server_whole():
+    """Two servers on the writer's node: a batch both could share goes to the less loaded one whole, so
+    that a lease of it reads one slice; the next batch goes to the other."""
+    L = _placement_world([("n0", 3_000, 100), ("n0", 3_000, 100)], (None, None), [])
+    first = L.allocate_many("j", 1, "w0", nbytes=[100] * 8, now=1.0)
+    second = L.allocate_many("j", 1, "w0", nbytes=[100] * 8, now=1.0)
+    assert {g.server_id for g in first} == {"s0"}
+    assert {g.server_id for g in second} == {"s1"}
+    split = L.allocate_many("j", 1, "w0", nbytes=[900, 900, 900], now=1.0)  # no one server holds it
+    assert sorted(g.server_id for g in split) == ["s0", "s0", "s1"]
 
 
 def test_allocate_many_returns_the_grants_that_fit_at_the_capacity_limit(world_factory):

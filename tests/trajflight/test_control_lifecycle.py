@@ -238,3 +238,45 @@ def test_a_lease_whose_reply_was_not_delivered_is_released():
             assert client.counts("j")["LEASED"] == 1
         finally:
             server.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_a_trainer_parked_in_lease_over_the_control_rpc_is_woken_by_the_publish(plane, monkeypatch):
+    """The handoff's wake: a trainer parked in ``lease`` through the control server gets the group put by
+    another client because the publish notifies the host's condition, not because a poll ran out: the
+    parked wait that precedes the grant returns notified (``Condition.wait`` gives True), with the
+    abandonment check's interval raised far beyond the test."""
+    from trajflight.controller import _host
+
+    monkeypatch.setattr(_host, "POLL_CHECK", 1000.0)
+    host = plane.controller
+    cond = host._cond
+    waits: list[bool] = []
+    real_wait = cond.wait
+
+    def recording_wait(timeout: float | None = None) -> bool:
+        notified = real_wait(timeout)
+        waits.append(notified)
+        return notified
+
+    monkeypatch.setattr(cond, "wait", recording_wait)
+    writer_client = trajflight.connect(plane.address, timeout=20.0)
+    trainer_client = trajflight.connect(plane.address, timeout=20.0)
+    try:
+        writer_client.open_job("wake", 1)
+        writer = writer_client.writer("wake", 1)
+        trainer = trainer_client.trainer("wake")
+        got: dict[str, Any] = {}
+        thread = threading.Thread(target=lambda: got.update(batch=trainer.lease(1, wait=30.0, renew=False)))
+        thread.start()
+        _wait_until(lambda: host.waiting == 1, "the trainer to park")
+        (meta,) = put_groups(writer, 1)
+        thread.join(30.0)
+        assert not thread.is_alive()
+        assert got["batch"].partitions == (meta.partition,)
+        assert waits
+        assert waits[-1] is True  # woken by notify_all, not by a timeout
+        got["batch"].commit()
+    finally:
+        writer_client.close()
+        trainer_client.close()

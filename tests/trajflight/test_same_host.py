@@ -316,3 +316,45 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as f:  # a zombie (not reaped yet by its new parent) is gone too
         return f.read().split(") ", 1)[1].split()[0] != "Z"
+
+
+def test_a_put_many_batch_goes_to_one_of_two_servers_and_its_lease_decodes_with_no_copy():
+    """Two servers: the batch is placed whole on one (issue 16), so a lease of it in order reads one
+    slice of one segment: the tensors alias the arena, and the next batch goes to the other server."""
+    with trajflight.LocalCluster(servers=2, processes=False) as cluster:
+        client = cluster.client()
+        client.open_job("j", 1)
+        writer = client.writer("j", 1)
+        groups = make_workload(6, 4, seed=9, response_median=64)
+        first = writer.put_many([g.columns() for g in groups])
+        second = writer.put_many([g.columns() for g in groups])
+        assert len({i.location for i in first}) == 1
+        assert len({i.location for i in second}) == 1
+        assert first[0].location != second[0].location
+        with client.trainer("j").lease(6, wait=5) as batch:
+            assert [g.partition for g in batch.handle.groups] == [i.partition for i in first]
+            values = batch.fetch(["response_ids"]).tensors["response_ids"].values()
+            assert inside(values.data_ptr(), mapped_ranges(cluster.shm_dir))
+            expected = np.concatenate([g.response_values for g in groups])
+            assert np.array_equal(values.numpy(), expected)
+        with client.trainer("j").lease(6, wait=5):
+            pass
+        assert cluster.wait_idle("j") == (0, 0)
+
+
+def test_a_put_many_batch_no_server_holds_whole_is_split_and_reads_back_group_by_group():
+    """Servers of at most 4 groups: a batch of 6 is placed group by group over both, as before, and
+    every group reads back as it was given (each server's groups joined from their slices)."""
+    with trajflight.LocalCluster(servers=2, processes=False, max_groups=4) as cluster:
+        client = cluster.client()
+        client.open_job("j", 1)
+        groups = make_workload(6, 3, seed=14, response_median=64)
+        infos = client.writer("j", 1).put_many([g.columns() for g in groups])
+        assert len({i.location for i in infos}) == 2
+        by_id = {i.partition.group_id: g for i, g in zip(infos, groups, strict=True)}
+        with client.trainer("j").lease(6, wait=5) as batch:
+            table = batch.fetch_table(["group_id", "response_ids"])
+        for gid, g in by_id.items():
+            rows = table.filter(pa.compute.equal(table.column("group_id"), gid))
+            assert np.array_equal(rows.column("response_ids").combine_chunks().values, g.response_values)
+        assert cluster.wait_idle("j") == (0, 0)
