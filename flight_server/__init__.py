@@ -42,7 +42,6 @@ from trajflight.flight_server._wire import (
     LeaseToken,
     ListCriteria,
     PutDescriptor,
-    TokenSigner,
 )
 from trajflight.flight_server.shm import ShmArena, host_id, remove_dead_arena, sweep_dead_arenas
 
@@ -62,7 +61,6 @@ __all__ = [
     "StorageServer",
     "StoreLimits",
     "TlsConfig",
-    "TokenSigner",
     "get_parallel",
     "host_id",
     "join_batches",

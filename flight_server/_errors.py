@@ -25,6 +25,7 @@ import pyarrow.flight as flight
 
 from trajflight.errors import (
     AlreadyExistsError,
+    AuthenticationError,
     CapacityExceededError,
     ConfigError,
     DeadlineExceededError,
@@ -32,6 +33,7 @@ from trajflight.errors import (
     InvalidStateError,
     LeaseExpiredError,
     NotFoundError,
+    PermissionDeniedError,
     SchemaError,
     StaleFenceError,
     TrajflightError,
@@ -46,6 +48,8 @@ log = logging.getLogger("trajflight.flight_server")
 WIRE_ERRORS: dict[type[TrajflightError], type[flight.FlightError]] = {
     StaleFenceError: flight.FlightUnauthorizedError,
     LeaseExpiredError: flight.FlightUnauthorizedError,
+    AuthenticationError: flight.FlightUnauthenticatedError,
+    PermissionDeniedError: flight.FlightUnauthorizedError,
     CapacityExceededError: flight.FlightUnavailableError,
     UnavailableError: flight.FlightUnavailableError,
     DeadlineExceededError: flight.FlightTimedOutError,
@@ -64,6 +68,8 @@ WIRE_ERRORS: dict[type[TrajflightError], type[flight.FlightError]] = {
 # retrying, or reconnecting, is what helps, as for an unreachable one.
 _BY_FLIGHT_TYPE: tuple[tuple[type[Exception], type[TrajflightError]], ...] = (
     (flight.FlightTimedOutError, DeadlineExceededError),
+    (flight.FlightUnauthenticatedError, AuthenticationError),
+    (flight.FlightUnauthorizedError, PermissionDeniedError),
     (flight.FlightUnavailableError, UnavailableError),
     (flight.FlightCancelledError, UnavailableError),
     (pa.ArrowCancelled, UnavailableError),

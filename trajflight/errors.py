@@ -20,6 +20,7 @@ __all__ = [
     "ECHO_CHARS",
     "AlreadyExistsError",
     "ArchiveError",
+    "AuthenticationError",
     "CapacityExceededError",
     "CheckpointError",
     "ConfigError",
@@ -28,6 +29,7 @@ __all__ = [
     "InvalidStateError",
     "LeaseExpiredError",
     "NotFoundError",
+    "PermissionDeniedError",
     "RecoveryError",
     "SchemaError",
     "StaleFenceError",
@@ -193,6 +195,21 @@ class ArchiveError(TrajflightError):
     nothing is deleted unarchived. ``location`` names the archive."""
 
     code = "archive"
+
+
+class AuthenticationError(TrajflightError):
+    """The call carried no credential, or one that does not verify: malformed, signed with another
+    secret, expired, or signed by a key the deployment no longer accepts. ``reason`` is one of
+    ``missing``, ``malformed``, ``bad_signature``, ``expired``, ``revoked``. Nothing was done."""
+
+    code = "unauthenticated"
+
+
+class PermissionDeniedError(TrajflightError):
+    """The credential verifies but does not allow this operation: another role, or a job outside its
+    scope. ``reason`` is ``role`` or ``job``; ``operation`` names the operation. Nothing was done."""
+
+    code = "permission_denied"
 
 
 def _all_subclasses(cls: type[TrajflightError]) -> list[type[TrajflightError]]:
