@@ -5,6 +5,11 @@
 in-process with its sweeper, serves it to other processes over Flight, registers the servers, and tears
 everything down on exit. Other processes reach it with ``trajflight.connect(cluster.address)``.
 
+With a deployment secret (``secret=`` or ``TRAJFLIGHT_SECRET``) every endpoint authenticates every call
+(``docs/auth.md``): the servers and the control server check bearer tokens, the controller's own storage
+calls and this process's clients use admin tokens minted here, and other processes connect with a
+credential (:meth:`LocalCluster.mint`, or ``trajflight token``).
+
 Each storage server gets a shared-memory arena by default (``shm=True``): one private deployment
 directory ``/dev/shm/trajflight-<uuid>/`` (0700) with a subdirectory per server, so writers and trainers on
 this host move group data through shared memory; remote ones use Flight, served from the same memory.
@@ -36,6 +41,15 @@ from trajflight._archive import Archive
 from trajflight._client import Client
 from trajflight._control import ControlServer
 from trajflight._storage import StoragePool, Transport
+from trajflight.auth import (
+    ALL_JOBS,
+    DEFAULT_STORAGE_TTL,
+    Credential,
+    RefreshingCredential,
+    Role,
+    Secret,
+    deployment_secret,
+)
 from trajflight.controller import ControllerClient, LocalController, LocalTransport
 from trajflight.errors import ConfigError, UnavailableError
 from trajflight.flight_server import TlsConfig, host_id, sweep_dead_arenas
@@ -88,6 +102,9 @@ class LocalCluster:
             ``endpoint_override``, say); None resolves it from the URI.
         archive_flush: Longest a committed group waits for its archive file (seconds).
         archive_dropped: Archive dropped groups too, marked ``outcome = "dropped"``.
+        secret: The deployment secret (at least 16 bytes; ``KID:SECRET`` lines for a keyring); None reads
+            ``TRAJFLIGHT_SECRET``, and without either nothing authenticates (loopback only).
+        insecure: Bind a non-loopback ``host`` without a secret (refused otherwise).
     """
 
     def __init__(
@@ -109,6 +126,8 @@ class LocalCluster:
         archive_filesystem: Any = None,
         archive_flush: float = 2.0,
         archive_dropped: bool = False,
+        secret: Secret | bytes | str | None = None,
+        insecure: bool = False,
     ) -> None:
         if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
             raise ConfigError(
@@ -141,7 +160,12 @@ class LocalCluster:
             )
         self.tls = tls
         self.client_tls = client_tls
-        self._pool = StoragePool(timeout=timeout, tls=client_tls)
+        self._secret = deployment_secret(secret)
+        self.keyring = None if self._secret is None else self._secret.keyring()
+        self.insecure = insecure
+        self._pool = StoragePool(
+            timeout=timeout, tls=client_tls, credential=self._admin_source("trajflight-controller")
+        )
         self.archive_location = archive
         self.archive_filesystem = archive_filesystem
         self.archive_flush = archive_flush
@@ -175,7 +199,13 @@ class LocalCluster:
         )
         status = None if self.archive is None else self.archive.status
         self._control = ControlServer(
-            self.controller, host=self.host, port=port, archive_status=status, tls=self.tls
+            self.controller,
+            host=self.host,
+            port=port,
+            archive_status=status,
+            tls=self.tls,
+            keyring=self.keyring,
+            insecure=self.insecure,
         )
         local = ControllerClient(LocalTransport(self.controller), timeout=self.timeout)
         for i, location in enumerate(self.server_locations):
@@ -220,7 +250,15 @@ class LocalCluster:
             limits = StoreLimits(capacity_bytes=self.capacity, capacity_groups=self.max_groups)
             for i in range(self.num_servers):
                 arena = ShmArena(self.server_shm_dir(i)) if self.shm else None
-                server = StorageServer(self.host, 0, limits=limits, arena=arena, tls=self.tls)
+                server = StorageServer(
+                    self.host,
+                    0,
+                    limits=limits,
+                    arena=arena,
+                    tls=self.tls,
+                    keyring=self.keyring,
+                    insecure=self.insecure,
+                )
                 self._threads.append(server)
                 self.server_locations.append(server.location)
             return
@@ -248,7 +286,12 @@ class LocalCluster:
             if shm_dir is not None:
                 cmd += ["--shm-dir", shm_dir]
             cmd += self._tls_args()
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+            if self.insecure:
+                cmd.append("--insecure")
+            env = {k: v for k, v in os.environ.items() if k != "TRAJFLIGHT_SECRET"}
+            if self._secret is not None:  # through the environment: ps shows a command line
+                env["TRAJFLIGHT_SECRET"] = self._secret.reveal()
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
             self._procs.append(proc)
             self.server_locations.append(_read_location(proc, log_path, timeout=60.0))
 
@@ -342,8 +385,42 @@ class LocalCluster:
             raise UnavailableError("the cluster is not running; use it as a context manager or call start()")
         controller = ControllerClient(LocalTransport(self.controller), timeout=self.timeout)
         return Client(
-            controller, address=self.address, timeout=self.timeout, transport=transport, tls=self.client_tls
+            controller,
+            address=self.address,
+            timeout=self.timeout,
+            transport=transport,
+            tls=self.client_tls,
+            credential=self._admin_source("trajflight-local-client"),
         )
+
+    def _admin_source(self, sub: str) -> RefreshingCredential | None:
+        """Admin storage tokens minted here for ``sub`` (refreshed), or None without a secret."""
+        keyring = self.keyring
+        if keyring is None:
+            return None
+        return RefreshingCredential(lambda: keyring.mint(sub, Role.ADMIN, ttl=DEFAULT_STORAGE_TTL))
+
+    def mint(
+        self,
+        role: Role | str = Role.ADMIN,
+        jobs: list[str] | None = None,
+        *,
+        ttl: float = 3600.0,
+        sub: str = "",
+    ) -> Credential:
+        """A credential for another process's ``trajflight.connect(address, token=...)`` (what
+        ``trajflight token`` mints from the same secret).
+
+        Raises:
+            ConfigError: the cluster has no secret (it authenticates nothing), or a bad role or ttl.
+        """
+        if self.keyring is None:
+            raise ConfigError(
+                "this cluster has no deployment secret: it takes no tokens (start it with secret= or "
+                "TRAJFLIGHT_SECRET)",
+                setting="secret",
+            )
+        return self.keyring.mint(sub or f"{role}-client", role, jobs or [ALL_JOBS], ttl=ttl)
 
     def kill_server(self, index: int) -> None:
         """Kill storage server ``index`` (SIGKILL) — for fault-injection tests."""

@@ -26,9 +26,11 @@ from typing import Any, Literal, TypeVar
 import pyarrow as pa
 
 from trajflight._handles import BatchHandle
+from trajflight.auth import Credential
 from trajflight.controller import DeleteWork, FenceWork
 from trajflight.errors import ConfigError, DeadlineExceededError, InvalidRequestError, NotFoundError
 from trajflight.flight_server import (
+    CredentialSource,
     GroupRead,
     LeaseToken,
     ShmOpened,
@@ -59,13 +61,21 @@ class StoragePool:
         timeout: Default deadline of each storage call.
         transport: ``"auto"`` (shared memory with servers on this host, Flight otherwise), ``"shm"`` or
             ``"flight"`` (forced); see the module docstring.
+        tls: TLS material for ``grpc+tls://`` servers.
+        credential: The storage token of every call (a credential, or a callable asked per call: a
+            refreshing token); None for a plane without a deployment secret.
 
     Raises:
         ConfigError: an unknown transport.
     """
 
     def __init__(
-        self, *, timeout: float = 30.0, transport: Transport = "auto", tls: TlsConfig | None = None
+        self,
+        *,
+        timeout: float = 30.0,
+        transport: Transport = "auto",
+        tls: TlsConfig | None = None,
+        credential: Credential | CredentialSource | None = None,
     ) -> None:
         if transport not in TRANSPORTS:
             raise ConfigError(
@@ -74,6 +84,7 @@ class StoragePool:
         self.timeout = timeout
         self.transport: Transport = transport
         self.tls = tls
+        self.credential = credential
         self._clients: dict[str, StorageClient] = {}
         self._routes: dict[str, bool] = {}  # location -> uses shared memory
         self._lock = threading.Lock()
@@ -87,6 +98,7 @@ class StoragePool:
                     location,
                     timeout=self.timeout,
                     tls=self.tls if location.startswith("grpc+tls://") else None,
+                    credential=self.credential,
                 )
             return found
 

@@ -3,6 +3,10 @@
 Runs until SIGTERM or SIGINT (Ctrl-C), then shuts everything down. The first line on stdout is the
 address (``grpc://127.0.0.1:PORT``), so scripts can read it; stderr gets one line when the data plane
 is up and one when it stopped (as ``trajflight server`` does).
+
+With a deployment secret (``--secret-file`` or ``TRAJFLIGHT_SECRET``) every endpoint authenticates every
+call, and the stderr line says how to mint a credential (``trajflight token``); a non-loopback ``--host``
+without one is refused unless ``--insecure``.
 """
 
 from __future__ import annotations
@@ -32,6 +36,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="archive committed groups here as Parquet before deleting them (a path or pyarrow.fs URI)",
     )
     parser.add_argument("--log-level", default="WARNING", help="Python logging level for stderr (WARNING)")
+    parser.add_argument(
+        "--secret-file",
+        default=None,
+        help="file holding the deployment secret (else TRAJFLIGHT_SECRET): every call then needs a token",
+    )
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="bind a non-loopback --host without a secret (anyone who reaches it may do anything)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     import pyarrow as pa
 
     from trajflight._cluster import LocalCluster
+    from trajflight.auth import deployment_secret
     from trajflight.errors import TrajflightError
 
     level = logging.getLevelName(args.log_level.upper())
@@ -64,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
             port=args.port,
             state_dir=args.state_dir,
             archive=args.archive,
+            secret=deployment_secret(None, args.secret_file),
+            insecure=args.insecure,
         ).start()
     except TrajflightError as exc:
         print(f"trajflight up: {exc}", file=sys.stderr)
@@ -83,6 +100,15 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
+        if cluster.keyring is not None:
+            source = f"--secret-file {args.secret_file}" if args.secret_file else "(TRAJFLIGHT_SECRET set)"
+            print(
+                f"trajflight up: authentication on (signing key {cluster.keyring.signing_kid}); clients "
+                f"need a credential: trajflight token --role ROLE --job JOB {source} prints one, pass it "
+                "as TRAJFLIGHT_TOKEN or connect(..., token=)",
+                file=sys.stderr,
+                flush=True,
+            )
         while not stop.wait(0.5):
             pass
     finally:

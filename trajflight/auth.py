@@ -45,8 +45,10 @@ __all__ = [
     "Keyring",
     "RefreshingCredential",
     "Role",
+    "Secret",
     "authorize",
     "bearer_header",
+    "deployment_secret",
     "is_loopback",
     "load_keyring",
     "parse_bearer",
@@ -113,6 +115,65 @@ class Credential:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Credential, (self._token,))
+
+
+class Secret:
+    """A deployment secret's text, whose ``repr`` and ``str`` never show it (:meth:`reveal` does).
+
+    Args:
+        value: The secret (what ``TRAJFLIGHT_SECRET`` or the secret file holds).
+    """
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: bytes | str) -> None:
+        self._value = value.decode() if isinstance(value, bytes) else str(value)
+
+    def reveal(self) -> str:
+        """The secret itself, to hand to a process that serves with it (through its environment)."""
+        return self._value
+
+    def keyring(self, *, clock: Callable[[], float] = time.time) -> Keyring:
+        """The keyring of this secret (:meth:`Keyring.from_secret`)."""
+        return Keyring.from_secret(self._value, clock=clock)
+
+    def __repr__(self) -> str:
+        return "Secret(<hidden>)"
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Secret, (self._value,))
+
+
+def deployment_secret(
+    secret: Secret | bytes | str | None = None,
+    secret_file: str | os.PathLike[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> Secret | None:
+    """The deployment secret: ``secret`` if given, else ``secret_file``'s content, else
+    ``TRAJFLIGHT_SECRET``; None when none is set. The result is checked (a keyring can be made of it).
+
+    Raises:
+        ConfigError: an unreadable file, or a secret too short.
+    """
+    if secret is None and secret_file is not None:
+        try:
+            with open(secret_file, "rb") as f:
+                secret = f.read()
+        except OSError as exc:
+            raise ConfigError(
+                f"--secret-file: cannot read {os.fspath(secret_file)!r}: {exc.strerror}",
+                setting="secret-file",
+            ) from None
+    if secret is None:
+        secret = (os.environ if environ is None else environ).get("TRAJFLIGHT_SECRET") or None
+    if secret is None:
+        return None
+    found = secret if isinstance(secret, Secret) else Secret(secret)
+    found.keyring()  # refuse a short or empty secret here, where it is configured
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -481,19 +542,8 @@ def load_keyring(
     Raises:
         ConfigError: the file cannot be read, or the secret is too short.
     """
-    if secret_file is not None:
-        try:
-            with open(secret_file, "rb") as f:
-                data = f.read()
-        except OSError as exc:
-            raise ConfigError(
-                f"--secret-file: cannot read {os.fspath(secret_file)!r}: {exc.strerror}",
-                setting="secret-file",
-            ) from None
-        return Keyring.from_secret(data, clock=clock)
-    env = os.environ if environ is None else environ
-    value = env.get("TRAJFLIGHT_SECRET")
-    return Keyring.from_secret(value, clock=clock) if value else None
+    secret = deployment_secret(None, secret_file, environ=environ)
+    return None if secret is None else secret.keyring(clock=clock)
 
 
 def is_loopback(host: str) -> bool:
