@@ -21,7 +21,7 @@ from trajflight._control import FlightTransport
 from trajflight._ray_connect import connect_ray_plane, current_node_id
 from trajflight._renewals import Renewals
 from trajflight._session import Session
-from trajflight._storage import StoragePool, Transport
+from trajflight._storage import StoragePool, Transport, env_credential, env_tls
 from trajflight._trainer import FENCE_TIMEOUT, Trainer
 from trajflight._writer import Writer
 from trajflight.auth import Credential, RefreshingCredential
@@ -60,7 +60,9 @@ def connect(
             servers on this host that have an arena, Flight otherwise), ``"shm"`` or ``"flight"`` (forced).
         tls: For a ``grpc+tls://`` plane: the CA its servers' certificates chain to, and this client's
             certificate and key where the plane demands mutual TLS (the same material reaches the
-            controller and every storage server).
+            controller and every storage server). Default for a ``grpc+tls://`` address: the PEM files
+            named by ``TRAJFLIGHT_TLS_CA`` (and ``TRAJFLIGHT_TLS_CERT`` / ``TRAJFLIGHT_TLS_KEY`` for mutual
+            TLS), when set.
         token: For a plane with a deployment secret: this process's credential (from the operator's
             ``trajflight token``); default ``TRAJFLIGHT_TOKEN`` from the environment. On an embedded plane
             the client sends it to the controller and gets short-lived storage tokens from it (refreshed
@@ -70,7 +72,9 @@ def connect(
         InvalidRequestError: an address of another scheme. UnavailableError / NotFoundError: nothing
         answers there.
     """
-    credential = _credential(token)
+    credential = env_credential(token)
+    if tls is None and address.startswith("grpc+tls://"):
+        tls = env_tls()
     if address.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
         transport_ = FlightTransport(address, tls, credential)
         storage = (
@@ -98,15 +102,6 @@ def connect(
     raise InvalidRequestError(
         f"unknown data plane address {address!r}: use grpc://HOST:PORT (embedded) or ray://NAMESPACE/NAME"
     )
-
-
-def _credential(token: Credential | str | None) -> Credential | None:
-    """The credential given, else ``TRAJFLIGHT_TOKEN``, else None."""
-    if isinstance(token, Credential):
-        return token
-    if token is None:
-        token = os.environ.get("TRAJFLIGHT_TOKEN") or None
-    return None if token is None else Credential(token)
 
 
 class Client:

@@ -47,11 +47,35 @@ __all__ = [
     "TRANSPORTS",
     "StoragePool",
     "Transport",
+    "env_credential",
+    "env_tls",
     "read_handle",
 ]
 
 Transport = Literal["auto", "shm", "flight"]
 TRANSPORTS: tuple[str, ...] = ("auto", "shm", "flight")
+
+
+def env_tls() -> TlsConfig | None:
+    """The client TLS material named by ``TRAJFLIGHT_TLS_CA`` / ``_CERT`` / ``_KEY`` (PEM file paths);
+    None when none is set.
+
+    Raises:
+        ConfigError: a file cannot be read, or a certificate without its key.
+    """
+    ca, cert, key = (os.environ.get(f"TRAJFLIGHT_TLS_{n}") or None for n in ("CA", "CERT", "KEY"))
+    if ca is None and cert is None:
+        return None
+    return TlsConfig.from_files(cert, key, ca)
+
+
+def env_credential(token: Credential | str | None = None) -> Credential | None:
+    """``token`` as a credential, else ``TRAJFLIGHT_TOKEN``'s, else None."""
+    if isinstance(token, Credential):
+        return token
+    if token is None:
+        token = os.environ.get("TRAJFLIGHT_TOKEN") or None
+    return None if token is None else Credential(token)
 
 
 class StoragePool:

@@ -530,6 +530,10 @@ class RefreshingCredential:
                 self._held, self._renew_at = fresh, now + max(0.0, life * (1 - self._margin))
             return self._held
 
+    def __call__(self) -> Credential:
+        """The same as :meth:`current` (a credential source of a client)."""
+        return self.current()
+
 
 def load_keyring(
     secret_file: str | os.PathLike[str] | None = None,
