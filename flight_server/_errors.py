@@ -205,6 +205,10 @@ def translate_errors(what: str) -> Iterator[None]:
     except TrajflightError:
         raise
     except OSError as exc:  # pyarrow's IOError: the call's stream broke under a read or a write
+        match = _PREFIX.search(str(exc))
+        if match is not None:  # a refusal get_schema reports as IOError (apache/arrow#43556)
+            message = str(exc)[match.end() :].split(". Detail:", 1)[0]
+            raise _build(error_class_for_code(match.group(1)), message, {}) from exc
         raise UnavailableError(_hint(UnavailableError, str(exc), what)) from exc
     except (flight.FlightError, pa.ArrowException) as exc:
         err = from_flight_error(exc, what)
