@@ -349,7 +349,8 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
         role = body.get("role") or claims.role.value
         if claims.role is not Role.ADMIN and role != claims.role.value:
             raise PermissionDeniedError(
-                f"a {claims.role.value} credential mints {claims.role.value} tokens only, not {brief(role)}",
+                f"a token of role {brief(role)} needs role {brief(role)} or admin; a {claims.role.value} "
+                f"credential mints {claims.role.value} tokens only",
                 reason="role",
                 operation="token",
             )
@@ -368,7 +369,15 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
         if claims is not None:
             authorize(claims, command.name, ROLES[command.name], ())  # the role first: it is cheap
             if not claims.all_jobs:
-                authorize(claims, command.name, ROLES[command.name], self._jobs_of(command))
+                jobs = self._jobs_of(command)
+                if not jobs and ROLES[command.name] == (Role.ADMIN,):
+                    raise PermissionDeniedError(
+                        f"{command.name} acts on the whole deployment, outside the credential's jobs "
+                        f"{brief(list(claims.jobs))}; it needs an admin credential of every job ('*')",
+                        reason="job",
+                        operation=command.name,
+                    )
+                authorize(claims, command.name, ROLES[command.name], jobs)
         return command
 
     def _jobs_of(self, command: Command[Any]) -> list[str]:

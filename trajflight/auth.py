@@ -333,7 +333,7 @@ class Keyring:
             "role": role.value,
             "jobs": list(jobs),
             "iat": int(now),
-            "exp": int(now + ttl) if float(now + ttl).is_integer() else now + ttl,
+            "exp": int(now) + ttl,  # the life is exactly ttl, ending no later than now + ttl
             "jti": uuid.uuid4().hex,
         }
         token = jwt.encode(
