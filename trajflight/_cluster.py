@@ -41,15 +41,7 @@ from trajflight._archive import Archive
 from trajflight._client import Client
 from trajflight._control import ControlServer
 from trajflight._storage import StoragePool, Transport
-from trajflight.auth import (
-    ALL_JOBS,
-    DEFAULT_STORAGE_TTL,
-    Credential,
-    RefreshingCredential,
-    Role,
-    Secret,
-    deployment_secret,
-)
+from trajflight.auth import ALL_JOBS, Credential, Role, Secret, deployment_secret, minted
 from trajflight.controller import ControllerClient, LocalController, LocalTransport
 from trajflight.errors import ConfigError, UnavailableError
 from trajflight.flight_server import TlsConfig, host_id, sweep_dead_arenas
@@ -164,7 +156,7 @@ class LocalCluster:
         self.keyring = None if self._secret is None else self._secret.keyring()
         self.insecure = insecure
         self._pool = StoragePool(
-            timeout=timeout, tls=client_tls, credential=self._admin_source("trajflight-controller")
+            timeout=timeout, tls=client_tls, credential=minted(self.keyring, "trajflight-controller")
         )
         self.archive_location = archive
         self.archive_filesystem = archive_filesystem
@@ -390,15 +382,8 @@ class LocalCluster:
             timeout=self.timeout,
             transport=transport,
             tls=self.client_tls,
-            credential=self._admin_source("trajflight-local-client"),
+            credential=minted(self.keyring, "trajflight-local-client"),
         )
-
-    def _admin_source(self, sub: str) -> RefreshingCredential | None:
-        """Admin storage tokens minted here for ``sub`` (refreshed), or None without a secret."""
-        keyring = self.keyring
-        if keyring is None:
-            return None
-        return RefreshingCredential(lambda: keyring.mint(sub, Role.ADMIN, ttl=DEFAULT_STORAGE_TTL))
 
     def mint(
         self,

@@ -21,6 +21,13 @@ machine).
 
 Ray is imported only when a Ray plane is started or connected to (``pip install 'trajflight[ray]'``).
 
+With a deployment secret (``RayCluster(secret=)`` or ``TRAJFLIGHT_SECRET``) every storage server
+authenticates every call (``docs/auth.md``); the controller actor's deletes and fences and this process's
+clients carry admin tokens minted from it, and other processes pass their credential to ``connect``. The
+secret reaches the actors as a :class:`~trajflight.auth.Secret` argument (its ``repr`` is hidden; Ray task
+and actor names never carry it). Calls to the controller actor itself go through Ray, which
+authenticates nothing: anyone who can reach the Ray cluster can drive the controller (docs/auth.md).
+
 It does not guarantee that stored groups survive their storage server: a server actor is not restarted
 (its groups lived in its memory; the controller would point at data that is gone), and the controller's
 state survives a restart only with ``state_dir`` (journal + snapshots on the controller's node).
@@ -46,6 +53,7 @@ from trajflight._archive import Archive
 from trajflight._client import Client
 from trajflight._ray_connect import SCHEME, current_node_id, loopback_addresses, parse_ray_address
 from trajflight._storage import StoragePool
+from trajflight.auth import Secret, deployment_secret, minted
 from trajflight.controller import (
     DEFAULT_NAME,
     ControllerClient,
@@ -79,23 +87,30 @@ class FlightStorage:
 
     Args:
         timeout: Deadline of each call to a storage server, seconds.
+        secret: The deployment secret: each call then carries an admin token minted from it.
     """
 
-    def __init__(self, timeout: float = 10.0) -> None:
+    def __init__(self, timeout: float = 10.0, secret: Secret | None = None) -> None:
         self.timeout = timeout
+        self.secret = secret
         self._pool: StoragePool | None = None
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"timeout": self.timeout}
+        return {"timeout": self.timeout, "secret": self.secret}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["timeout"])  # type: ignore[misc]
+        self.__init__(state["timeout"], state.get("secret"))  # type: ignore[misc]
 
     def _storage(self) -> StoragePool:
         with self._lock:
             if self._pool is None:
-                self._pool = StoragePool(timeout=self.timeout)
+                self._pool = StoragePool(
+                    timeout=self.timeout,
+                    credential=minted(
+                        None if self.secret is None else self.secret.keyring(), "trajflight-controller"
+                    ),
+                )
             return self._pool
 
     def delete(self, work: DeleteWork) -> None:
@@ -153,10 +168,18 @@ class StorageServerActor:
             started by :class:`RayCluster`).
         shm: Give the server a fresh auto-named arena (``/dev/shm/trajflight-<uuid>``); making one also
             sweeps the arenas killed servers left on the node.
+        secret: The deployment secret: the server then authenticates every call.
+        insecure: Serve a non-loopback node address without a secret (refused otherwise).
     """
 
     def __init__(
-        self, capacity_bytes: int, capacity_groups: int, host: str | None = None, shm: bool = True
+        self,
+        capacity_bytes: int,
+        capacity_groups: int,
+        host: str | None = None,
+        shm: bool = True,
+        secret: Secret | None = None,
+        insecure: bool = False,
     ) -> None:
         from trajflight.flight_server import ShmArena, StorageServer, StoreLimits
 
@@ -166,7 +189,14 @@ class StorageServerActor:
         limits = StoreLimits(capacity_bytes=capacity_bytes, capacity_groups=capacity_groups)
         arena = ShmArena() if shm else None
         try:
-            self.server = StorageServer(self.host, 0, limits=limits, arena=arena)
+            self.server = StorageServer(
+                self.host,
+                0,
+                limits=limits,
+                arena=arena,
+                keyring=None if secret is None else secret.keyring(),
+                insecure=insecure,
+            )
         except BaseException:
             if arena is not None:
                 arena.close()
@@ -235,6 +265,10 @@ class RayCluster:
         archive, archive_filesystem, archive_flush: Archive committed groups before their deletes, as
             :class:`~trajflight.LocalCluster` does; the controller actor writes it, so ``archive`` must
             be reachable from the actor's node (a shared path or an object store URI).
+        secret: The deployment secret (see :class:`~trajflight.LocalCluster`); None reads
+            ``TRAJFLIGHT_SECRET``; without either the storage servers authenticate nothing, and a server on a
+            non-loopback node address refuses to start unless ``insecure``.
+        insecure: Serve storage servers on non-loopback node addresses without a secret.
 
     Raises:
         ConfigError: a bad setting, naming it.
@@ -255,6 +289,8 @@ class RayCluster:
         archive: str | os.PathLike[str] | None = None,
         archive_filesystem: Any = None,
         archive_flush: float = 2.0,
+        secret: Secret | bytes | str | None = None,
+        insecure: bool = False,
     ) -> None:
         if servers is not None and (isinstance(servers, bool) or not isinstance(servers, int) or servers < 1):
             raise ConfigError(
@@ -281,6 +317,9 @@ class RayCluster:
         self.archive = None if archive is None else os.fspath(archive)
         self.archive_filesystem = archive_filesystem
         self.archive_flush = archive_flush
+        self._secret = deployment_secret(secret)
+        self.keyring = None if self._secret is None else self._secret.keyring()
+        self.insecure = insecure
         self.servers: list[RayServer] = []
         self._server_actors: list[Any] = []
         self._controller_actor: Any = None
@@ -341,7 +380,7 @@ class RayCluster:
         # journal must be where Ray restarts the actor); otherwise Ray may move it if the node dies.
         here = ray.get_runtime_context().get_node_id()
         strategy = NodeAffinitySchedulingStrategy(here, soft=self.state_dir is None)
-        storage = FlightStorage(timeout=self.timeout)
+        storage = FlightStorage(timeout=self.timeout, secret=self._secret)
         archive = None
         if self.archive is not None:
             archive = ArchiveFactory(self.archive, self.archive_filesystem, self.archive_flush, storage)
@@ -389,7 +428,9 @@ class RayCluster:
                     max_restarts=0,  # its groups lived in its memory: a restarted server would be empty
                     max_concurrency=4,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-                ).remote(self.capacity, self.max_groups, shm=self.shm)
+                ).remote(
+                    self.capacity, self.max_groups, shm=self.shm, secret=self._secret, insecure=self.insecure
+                )
             )
         refs = [a.describe.remote() for a in self._server_actors]
         try:
@@ -512,6 +553,7 @@ class RayCluster:
             address=self.address,
             timeout=self.timeout,
             node=current_node_id(),
+            credential=minted(self.keyring, "trajflight-ray-client"),
         )
 
     def kill_server(self, index: int) -> None:

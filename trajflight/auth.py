@@ -51,6 +51,7 @@ __all__ = [
     "deployment_secret",
     "is_loopback",
     "load_keyring",
+    "minted",
     "parse_bearer",
     "unverified_expiry",
 ]
@@ -533,6 +534,16 @@ class RefreshingCredential:
     def __call__(self) -> Credential:
         """The same as :meth:`current` (a credential source of a client)."""
         return self.current()
+
+
+def minted(
+    keyring: Keyring | None, sub: str, role: Role = Role.ADMIN, *, ttl: float = DEFAULT_STORAGE_TTL
+) -> RefreshingCredential | None:
+    """Tokens of ``role`` for ``sub`` minted in this process from ``keyring`` (refreshed before they
+    expire): how a host that holds the secret authenticates its own calls. None without a keyring."""
+    if keyring is None:
+        return None
+    return RefreshingCredential(lambda: keyring.mint(sub, role, ttl=ttl))
 
 
 def load_keyring(
