@@ -24,7 +24,13 @@ the client and the CLI. It imports only :mod:`trajflight.codec` and the base (``
 
 from __future__ import annotations
 
-from trajflight.flight_server._auth import CredentialSource, call_claims, call_headers, check_bind
+from trajflight.flight_server._auth import (
+    CredentialSource,
+    call_claims,
+    call_headers,
+    check_bind,
+    credential_source,
+)
 from trajflight.flight_server._auth import server_middleware as auth_middleware
 from trajflight.flight_server._client import (
     GroupListing,
@@ -73,6 +79,7 @@ __all__ = [
     "call_claims",
     "call_headers",
     "check_bind",
+    "credential_source",
     "get_parallel",
     "host_id",
     "join_batches",

@@ -31,6 +31,7 @@ __all__ = [
     "call_claims",
     "call_headers",
     "check_bind",
+    "credential_source",
     "server_middleware",
 ]
 
@@ -69,7 +70,16 @@ def server_middleware(keyring: Keyring | None) -> dict[str, Any]:
 def call_claims(context: flight.ServerCallContext) -> Claims | None:
     """The verified claims of the call (None where the server runs without authentication)."""
     found = context.get_middleware(MIDDLEWARE_KEY)
-    return None if found is None else found.claims  # type: ignore[no-any-return]
+    claims: Claims | None = None if found is None else found.claims
+    return claims
+
+
+def credential_source(credential: Credential | CredentialSource | None) -> CredentialSource | None:
+    """What a client asks per call: a fixed credential, a callable (a refreshing token) or nothing."""
+    if isinstance(credential, Credential):
+        fixed = credential
+        return lambda: fixed
+    return credential
 
 
 def call_headers(source: CredentialSource | None) -> list[tuple[bytes, bytes]]:

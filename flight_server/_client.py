@@ -35,7 +35,7 @@ import pyarrow.ipc as ipc
 
 from trajflight.auth import Credential
 from trajflight.errors import DeadlineExceededError, InvalidRequestError, TrajflightError
-from trajflight.flight_server._auth import CredentialSource, call_headers
+from trajflight.flight_server._auth import CredentialSource, call_headers, credential_source
 from trajflight.flight_server._errors import translate_errors
 from trajflight.flight_server._tls import TlsConfig, client_kwargs
 from trajflight.flight_server._wire import (
@@ -156,10 +156,7 @@ class StorageClient:
         self.timeout = float(timeout)
         self.write_size_limit_bytes = write_size_limit_bytes
         self._read_options = ipc.IpcReadOptions(ensure_alignment=alignment)
-        fixed = credential
-        self._credential: CredentialSource | None = (
-            (lambda: fixed) if isinstance(fixed, Credential) else credential  # type: ignore[assignment]
-        )
+        self._credential = credential_source(credential)
         # Through self._action at each call (not the bound method of now): one action route to patch.
         self._shm = ShmClient(
             lambda name, body, t: self._action(name, body, t),

@@ -342,7 +342,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         context: flight.ServerCallContext, operation: str, jobs: Sequence[str] = ()
     ) -> Claims | None:
         """Check the call's token against :data:`ROLES` for ``operation`` on ``jobs``; its claims."""
-        claims = call_claims(context)
+        claims: Claims | None = call_claims(context)
         authorize(claims, operation, ROLES[operation], jobs)
         return claims
 

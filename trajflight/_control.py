@@ -91,6 +91,7 @@ from trajflight.flight_server import (
     call_claims,
     call_headers,
     check_bind,
+    credential_source,
     host_id,
     server_errors,
     tls_client_kwargs,
@@ -427,7 +428,7 @@ def _job_id(job_id: object) -> str:
 def _job_of(partition: object) -> str:
     """The job of a partition as a caller sends it (a Partition or ``[job_id, epoch, group_id]``)."""
     if isinstance(partition, Partition):
-        return partition.job_id
+        return str(partition.job_id)
     if isinstance(partition, list | tuple) and partition and isinstance(partition[0], str):
         return partition[0]
     raise InvalidRequestError(f"a partition is (job_id, epoch, group_id), got {brief(partition)}")
@@ -477,10 +478,7 @@ class FlightTransport:
         credential: Credential | CredentialSource | None = None,
     ) -> None:
         self.location = location
-        fixed = credential
-        self._credential: CredentialSource | None = (
-            (lambda: fixed) if isinstance(fixed, Credential) else credential  # type: ignore[assignment]
-        )
+        self._credential = credential_source(credential)
         with translate_errors(f"connect to controller at {location}"):
             self._client = flight.FlightClient(location, **tls_client_kwargs(location, tls))
 
@@ -510,8 +508,8 @@ class FlightTransport:
         """A short-lived storage token from the controller (``token`` action): the caller's role and
         jobs (or ``role``, for an admin caller)."""
         body = {} if role is None else {"role": role}
-        token: str = self._action("token", body, timeout)
-        return Credential(token)
+        token = self._action("token", body, timeout)
+        return Credential(str(token))
 
     def invoke(self, method: str, kwargs: dict[str, Any], timeout: float) -> Any:
         return self._action("call", {"method": method, "kwargs": kwargs}, timeout)

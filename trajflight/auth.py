@@ -29,7 +29,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import jwt
 
@@ -407,26 +407,15 @@ def _malformed(why: str) -> AuthenticationError:
 
 
 def _claims(payload: Mapping[str, Any], kid: str) -> Claims:
-    role, jobs = payload.get("role"), payload.get("jobs")
-    try:
-        parsed = Role(role)
-    except ValueError:
-        raise _malformed(f"unknown role {brief(role)}") from None
+    role, jobs, exp, iat = payload.get("role"), payload.get("jobs"), payload.get("exp"), payload.get("iat")
+    if not isinstance(role, str) or role not in {r.value for r in Role}:
+        raise _malformed(f"unknown role {brief(role)}")
     if not isinstance(jobs, list) or not jobs or not all(isinstance(j, str) and j for j in jobs):
         raise _malformed("jobs must be a list of job ids")
-    exp, iat = payload.get("exp"), payload.get("iat")
-    for value in (exp, iat):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise _malformed("iat and exp must be numbers")
-    return Claims(
-        str(payload["sub"]),
-        parsed,
-        tuple(jobs),
-        float(iat),
-        float(exp),
-        str(payload["jti"]),
-        kid,  # type: ignore[arg-type]
-    )
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (exp, iat)):
+        raise _malformed("iat and exp must be numbers")
+    issued, expires = cast(float, iat), cast(float, exp)  # checked numbers just above
+    return Claims(str(payload["sub"]), Role(role), tuple(jobs), issued, expires, str(payload["jti"]), kid)
 
 
 def authorize(claims: Claims | None, operation: str, roles: Iterable[Role], jobs: Iterable[str] = ()) -> None:
