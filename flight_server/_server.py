@@ -41,7 +41,13 @@ import pyarrow.flight as flight
 
 from trajflight.auth import Claims, Keyring, Role, authorize
 from trajflight.codec import STANDARD_SCHEMA, TrajectorySchema, validate_group
-from trajflight.errors import AuthenticationError, ConfigError, InvalidRequestError, SchemaError
+from trajflight.errors import (
+    AuthenticationError,
+    ConfigError,
+    InvalidRequestError,
+    PermissionDeniedError,
+    SchemaError,
+)
 from trajflight.flight_server._auth import call_claims, check_bind, server_middleware
 from trajflight.flight_server._errors import server_errors
 from trajflight.flight_server._put_stream import check_stream_schema, receive, receive_groups
@@ -143,7 +149,7 @@ ROLES: dict[str, tuple[Role, ...]] = {
     "list_actions": _ANY,
     "delete": (Role.ADMIN,),
     "fence": (Role.ADMIN,),
-    "advance_generation": (Role.ADMIN,),
+    "advance_generation": (Role.TRAINER,),  # a trainer fences its new lease's groups (as a read does)
     "stats": _ANY,
     "health": _ANY,
     "shm_reserve": (Role.WRITER,),
@@ -432,7 +438,8 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         """Stream the groups a ticket names, projected; C++ drives the stream over the stored buffers."""
         with server_errors("do_get"):
             request = decode_ticket(ticket.ticket)
-            self._authorize(context, "do_get", [r.key.job_id for r in request.groups])
+            claims = self._authorize(context, "do_get", [r.key.job_id for r in request.groups])
+            _no_lease_for_readers(claims, request.groups, "do_get")
             return flight.RecordBatchStream(self.store.read(request.groups, request.columns))
 
     # ---------------------------------------------------------------------------------------- flights
@@ -510,6 +517,8 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
 
     def _run_action(self, name: str, body: Any, claims: Claims | None) -> dict[str, Any]:
         authorize(claims, name, ROLES[name], _jobs_of(body))
+        if isinstance(body, GetTicket):
+            _no_lease_for_readers(claims, body.groups, name)
         if isinstance(body, DeleteRequest):
             return self.store.delete(body.groups)
         if isinstance(body, GenerationRequest):
@@ -601,6 +610,17 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
             "groups": groups,
             "fences": None if self.store.board is None else self.store.board.path,
         }
+
+
+def _no_lease_for_readers(claims: Claims | None, reads: Sequence[GroupRead], operation: str) -> None:
+    """A reader reads without lease tokens: a token raises the group's generation, fencing its holder."""
+    if claims is not None and claims.role is Role.READER and any(r.token is not None for r in reads):
+        raise PermissionDeniedError(
+            f"{operation} under a lease token needs role trainer; a reader credential reads without "
+            "tokens (it never affects a lease): drop the generation, or use a trainer credential",
+            reason="role",
+            operation=operation,
+        )
 
 
 def _jobs_of(body: Any) -> list[str]:

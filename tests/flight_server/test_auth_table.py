@@ -283,6 +283,10 @@ def test_a_right_credential_passes_where_the_table_refuses():
             w.put_groups([(KEY, make_group(KEY))])
             t.append_columns(KEY, pa.table({"ref_logprob": pa.array([0.5] * 8, pa.float32())}), LeaseToken(1))
             assert r.get([KEY]).num_rows == 8
+            with pytest.raises(PermissionDeniedError, match="reads without tokens"):  # never fences a lease
+                r.get([GroupRead(KEY, LeaseToken(1))])
+            with pytest.raises(PermissionDeniedError, match="reads without tokens"):
+                r.shm_get([GroupRead(KEY, LeaseToken(1))])
             assert [g.key for g in r.list_groups()] == [KEY]
             assert t.shm_get([GroupRead(KEY, LeaseToken(1))]).num_rows == 8
             assert a.fence("job-a", 1)["min_epoch"] == 1

@@ -122,6 +122,28 @@ def test_a_local_cluster_with_a_secret_authenticates_every_endpoint_and_hides_th
         assert SECRET.split(":")[1] not in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
 
 
+@pytest.mark.parametrize("transport", ["flight", "shm"])
+def test_each_role_does_its_part_of_a_round_trip_over_either_transport(transport):
+    """Credentials of the least role each step needs: an admin opens, a writer puts, a trainer leases,
+    fetches and commits, a reader reads (over Flight the trainer raises generations itself)."""
+    with trajflight.LocalCluster(servers=1, processes=False, capacity="64MiB", secret=SECRET) as cluster:
+
+        def connect(role: str) -> trajflight.Client:
+            return trajflight.connect(
+                cluster.address, timeout=20, transport=transport, token=cluster.mint(role, ["rt-job"])
+            )
+
+        with connect("admin") as admin:
+            admin.open_job("rt-job", 1)
+        with connect("writer") as writer:
+            put_groups(writer.writer("rt-job", 1), 2)
+        with connect("reader") as reader:
+            assert reader.stats("rt-job")["counts"]["READY"] == 2
+        with connect("trainer") as trainer, trainer.trainer("rt-job").lease(2, wait=5) as batch:
+            assert batch.fetch_table(["reward"]).num_rows == 8
+        assert cluster.wait_idle("rt-job") == (0, 0)
+
+
 def test_a_local_cluster_reads_the_secret_from_the_environment(monkeypatch):
     monkeypatch.setenv("TRAJFLIGHT_SECRET", SECRET)
     with trajflight.LocalCluster(servers=1, processes=False, capacity="64MiB") as cluster:
