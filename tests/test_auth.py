@@ -209,3 +209,23 @@ def test_load_keyring_reads_the_file_then_the_environment(tmp_path):
 )  # fmt: skip
 def test_is_loopback(host, loopback):
     assert is_loopback(host) is loopback
+
+
+def test_docs_auth_md_gives_every_operation_its_roles():
+    """docs/auth.md renders both role tables; an operation added or changed without it fails here."""
+    import re
+    from pathlib import Path
+
+    from trajflight.controller import ROLES as CONTROLLER
+    from trajflight.flight_server import ROLES as STORAGE
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "auth.md").read_text()
+    controller_part, storage_part = text.split("Controller (Flight endpoint", 1)[1].split(
+        "Storage server (Flight", 1
+    )
+    for table, part in ((CONTROLLER, controller_part), (STORAGE, storage_part.split("\n\n", 2)[1])):
+        documented: dict[str, set[str]] = {}
+        for ops, roles in re.findall(r"^\| (`.+?) \| ([a-z, ]+) \|$", part, flags=re.M):
+            for op in re.findall(r"`([a-z_]+)`", ops):
+                documented[op] = set(roles.split(", "))
+        assert {op: {r.value for r in roles} for op, roles in table.items()} == documented
