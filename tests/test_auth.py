@@ -229,3 +229,17 @@ def test_docs_auth_md_gives_every_operation_its_roles():
             for op in re.findall(r"`([a-z_]+)`", ops):
                 documented[op] = set(roles.split(", "))
         assert {op: {r.value for r in roles} for op, roles in table.items()} == documented
+
+
+def test_a_verified_token_is_remembered_but_its_expiry_is_checked_at_every_use():
+    clock = Clock()
+    ring = keyring(clock=clock)
+    cred = ring.mint("w", "writer", ttl=10)
+    assert ring.verify(cred) is ring.verify(cred)  # decoded once
+    clock.now = T0 + 10
+    with pytest.raises(AuthenticationError, match="expired"):
+        ring.verify(cred)
+    forged = cred.reveal()[:-2] + ("AA" if not cred.reveal().endswith("AA") else "BB")
+    with pytest.raises(AuthenticationError) as info:  # a token that differs is verified afresh
+        ring.verify(forged)
+    assert info.value.reason in {"bad_signature", "malformed"}

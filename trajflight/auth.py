@@ -71,6 +71,7 @@ DEFAULT_STORAGE_TTL = 300.0
 _ALGORITHM = "HS256"
 _KEY_LABEL = b"trajflight-token-key-v1:"
 _MAX_TOKEN_CHARS = 8192
+_VERIFIED_TOKENS = 4096
 
 
 class Role(enum.StrEnum):
@@ -252,7 +253,7 @@ class Keyring:
         ConfigError: no key, a short secret, or a kid given twice.
     """
 
-    __slots__ = ("_clock", "_keys", "signing_kid")
+    __slots__ = ("_clock", "_keys", "_verified", "signing_kid")
 
     def __init__(self, keys: Iterable[tuple[str, bytes]], *, clock: Callable[[], float] = time.time) -> None:
         self._keys: dict[str, bytes] = {}
@@ -270,6 +271,10 @@ class Keyring:
             raise ConfigError("a keyring needs at least one key", setting="secret")
         self.signing_kid = next(iter(self._keys))
         self._clock = clock
+        # Tokens whose signature verified, with their claims: a client sends one token for many calls,
+        # and decoding a JWT costs ~100 us in Python. Only the expiry is re-checked per call; a keyring
+        # never changes, so no entry outlives its key.
+        self._verified: dict[str, Claims] = {}
 
     @classmethod
     def from_secret(cls, secret: bytes | str, *, clock: Callable[[], float] = time.time) -> Keyring:
@@ -350,6 +355,10 @@ class Keyring:
                 signed by a key not in this keyring (revoked or unknown); ``reason`` says which.
         """
         raw = token.reveal() if isinstance(token, Credential) else token
+        known = self._verified.get(raw) if isinstance(raw, str) else None
+        if known is not None:
+            known.check_fresh(self._clock() if now is None else now)
+            return known
         if not raw:
             raise AuthenticationError(
                 "no credential: this endpoint requires a bearer token (authorization: Bearer <token>); "
@@ -396,6 +405,9 @@ class Keyring:
             raise _malformed(type(exc).__name__) from None
         claims = _claims(payload, kid)
         claims.check_fresh(self._clock() if now is None else now)
+        if len(self._verified) >= _VERIFIED_TOKENS:
+            self._verified.clear()  # bounded: a flood of distinct tokens costs their decoding only
+        self._verified[raw] = claims
         return claims
 
 
