@@ -157,3 +157,19 @@ def test_a_local_cluster_reads_the_secret_from_the_environment(monkeypatch):
     monkeypatch.setenv("TRAJFLIGHT_SECRET", "short")
     with pytest.raises(ConfigError, match="at least 16 bytes"):
         trajflight.LocalCluster(servers=1, processes=False)
+
+
+def test_a_live_scan_reads_a_secure_plane_with_a_reader_credential(monkeypatch):
+    pytest.importorskip("duckdb")
+    from trajflight.analytics import scan
+
+    with trajflight.LocalCluster(servers=1, processes=False, capacity="64MiB", secret=SECRET) as cluster:
+        client = cluster.client()
+        client.open_job("scan-job", 1)
+        put_groups(client.writer("scan-job", 1), 2)
+        monkeypatch.setenv("TRAJFLIGHT_TOKEN", cluster.mint("reader", ["scan-job"]).reveal())
+        table = scan(cluster.address, job="scan-job", columns=["reward"]).to_table()
+        assert table.num_rows == 8
+        monkeypatch.delenv("TRAJFLIGHT_TOKEN")
+        with pytest.raises(AuthenticationError):
+            scan(cluster.address, job="scan-job", columns=["reward"]).to_table()
