@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from trajflight.auth import Credential
+
 __all__ = ["RETRY_BUDGET", "WorkerSpec", "refusal_kind", "rollout_worker"]
 
 T = TypeVar("T")
@@ -50,6 +52,7 @@ class WorkerSpec:
         seed: The run's seed (prompts and sampling are seeded from it and the prompt number).
         weights_dir: Where the trainer publishes the weights of each policy version.
         lead: Most groups the job may hold that no trainer took yet before this worker waits.
+        token: The worker's writer credential on a plane with a deployment secret (None: none needed).
     """
 
     address: str
@@ -60,6 +63,7 @@ class WorkerSpec:
     seed: int
     weights_dir: str
     lead: int
+    token: Credential | None = None
 
 
 def refusal_kind(exc: BaseException) -> str:
@@ -136,7 +140,7 @@ class _Worker:
         from trajflight.demo._task import make_prompt, sample_group
 
         spec = self.spec
-        self.client = self.guarded("connect", lambda: trajflight.connect(spec.address))
+        self.client = self.guarded("connect", lambda: trajflight.connect(spec.address, token=spec.token))
         writer_id = f"rollout-e{spec.epoch}-w{spec.worker}"
         self.writer = self.guarded(
             "register", lambda: self.client.writer(spec.job_id, spec.epoch, writer_id=writer_id)
