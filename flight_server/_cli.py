@@ -22,7 +22,7 @@ import sys
 import threading
 from types import FrameType
 
-from trajflight.auth import load_keyring
+from trajflight.auth import add_secret_arguments, load_keyring
 from trajflight.errors import ConfigError, TrajflightError
 from trajflight.flight_server._tls import TlsConfig
 from trajflight.units import format_size, parse_duration, parse_size
@@ -38,16 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-groups", type=int, default=1_000_000, help="groups held at most")
     parser.add_argument("--max-group-size", default="2GiB", help="largest single group, e.g. 256MiB")
     parser.add_argument("--retry-after", default="1s", help="retry hint of capacity refusals, e.g. 500ms")
-    parser.add_argument(
-        "--secret-file",
-        default=None,
-        help="file holding the deployment secret (else TRAJFLIGHT_SECRET): every call then needs a token",
-    )
-    parser.add_argument(
-        "--insecure",
-        action="store_true",
-        help="serve a non-loopback --host without a secret (anyone who reaches it may do anything)",
-    )
+    add_secret_arguments(parser, "the storage server")
     parser.add_argument("--shutdown-grace", default="3s", help="wait this long for in-flight calls on exit")
     parser.add_argument("--log-level", default="WARNING", help="Python logging level for stderr")
     parser.add_argument(

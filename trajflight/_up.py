@@ -36,16 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="archive committed groups here as Parquet before deleting them (a path or pyarrow.fs URI)",
     )
     parser.add_argument("--log-level", default="WARNING", help="Python logging level for stderr (WARNING)")
-    parser.add_argument(
-        "--secret-file",
-        default=None,
-        help="file holding the deployment secret (else TRAJFLIGHT_SECRET): every call then needs a token",
-    )
-    parser.add_argument(
-        "--insecure",
-        action="store_true",
-        help="bind a non-loopback --host without a secret (anyone who reaches it may do anything)",
-    )
+    from trajflight.auth import add_secret_arguments  # light: the CLI's --help imports nothing heavy
+
+    add_secret_arguments(parser, "the data plane")
 
 
 def run(args: argparse.Namespace) -> int:

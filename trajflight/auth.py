@@ -17,6 +17,7 @@ minted: a token is valid until it expires or its key leaves the keyring (there i
 
 from __future__ import annotations
 
+import argparse
 import binascii
 import enum
 import hashlib
@@ -46,6 +47,7 @@ __all__ = [
     "RefreshingCredential",
     "Role",
     "Secret",
+    "add_secret_arguments",
     "authorize",
     "bearer_header",
     "deployment_secret",
@@ -560,6 +562,20 @@ def load_keyring(
     """
     secret = deployment_secret(None, secret_file, environ=environ)
     return None if secret is None else secret.keyring(clock=clock)
+
+
+def add_secret_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    """Register ``--secret-file`` and ``--insecure`` on a command that serves ``what``."""
+    parser.add_argument(
+        "--secret-file",
+        default=None,
+        help="file holding the deployment secret (else TRAJFLIGHT_SECRET): every call then needs a token",
+    )
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help=f"serve {what} on a non-loopback --host without a secret (anyone reaching it may do anything)",
+    )
 
 
 def is_loopback(host: str) -> bool:

@@ -6,6 +6,7 @@ import contextlib
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -96,6 +97,17 @@ def put_groups(writer: trajflight.Writer, count: int, *, seed: int = 0, first: i
     for g in make_workload(count, 4, seed=seed, response_median=64, first_group_id=first):
         metas.append(writer.put(**g.columns(sample_ids=[f"p{g.group_id}/{i}" for i in range(4)])))
     return metas
+
+
+def stop_process(proc: subprocess.Popen[str]) -> str:
+    """SIGTERM ``proc``, check it exits 0, and return its stderr."""
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    err = proc.stderr.read() if proc.stderr else ""
+    for stream in (proc.stdout, proc.stderr):
+        if stream:
+            stream.close()
+    return err
 
 
 def run_child(code: str, *args: object, timeout: float = 60.0) -> Any:

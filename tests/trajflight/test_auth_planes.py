@@ -5,7 +5,6 @@ from ``trajflight token``, and credentials kept out of command lines, ``repr`` a
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from trajflight.auth import Credential, Keyring, Role
 from trajflight.errors import AuthenticationError, ConfigError, PermissionDeniedError
 from trajflight.flight_server import StorageClient
 
-from .conftest import put_groups
+from .conftest import put_groups, stop_process
 
 SECRET = "ops:up-plane-secret-0123456789abcdef"
 
@@ -76,12 +75,7 @@ def test_up_with_a_secret_serves_only_credentials_and_says_how_to_mint_them():
         assert stats.returncode == 0, stats.stderr
         assert '"commits": 2' in stats.stdout
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-        err = proc.stderr.read() if proc.stderr else ""
-        for stream in (proc.stdout, proc.stderr):
-            if stream:
-                stream.close()
+        err = stop_process(proc)
     assert "authentication on (signing key ops)" in err
     assert "trajflight token --role ROLE --job JOB" in err
     assert SECRET not in err

@@ -20,7 +20,7 @@ import pytest
 
 import trajflight
 
-from .conftest import put_groups
+from .conftest import put_groups, stop_process
 
 
 def _free_port() -> int:
@@ -41,17 +41,6 @@ def _start_up(*args: str) -> tuple[subprocess.Popen[str], str]:
     return proc, address
 
 
-def _stop(proc: subprocess.Popen[str]) -> str:
-    """SIGTERM ``proc``, check it exits 0, and return its stderr."""
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 0
-    err = proc.stderr.read() if proc.stderr else ""
-    for stream in (proc.stdout, proc.stderr):
-        if stream:
-            stream.close()
-    return err
-
-
 @pytest.fixture(scope="module")
 def plane() -> Iterator[str]:
     """One `trajflight up` for the module's read-only checks, on a port given with --port."""
@@ -63,7 +52,7 @@ def plane() -> Iterator[str]:
         assert address == f"grpc://127.0.0.1:{port}"
         yield address
     finally:
-        _stop(proc)
+        stop_process(proc)
 
 
 def _stats(address: str, job: str | None = "cli-job") -> dict[str, Any]:
@@ -105,7 +94,7 @@ def test_up_then_connect_put_and_stats_then_sigterm():
         ).stdout
         assert "groups_published" in table
     finally:
-        err = _stop(proc)
+        err = stop_process(proc)
     (start,) = [line for line in err.splitlines() if line.startswith("trajflight up: serving on ")]
     assert address in start
     assert err.rstrip().endswith("trajflight up: stopped")  # issue 19: it printed nothing when it stopped
