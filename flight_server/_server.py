@@ -87,19 +87,19 @@ log = logging.getLogger("trajflight.flight_server")
 
 ACTIONS: dict[str, str] = {
     "delete": (
-        'Delete groups. Body {"v":1,"groups":[{"job_id","epoch","group_id","generation","sig"?}]}; each '
+        'Delete groups. Body {"v":1,"groups":[{"job_id","epoch","group_id","generation"}]}; each '
         "needs a lease generation >= the highest seen for the group. Idempotent. Result "
         '{"deleted","bytes_freed","missing"}.'
     ),
     "fence": (
         "Refuse puts of epochs of a job below min_epoch (stored groups stay, fenced by generation). "
-        'Body {"v":1,"job_id","min_epoch","purge"?,"sig"?}; '
+        'Body {"v":1,"job_id","min_epoch","purge"?}; '
         'monotonic; purge also deletes stored groups of fenced epochs. Result {"job_id","min_epoch",'
         '"purged_groups","bytes_freed"}.'
     ),
     "advance_generation": (
         'Raise the highest lease generation of groups (the controller re-granted them). Body {"v":1,'
-        '"groups":[{"job_id","epoch","group_id","generation","sig"?}]}. Result {"raised","missing"}: missing '
+        '"groups":[{"job_id","epoch","group_id","generation"}]}. Result {"raised","missing"}: missing '
         "lists the groups the server neither stores nor is receiving."
     ),
     "stats": 'Groups, bytes, reservations, capacity, per job and epoch. Empty body or {"v":1}. Result: JSON.',
@@ -109,10 +109,10 @@ ACTIONS: dict[str, str] = {
     ),
     "shm_reserve": (
         'Same-host put, step 1 (servers with an arena). Body {"v":1,"writer"?,"ttl"?,"batch_bytes",'
-        '"groups":[{"job_id","epoch","group_id","num_rows","sig"?}]}: the checks of a put, then one segment '
+        '"groups":[{"job_id","epoch","group_id","num_rows"}]}: the checks of a put, then one segment '
         'of batch_bytes for the groups, written as one stream. Result {"segments":[{"reservation","path",'
         '"capacity"}]}. Compact batch form: {"v":1,"writer"?,"ttl"?,"batch_bytes","batch":{"job_id",'
-        '"epoch","group_ids":[...],"rows":[...],"sigs"?:[...]}}, result {"batch":{"reservation","path",'
+        '"epoch","group_ids":[...],"rows":[...]}}, result {"batch":{"reservation","path",'
         '"capacity"}}: one reservation for the whole batch.'
     ),
     "shm_publish": (
