@@ -81,3 +81,18 @@ def test_tls_settings_that_cannot_work_are_config_errors_naming_them(certs):
     with pytest.raises(ConfigError, match="cannot read"):
         TlsConfig.from_files(Path("/nonexistent/cert.pem"), Path("/nonexistent/key.pem"))
     assert "BEGIN" not in repr(certs.server)  # the key never shows in a repr or a log line
+
+
+def test_the_control_endpoint_refuses_plaintext_and_a_certificate_of_another_ca(mtls_cluster, tmp_path):
+    """The TLS rows of the refusal table (issue 18) for the controller's endpoint; the storage servers'
+    are the test above."""
+    other = make_dev_certs(tmp_path / "other")
+    servers = mtls_cluster.client().controller.servers()
+    with pytest.raises(UnavailableError):
+        trajflight.connect(mtls_cluster.address, tls=other.client, timeout=5).controller.servers()
+    plain = mtls_cluster.address.replace("grpc+tls://", "grpc://")
+    with pytest.raises(UnavailableError):
+        trajflight.connect(plain, timeout=5).controller.register_server(
+            "intruder", node="n", location="grpc://127.0.0.1:1", capacity_bytes=1, capacity_groups=1
+        )
+    assert mtls_cluster.client().controller.servers() == servers  # nothing registered
