@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from ._checkpoint import checkpoint_seq
 from ._client import ControllerClient, connect_ray, start_ray_controller
-from ._commands import CALLS, COMMANDS, Command, Kind, Route, client_call
+from ._commands import CALLS, COMMANDS, ROLES, Command, Kind, Route, client_call
 from ._durable import BatchDeleter, run_deletes
 from ._entries import check_seconds
 from ._files import read_file as read_checkpoint
@@ -53,6 +53,7 @@ __all__ = [
     "CALLS",
     "COMMANDS",
     "DEFAULT_NAME",
+    "ROLES",
     "BatchDeleter",
     "Command",
     "ControllerClient",

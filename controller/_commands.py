@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, ClassVar, Generic, TypeVar
 
+from trajflight.auth import Role
 from trajflight.errors import InvalidRequestError, brief
 
 from . import _records as rec
@@ -47,7 +48,7 @@ from ._records import (
     ServerInfo,
 )
 
-__all__ = ["CALLS", "COMMANDS", "MUTATING", "Command", "Kind", "Route", "client_call", "parse"]
+__all__ = ["CALLS", "COMMANDS", "MUTATING", "ROLES", "Command", "Kind", "Route", "client_call", "parse"]
 
 R = TypeVar("R")
 C = TypeVar("C", bound="type[Command[Any]]")
@@ -434,6 +435,15 @@ class Lost(Command[tuple[LostGroup, ...]]):
 
 @_declare(Q, HOST)
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseJob(Command[str]):
+    token: int
+
+    def apply(self, ledger: Ledger, now: float) -> str:
+        return ledger.lease_job(self.token)
+
+
+@_declare(Q, HOST)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LiveLeases(Command[tuple[int, ...]]):
     job_id: str | None = None
 
@@ -578,6 +588,47 @@ MUTATING = frozenset(name for name, cls in _COMMANDS.items() if cls.kind is Kind
 CALLS = frozenset(name for name, cls in _COMMANDS.items() if cls.route is Route.CALL)
 """The client operations a remote caller may send as a plain call (Flight ``call``, the Ray actor's
 ``invoke``); ``acquire``, ``checkpoint`` and ``restore`` travel by their own routes."""
+
+
+_W, _T, _R, _A = Role.WRITER, Role.TRAINER, Role.READER, Role.ADMIN
+_ANY = (_W, _T, _R)
+ROLES: Mapping[str, tuple[Role, ...]] = MappingProxyType(
+    {
+        "register_server": (_A,),
+        "open_job": (_A,),
+        "register_writer": (_W,),
+        "announce_policy": (_T,),
+        "ack_policy": (_W,),
+        "policy_status": _ANY,
+        "allocate": (_W,),
+        "allocate_many": (_W,),
+        "publish": (_W,),
+        "publish_many": (_W,),
+        "group": _ANY,
+        "acquire": (_T,),
+        "renew": (_T,),
+        "prepare": (_T,),
+        "start_training": (_T,),
+        "finish_training": (_T,),
+        "commit": (_T,),
+        "release": (_T,),
+        "report_unusable": (_T,),
+        "resolve": (_A,),
+        "counts": _ANY,
+        "usage": _ANY,
+        "lease_groups": (_T, _R),
+        "gc_list": (_A,),
+        "fence_list": (_A,),
+        "servers": _ANY,
+        "lost": _ANY,
+        "checkpoint": (_A,),
+        "confirm_checkpoint": (_A,),
+        "restore": (_A,),
+    }
+)
+"""Client operation (every command a remote caller may send: route ``CALL`` or ``OWN``) -> the roles that
+may run it (``admin`` runs all). Host-only commands have none: no caller may send them. An authenticating
+host checks this table; ``docs/auth.md`` renders it."""
 
 
 def client_call(name: object, kwargs: Mapping[str, Any]) -> Command[Any]:

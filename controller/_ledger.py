@@ -664,6 +664,11 @@ class Ledger:
         """Current information on every group a lease was granted (deleted ones omitted)."""
         return self._leases.lease_groups(token)
 
+    def lease_job(self, token: int) -> str:
+        """The job of the lease ``token`` (live or ended): what an authenticating host checks a trainer's
+        job scope against. Raises like any lease call on an unknown or forgotten token."""
+        return self._leases.lookup(token).job_id
+
     def live_leases(self, job_id: str | None = None) -> tuple[int, ...]:
         """Tokens of the live leases (of one job, or all)."""
         return self._leases.live_tokens(job_id)

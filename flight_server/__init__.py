@@ -10,6 +10,9 @@
 * The same-host wing lives in :mod:`trajflight.flight_server.shm`: :class:`ShmArena` is a server's
   shared-memory arena, whose segments same-host writers fill and same-host readers map with no copy;
   :func:`host_id` is what decides "same host".
+* Authentication (``docs/auth.md``): with a keyring every call needs a bearer token; :data:`ROLES` is
+  the role of each operation; :func:`auth_middleware`, :func:`call_claims` and :func:`check_bind` serve
+  every Flight endpoint of the plane (the controller's too).
 * The wire records (:class:`PutDescriptor`, :class:`GetTicket`, ...) are documented in
   ``docs/wire-format.md``; any plain ``pyarrow.flight`` client can list and read stored groups.
 
@@ -21,6 +24,14 @@ the client and the CLI. It imports only :mod:`trajflight.codec` and the base (``
 
 from __future__ import annotations
 
+from trajflight.flight_server._auth import (
+    CredentialSource,
+    call_claims,
+    call_headers,
+    check_bind,
+    credential_source,
+)
+from trajflight.flight_server._auth import server_middleware as auth_middleware
 from trajflight.flight_server._client import (
     GroupListing,
     ShmOpened,
@@ -31,7 +42,7 @@ from trajflight.flight_server._client import (
 from trajflight.flight_server._errors import WIRE_ERRORS, server_errors, translate_errors
 from trajflight.flight_server._metrics import MetricsEndpoint, ServerMetrics
 from trajflight.flight_server._segments import join_batches
-from trajflight.flight_server._server import ACTIONS, StorageServer
+from trajflight.flight_server._server import ACTIONS, FLIGHT_METHODS, ROLES, StorageServer
 from trajflight.flight_server._store import StoreLimits
 from trajflight.flight_server._tls import TlsConfig
 from trajflight.flight_server._tls import client_kwargs as tls_client_kwargs
@@ -43,14 +54,16 @@ from trajflight.flight_server._wire import (
     LeaseToken,
     ListCriteria,
     PutDescriptor,
-    TokenSigner,
 )
 from trajflight.flight_server.shm import ShmArena, host_id, remove_dead_arena, sweep_dead_arenas
 
 __all__ = [
     "ACTIONS",
+    "FLIGHT_METHODS",
+    "ROLES",
     "WIRE_ERRORS",
     "WIRE_VERSION",
+    "CredentialSource",
     "GetTicket",
     "GroupListing",
     "GroupRead",
@@ -65,7 +78,11 @@ __all__ = [
     "StorageServer",
     "StoreLimits",
     "TlsConfig",
-    "TokenSigner",
+    "auth_middleware",
+    "call_claims",
+    "call_headers",
+    "check_bind",
+    "credential_source",
     "get_parallel",
     "host_id",
     "join_batches",

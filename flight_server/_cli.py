@@ -6,7 +6,8 @@ with a deadline (``--shutdown-grace``); if a stalled client keeps a call open pa
 anyway (``os._exit``), so the whole shutdown takes under 5 s with the defaults.
 
 The deployment secret is read from ``--secret-file`` or the ``TRAJFLIGHT_SECRET`` environment variable
-(never from the command line, where ``ps`` shows it).
+(never from the command line, where ``ps`` shows it); with it every call needs a bearer token
+(``docs/auth.md``). A non-loopback ``--host`` without a secret is refused unless ``--insecure``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import threading
 from types import FrameType
 
 from trajflight import logs
+from trajflight.auth import add_secret_arguments, load_keyring
 from trajflight.errors import ConfigError, TrajflightError
 from trajflight.flight_server._tls import TlsConfig
 from trajflight.units import format_size, parse_duration, parse_size
@@ -36,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-groups", type=int, default=1_000_000, help="groups held at most")
     parser.add_argument("--max-group-size", default="2GiB", help="largest single group, e.g. 256MiB")
     parser.add_argument("--retry-after", default="1s", help="retry hint of capacity refusals, e.g. 500ms")
-    parser.add_argument("--secret-file", default=None, help="file holding the deployment secret (optional)")
+    add_secret_arguments(parser, "the storage server")
     parser.add_argument("--shutdown-grace", default="3s", help="wait this long for in-flight calls on exit")
     logs.add_arguments(parser)
     parser.add_argument(
@@ -85,19 +87,6 @@ def _tls(args: argparse.Namespace) -> TlsConfig | None:
             raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key", setting="tls-client-ca")
         return None
     return TlsConfig.from_files(args.tls_cert, args.tls_key, args.tls_client_ca)
-
-
-def _secret(args: argparse.Namespace) -> bytes | None:
-    if args.secret_file:
-        try:
-            with open(args.secret_file, "rb") as f:
-                return f.read().strip()
-        except OSError as exc:
-            raise ConfigError(
-                f"--secret-file: cannot read {args.secret_file!r}: {exc}", setting="secret-file"
-            ) from exc
-    env = os.environ.get("TRAJFLIGHT_SECRET")
-    return env.encode() if env else None
 
 
 PARENT_POLL = 0.5
@@ -163,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
             args.host,
             args.port,
             limits=limits,
-            secret=_secret(args),
+            keyring=load_keyring(args.secret_file),
+            insecure=args.insecure,
             arena=arena,
             shm_ttl=parse_duration(args.shm_ttl, setting="shm-ttl"),
             tls=_tls(args),

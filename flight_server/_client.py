@@ -33,7 +33,9 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pyarrow.ipc as ipc
 
+from trajflight.auth import Credential
 from trajflight.errors import DeadlineExceededError, InvalidRequestError, TrajflightError
+from trajflight.flight_server._auth import CredentialSource, call_headers, credential_source
 from trajflight.flight_server._errors import translate_errors
 from trajflight.flight_server._tls import TlsConfig, client_kwargs
 from trajflight.flight_server._wire import (
@@ -131,6 +133,9 @@ class StorageClient:
             one ``shm_put`` call (see :data:`~.shm._client.INLINE_PUT_BYTES`); 0 always reserves a segment.
         tls: TLS material for a ``grpc+tls://`` location: the CA that signed the server's certificate
             (None: the system's roots), and this client's certificate and key for mutual TLS.
+        credential: The bearer token of every call, for a server that authenticates: a
+            :class:`~trajflight.auth.Credential`, or a callable asked before each call for the current one
+            (a refreshing token). None: calls carry no token.
     """
 
     def __init__(
@@ -142,6 +147,7 @@ class StorageClient:
         alignment: ipc.Alignment = ipc.Alignment.DataTypeSpecific,
         inline_put_bytes: int = INLINE_PUT_BYTES,
         tls: TlsConfig | None = None,
+        credential: Credential | CredentialSource | None = None,
     ) -> None:
         if timeout <= 0:
             raise InvalidRequestError(f"timeout must be > 0 seconds, got {timeout!r}")
@@ -151,9 +157,13 @@ class StorageClient:
         self.timeout = float(timeout)
         self.write_size_limit_bytes = write_size_limit_bytes
         self._read_options = ipc.IpcReadOptions(ensure_alignment=alignment)
+        self._credential = credential_source(credential)
         # Through self._action at each call (not the bound method of now): one action route to patch.
         self._shm = ShmClient(
-            lambda name, body, t: self._action(name, body, t), self.timeout, inline_put_bytes
+            lambda name, body, t: self._action(name, body, t),
+            self.timeout,
+            inline_put_bytes,
+            self._credential,
         )
         with translate_errors(f"connect to {location}"):
             self._client = flight.FlightClient(
@@ -183,7 +193,9 @@ class StorageClient:
 
     def _options(self, timeout: float | None) -> flight.FlightCallOptions:
         return flight.FlightCallOptions(
-            timeout=self.timeout if timeout is None else timeout, read_options=self._read_options
+            timeout=self.timeout if timeout is None else timeout,
+            read_options=self._read_options,
+            headers=call_headers(self._credential),
         )
 
     # ------------------------------------------------------------------------------------------ writes
@@ -233,7 +245,6 @@ class StorageClient:
         groups: Sequence[tuple[Partition, pa.RecordBatch | pa.Table]],
         *,
         writer: str = "",
-        sigs: Sequence[str | None] | None = None,
         timeout: float | None = None,
     ) -> None:
         """Put whole groups in one Flight stream: all become visible together, or none does.
@@ -245,7 +256,6 @@ class StorageClient:
         Args:
             groups: ``(key, data)`` per group (read, not kept).
             writer: Writer id for logs and stats.
-            sigs: Put credentials, one per group, where the server requires signatures.
             timeout: Deadline of the whole put.
 
         Raises:
@@ -255,21 +265,17 @@ class StorageClient:
         """
         if not groups:
             return
-        if sigs is not None and len(sigs) != len(groups):
-            raise InvalidRequestError(f"put_groups: {len(sigs)} signatures for {len(groups)} groups")
         schema = groups[0][1].schema
         puts: list[PutDescriptor] = []
         batches: list[pa.RecordBatch] = []
-        for i, (key, data) in enumerate(groups):
+        for key, data in groups:
             if not data.schema.equals(schema):
                 raise InvalidRequestError(
                     f"put_groups: group {key.group_id} has another schema than the first group; put groups "
                     "of different schemas separately"
                 )
             group_batches, nbytes, rows = self._batches(data)
-            puts.append(
-                PutDescriptor(key, nbytes=nbytes, num_rows=rows, sig=None if sigs is None else sigs[i])
-            )
+            puts.append(PutDescriptor(key, nbytes=nbytes, num_rows=rows))
             batches.extend(b for b in group_batches if b.num_rows)
         descriptor = PutManyDescriptor(tuple(puts), writer)
         self._put(encode(descriptor), batches, schema, timeout, f"put of {len(groups)} groups")
@@ -302,7 +308,6 @@ class StorageClient:
         *,
         joined: pa.RecordBatch | None = None,
         writer: str = "",
-        sigs: Sequence[str | None] | None = None,
         ttl: float | None = None,
         timeout: float | None = None,
     ) -> None:
@@ -323,7 +328,6 @@ class StorageClient:
             joined: The groups' rows already joined in one batch, in order (a writer's
                 ``encode_groups``): written as it is, with no copy here.
             writer: Writer id for logs and stats.
-            sigs: Put credentials, one per group, where the server requires signatures.
             ttl: Seconds the server waits for the publish before dropping the reservation (its default).
             timeout: Deadline of each of the two calls.
 
@@ -332,7 +336,7 @@ class StorageClient:
             not hold the groups' rows; NotFoundError when a segment is not visible from this process
             (not the same host).
         """
-        self._shm.put(groups, joined=joined, writer=writer, sigs=sigs, ttl=ttl, timeout=timeout)
+        self._shm.put(groups, joined=joined, writer=writer, ttl=ttl, timeout=timeout)
 
     def shm_open(
         self,
@@ -468,7 +472,6 @@ class StorageClient:
         min_epoch: int,
         *,
         purge: bool = False,
-        sig: str | None = None,
         timeout: float | None = None,
     ) -> dict[str, Any]:
         """Refuse puts of every epoch of ``job_id`` below ``min_epoch`` on this server (controller's call).
@@ -476,7 +479,7 @@ class StorageClient:
         Stored groups of those epochs stay (reads, appends, deletes are fenced by lease generation) unless
         ``purge`` deletes them.
         """
-        return self._action("fence", encode(FenceRequest(job_id, min_epoch, purge, sig)), timeout)
+        return self._action("fence", encode(FenceRequest(job_id, min_epoch, purge)), timeout)
 
     def advance_generation(
         self, groups: Sequence[GroupRead], *, timeout: float | None = None

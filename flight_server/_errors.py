@@ -25,6 +25,7 @@ import pyarrow.flight as flight
 
 from trajflight.errors import (
     AlreadyExistsError,
+    AuthenticationError,
     CapacityExceededError,
     ConfigError,
     DeadlineExceededError,
@@ -32,6 +33,7 @@ from trajflight.errors import (
     InvalidStateError,
     LeaseExpiredError,
     NotFoundError,
+    PermissionDeniedError,
     SchemaError,
     StaleFenceError,
     TrajflightError,
@@ -46,6 +48,8 @@ log = logging.getLogger("trajflight.flight_server")
 WIRE_ERRORS: dict[type[TrajflightError], type[flight.FlightError]] = {
     StaleFenceError: flight.FlightUnauthorizedError,
     LeaseExpiredError: flight.FlightUnauthorizedError,
+    AuthenticationError: flight.FlightUnauthenticatedError,
+    PermissionDeniedError: flight.FlightUnauthorizedError,
     CapacityExceededError: flight.FlightUnavailableError,
     UnavailableError: flight.FlightUnavailableError,
     DeadlineExceededError: flight.FlightTimedOutError,
@@ -64,6 +68,8 @@ WIRE_ERRORS: dict[type[TrajflightError], type[flight.FlightError]] = {
 # retrying, or reconnecting, is what helps, as for an unreachable one.
 _BY_FLIGHT_TYPE: tuple[tuple[type[Exception], type[TrajflightError]], ...] = (
     (flight.FlightTimedOutError, DeadlineExceededError),
+    (flight.FlightUnauthenticatedError, AuthenticationError),
+    (flight.FlightUnauthorizedError, PermissionDeniedError),
     (flight.FlightUnavailableError, UnavailableError),
     (flight.FlightCancelledError, UnavailableError),
     (pa.ArrowCancelled, UnavailableError),
@@ -199,6 +205,10 @@ def translate_errors(what: str) -> Iterator[None]:
     except TrajflightError:
         raise
     except OSError as exc:  # pyarrow's IOError: the call's stream broke under a read or a write
+        match = _PREFIX.search(str(exc))
+        if match is not None:  # a refusal get_schema reports as IOError (apache/arrow#43556)
+            message = str(exc)[match.end() :].split(". Detail:", 1)[0]
+            raise _build(error_class_for_code(match.group(1)), message, {}) from exc
         raise UnavailableError(_hint(UnavailableError, str(exc), what)) from exc
     except (flight.FlightError, pa.ArrowException) as exc:
         err = from_flight_error(exc, what)

@@ -1,5 +1,9 @@
 """The storage server: a ``pyarrow.flight.FlightServerBase`` over a :class:`GroupStore`.
 
+* Authentication: with a :class:`~trajflight.auth.Keyring` every call needs a bearer token (the Flight
+  middleware of :mod:`._auth` verifies it; the same-host socket verifies it on a connection's first
+  message and its expiry at every request), and every operation needs the role :data:`ROLES` names and a
+  token scoped to the jobs it touches. Without one (loopback only, unless ``insecure``) nothing is checked.
 * ``do_put`` receives a whole group (or appended columns), checks the writer's credentials, the schema,
   ``validate_group(full=True)`` and the size limits, and publishes it atomically: a stream that fails, is
   cancelled or whose client dies leaves nothing visible and gives its reservation back. Every put
@@ -35,13 +39,20 @@ from typing import Any
 
 import pyarrow.flight as flight
 
+from trajflight.auth import Claims, Keyring, Role, authorize
 from trajflight.codec import STANDARD_SCHEMA, TrajectorySchema, validate_group
-from trajflight.errors import InvalidRequestError, SchemaError
+from trajflight.errors import (
+    AuthenticationError,
+    ConfigError,
+    InvalidRequestError,
+    PermissionDeniedError,
+    SchemaError,
+)
+from trajflight.flight_server._auth import call_claims, check_bind, server_middleware
 from trajflight.flight_server._errors import server_errors
 from trajflight.flight_server._metrics import MetricsEndpoint, ServerMetrics
 from trajflight.flight_server._put_stream import check_stream_schema, receive, receive_groups
 from trajflight.flight_server._store import GroupStore, Stored, StoreLimits
-from trajflight.flight_server._store_records import fmt_key
 from trajflight.flight_server._tls import TlsConfig, scheme
 from trajflight.flight_server._wire import (
     WIRE_VERSION,
@@ -51,14 +62,12 @@ from trajflight.flight_server._wire import (
     GenerationRequest,
     GetTicket,
     GroupRead,
-    PutDescriptor,
     PutManyDescriptor,
     ShmAbortRequest,
     ShmBatchPublishRequest,
     ShmBatchReserveRequest,
     ShmPublishRequest,
     ShmReserveRequest,
-    TokenSigner,
     decode_action_body,
     decode_criteria,
     decode_descriptor,
@@ -73,25 +82,25 @@ from trajflight.flight_server.shm._local import LocalChannelServer, run_handler
 from trajflight.flight_server.shm._store import ShmStore
 from trajflight.keys import Partition
 
-__all__ = ["ACTIONS", "StorageServer"]
+__all__ = ["ACTIONS", "FLIGHT_METHODS", "ROLES", "StorageServer"]
 
 log = logging.getLogger("trajflight.flight_server")
 
 ACTIONS: dict[str, str] = {
     "delete": (
-        'Delete groups. Body {"v":1,"groups":[{"job_id","epoch","group_id","generation","sig"?}]}; each '
+        'Delete groups. Body {"v":1,"groups":[{"job_id","epoch","group_id","generation"}]}; each '
         "needs a lease generation >= the highest seen for the group. Idempotent. Result "
         '{"deleted","bytes_freed","missing"}.'
     ),
     "fence": (
         "Refuse puts of epochs of a job below min_epoch (stored groups stay, fenced by generation). "
-        'Body {"v":1,"job_id","min_epoch","purge"?,"sig"?}; '
+        'Body {"v":1,"job_id","min_epoch","purge"?}; '
         'monotonic; purge also deletes stored groups of fenced epochs. Result {"job_id","min_epoch",'
         '"purged_groups","bytes_freed"}.'
     ),
     "advance_generation": (
         'Raise the highest lease generation of groups (the controller re-granted them). Body {"v":1,'
-        '"groups":[{"job_id","epoch","group_id","generation","sig"?}]}. Result {"raised","missing"}: missing '
+        '"groups":[{"job_id","epoch","group_id","generation"}]}. Result {"raised","missing"}: missing '
         "lists the groups the server neither stores nor is receiving."
     ),
     "stats": 'Groups, bytes, reservations, capacity, per job and epoch. Empty body or {"v":1}. Result: JSON.',
@@ -101,10 +110,10 @@ ACTIONS: dict[str, str] = {
     ),
     "shm_reserve": (
         'Same-host put, step 1 (servers with an arena). Body {"v":1,"writer"?,"ttl"?,"batch_bytes",'
-        '"groups":[{"job_id","epoch","group_id","num_rows","sig"?}]}: the checks of a put, then one segment '
+        '"groups":[{"job_id","epoch","group_id","num_rows"}]}: the checks of a put, then one segment '
         'of batch_bytes for the groups, written as one stream. Result {"segments":[{"reservation","path",'
         '"capacity"}]}. Compact batch form: {"v":1,"writer"?,"ttl"?,"batch_bytes","batch":{"job_id",'
-        '"epoch","group_ids":[...],"rows":[...],"sigs"?:[...]}}, result {"batch":{"reservation","path",'
+        '"epoch","group_ids":[...],"rows":[...]}}, result {"batch":{"reservation","path",'
         '"capacity"}}: one reservation for the whole batch.'
     ),
     "shm_publish": (
@@ -126,6 +135,33 @@ ACTIONS: dict[str, str] = {
 }
 """Action name -> description, as ``list_actions`` returns them (``docs/wire-format.md`` has more)."""
 
+FLIGHT_METHODS = ("put", "append", "do_get", "list_flights", "get_flight_info", "get_schema", "list_actions")
+"""The operations of the server that are not actions (``put`` and ``append`` are the two kinds of
+``do_put``)."""
+
+_ANY = (Role.WRITER, Role.TRAINER, Role.READER)
+ROLES: dict[str, tuple[Role, ...]] = {
+    "put": (Role.WRITER,),
+    "append": (Role.TRAINER,),
+    "do_get": (Role.TRAINER, Role.READER),
+    "list_flights": (Role.TRAINER, Role.READER),
+    "get_flight_info": (Role.TRAINER, Role.READER),
+    "get_schema": (Role.TRAINER, Role.READER),
+    "list_actions": _ANY,
+    "delete": (Role.ADMIN,),
+    "fence": (Role.ADMIN,),
+    "advance_generation": (Role.TRAINER,),  # a trainer fences its new lease's groups (as a read does)
+    "stats": _ANY,
+    "health": _ANY,
+    "shm_reserve": (Role.WRITER,),
+    "shm_publish": (Role.WRITER,),
+    "shm_put": (Role.WRITER,),
+    "shm_abort": (Role.WRITER,),
+    "shm_open": (Role.TRAINER, Role.READER),
+}
+"""Operation (every action and Flight method) -> the roles that may run it; admin may run all. The one
+table the server checks (``tests/trajflight/test_auth_table.py`` checks it names every operation)."""
+
 
 class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow ships no type stubs
     """One trajflight storage server; starts serving on construction. Use it as a context manager.
@@ -135,9 +171,10 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         port: TCP port; 0 picks a free one (see :attr:`location`).
         limits: Capacity and size bounds.
         schema: The trajectory schema puts are validated against.
-        secret: Deployment secret shared with the controller; when given, puts, lease tokens, fences and
-            generation raises must carry valid HMAC signatures (:class:`TokenSigner`), and bare path-
-            descriptor puts are refused. Tokenless reads stay open.
+        keyring: The deployment's keys (:func:`trajflight.auth.load_keyring`): every call then needs a
+            bearer token they signed, with the role :data:`ROLES` names for its operation and its jobs
+            in scope. None: no authentication (loopback only, unless ``insecure``).
+        insecure: Serve a non-loopback ``host`` without a keyring (refused otherwise).
         arena: A shared-memory arena for same-host transport; the server owns it from now on and closes
             it (unlinking every segment) in :meth:`close`.
         shm_ttl: Seconds a same-host writer has between ``shm_reserve`` and ``shm_publish`` before its
@@ -157,7 +194,8 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         *,
         limits: StoreLimits | None = None,
         schema: TrajectorySchema = STANDARD_SCHEMA,
-        secret: bytes | None = None,
+        keyring: Keyring | None = None,
+        insecure: bool = False,
         arena: ShmArena | None = None,
         shm_ttl: float = 30.0,
         tls: TlsConfig | None = None,
@@ -168,7 +206,13 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
             raise InvalidRequestError(f"port must be an int in 0..65535, got {port!r}")
         if isinstance(shm_ttl, bool) or not isinstance(shm_ttl, int | float) or not shm_ttl > 0:
             raise InvalidRequestError(f"shm_ttl must be a positive number of seconds, got {shm_ttl!r}")
-        self._signer = TokenSigner(secret) if secret is not None else None
+        try:
+            check_bind(host, keyring, insecure=insecure, what="the storage server")
+        except ConfigError:
+            if arena is not None:
+                arena.close()
+            raise
+        self.keyring = keyring
         self.store: GroupStore = GroupStore(limits, schema=schema, arena=arena)
         self.arena = arena
         self.shm_ttl = float(shm_ttl)
@@ -178,7 +222,11 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         self._closed = False
         self._stop_sweeper = threading.Event()
         try:
-            super().__init__(f"{scheme(tls)}://{host}:{port}", **(tls.server_kwargs() if tls else {}))
+            super().__init__(
+                f"{scheme(tls)}://{host}:{port}",
+                middleware=server_middleware(keyring),
+                **(tls.server_kwargs() if tls else {}),
+            )
         except BaseException:
             if arena is not None:
                 arena.close()
@@ -202,21 +250,34 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
             self._local = LocalChannelServer(
                 os.path.join(arena.directory, "ctl.sock"),
                 run_handler(self._run_local),
+                authenticate=None if keyring is None else keyring.verify,
             )
             threading.Thread(target=self._sweep_loop, name="trajflight-shm-sweeper", daemon=True).start()
 
-    def _run_local(self, name: str, body: bytes | bytearray, payload: bytes | bytearray) -> dict[str, Any]:
-        """An action from the same-host channel; ``shm_put`` is the one that carries a payload."""
+    def _run_local(
+        self, name: str, body: bytes | bytearray, payload: bytes | bytearray, claims: Claims | None
+    ) -> dict[str, Any]:
+        """An action from the same-host channel; ``shm_put`` is the one that carries a payload.
+
+        ``claims`` are the connection's (verified when it authenticated; the channel re-checks expiry)."""
         with self.metrics.timed(_op(name)):
+            if self.keyring is not None and claims is None:
+                raise AuthenticationError(
+                    "no credential on the same-host channel: send the bearer token first (the client does "
+                    "when it has one: connect(token=...) or TRAJFLIGHT_TOKEN)",
+                    reason="missing",
+                )
             if name == "shm_put":
-                return self._shm_put_inline(body, payload)
+                return self._shm_put_inline(body, payload, claims)
             if payload:
                 raise InvalidRequestError(
                     f"action {echo(name)} takes no payload; only shm_put carries group bytes", field="payload"
                 )
-            return self._run_action(name, decode_action_body(name, body))
+            return self._run_action(name, decode_action_body(name, body), claims)
 
-    def _shm_put_inline(self, body: bytes | bytearray, payload: bytes | bytearray) -> dict[str, Any]:
+    def _shm_put_inline(
+        self, body: bytes | bytearray, payload: bytes | bytearray, claims: Claims | None
+    ) -> dict[str, Any]:
         """One small group sent whole over the same-host channel (see :meth:`ShmStore.put_inline`).
 
         The body is a ``shm_reserve`` body naming exactly one group whose ``nbytes`` is the payload's
@@ -227,7 +288,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
             raise InvalidRequestError(
                 f"shm_put: the payload has {len(payload)} bytes, the body announces {put.nbytes}"
             )
-        self._verify_put(put)
+        authorize(claims, "shm_put", ROLES["shm_put"], [put.key.job_id])
         group = self._shm().put_inline(put.key, payload, writer=request.writer, num_rows=put.num_rows)
         return {"published": 1, "bytes": group.nbytes}
 
@@ -307,27 +368,14 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
 
     # --------------------------------------------------------------------------------------- checks
 
-    def _verify_put(self, put: PutDescriptor) -> None:
-        self._verify_put_key(put.key, put.sig)
-
-    def _verify_put_key(self, key: Partition, sig: str | None) -> None:
-        if self._signer is not None and not self._signer.verify(self._signer.sign_put(key), sig):
-            raise InvalidRequestError(
-                "put credential does not verify for this group; writers get credentials from the "
-                "controller of this deployment (check the shared secret)"
-            )
-
-    def _verify_tokens(self, reads: Sequence[GroupRead]) -> None:
-        if self._signer is None:
-            return
-        for r in reads:
-            if r.token is not None and not self._signer.verify(
-                self._signer.sign_lease(r.key, r.token.generation), r.token.sig
-            ):
-                raise InvalidRequestError(
-                    f"lease token of group {fmt_key(r.key)} does not "
-                    "verify; tokens come from the controller of this deployment (check the shared secret)"
-                )
+    @staticmethod
+    def _authorize(
+        context: flight.ServerCallContext, operation: str, jobs: Sequence[str] = ()
+    ) -> Claims | None:
+        """Check the call's token against :data:`ROLES` for ``operation`` on ``jobs``; its claims."""
+        claims: Claims | None = call_claims(context)
+        authorize(claims, operation, ROLES[operation], jobs)
+        return claims
 
     # ------------------------------------------------------------------------------------------ put
 
@@ -342,9 +390,11 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         with server_errors("do_put"), self.metrics.timed("do_put"):
             request = decode_descriptor(descriptor)
             if isinstance(request, AppendDescriptor):
+                self._authorize(context, "append", [request.key.job_id])
                 self._append(context, request, reader)
                 return
             if isinstance(request, PutManyDescriptor):
+                self._authorize(context, "put", [p.key.job_id for p in request.puts])
                 self._put_many(context, request, reader)
                 return
             if isinstance(request, Partition):
@@ -354,13 +404,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
                     "group complete (a writer that fails mid-stream may still close it cleanly)",
                     field="num_rows",
                 )
-            if descriptor.descriptor_type == flight.DescriptorType.PATH:
-                if self._signer is not None:
-                    raise InvalidRequestError(
-                        "bare path-descriptor puts are refused: this server requires signed put credentials"
-                    )
-            else:
-                self._verify_put(request)
+            self._authorize(context, "put", [request.key.job_id])
             key, schema = request.key, check_stream_schema(reader.schema)
             with self.store.begin_put(key, schema, request.nbytes) as res:
                 batches = receive(context, reader, res, f"put of group {key.group_id}")
@@ -384,7 +428,6 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
     ) -> None:
         puts = request.puts
         for put in puts:
-            self._verify_put(put)
             if not put.num_rows:
                 raise InvalidRequestError(f"put_many: group {put.key.group_id} announces no samples")
         schema = check_stream_schema(reader.schema)
@@ -402,7 +445,6 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         request: AppendDescriptor,
         reader: flight.MetadataRecordBatchReader,
     ) -> None:
-        self._verify_tokens([GroupRead(request.key, request.token)])
         schema = check_stream_schema(reader.schema)
         for name in ("job_id", "epoch", "group_id", "sample_index"):
             if name in schema.names:
@@ -421,7 +463,8 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         """Stream the groups a ticket names, projected; C++ drives the stream over the stored buffers."""
         with server_errors("do_get"), self.metrics.timed("do_get"):
             request = decode_ticket(ticket.ticket)
-            self._verify_tokens(request.groups)
+            claims = self._authorize(context, "do_get", [r.key.job_id for r in request.groups])
+            _no_lease_for_readers(claims, request.groups, "do_get")
             return flight.RecordBatchStream(self.store.read(request.groups, request.columns))
 
     # ---------------------------------------------------------------------------------------- flights
@@ -436,17 +479,25 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
     def list_flights(self, context: flight.ServerCallContext, criteria: bytes) -> Iterator[flight.FlightInfo]:
         """One FlightInfo per stored group matching the criteria (empty, or ``{"v":1,"job_id","epoch"}``)."""
         with server_errors("list_flights"):
-            groups = self.store.list_groups(decode_criteria(criteria))
+            criteria_ = decode_criteria(criteria)
+            claims = self._authorize(
+                context, "list_flights", [] if criteria_.job_id is None else [criteria_.job_id]
+            )
+            groups = self.store.list_groups(criteria_)
         for group in groups:
-            yield self._info(group)
+            if claims is None or claims.covers(group.key.job_id):  # a scoped token lists its jobs only
+                yield self._info(group)
 
-    def _group_of(self, descriptor: flight.FlightDescriptor) -> Stored:
+    def _group_of(
+        self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor, operation: str
+    ) -> Stored:
         key = decode_descriptor(descriptor)
         if not isinstance(key, Partition):
             raise InvalidRequestError(
                 "flight info needs a group descriptor: path [job_id, epoch, group_id] or "
                 '{"v":1,"kind":"group",...}'
             )
+        self._authorize(context, operation, [key.job_id])
         return self.store.get(key)
 
     def get_flight_info(
@@ -454,7 +505,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
     ) -> flight.FlightInfo:
         """Schema, rows, bytes and an endpoint (ticket + location) for one stored group."""
         with server_errors("get_flight_info"):
-            return self._info(self._group_of(descriptor))
+            return self._info(self._group_of(context, descriptor, "get_flight_info"))
 
     def get_schema(
         self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor
@@ -466,7 +517,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         carries ``[trajflight:<code>]`` and the handler's traceback, so it is raised unchained here."""
         try:
             with server_errors("get_schema"):
-                return flight.SchemaResult(self._group_of(descriptor).schema)
+                return flight.SchemaResult(self._group_of(context, descriptor, "get_schema").schema)
         except flight.FlightError as exc:
             raise exc.with_traceback(None) from None
 
@@ -474,31 +525,31 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
 
     def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
         """Every action with its description."""
+        with server_errors("list_actions"):
+            self._authorize(context, "list_actions")
         return list(ACTIONS.items())
 
     def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> list[flight.Result]:
         """Run one action; the result is one JSON message."""
         name = action.type
         with server_errors(f"action {echo(name)}"), self.metrics.timed(_op(name)):
+            claims = call_claims(context)
+            if name not in ROLES:  # an unknown action: the decoder names the known ones
+                authorize(claims, f"action {echo(name)}", (Role.ADMIN,))
             body = decode_action_body(name, action.body.to_pybytes() if action.body is not None else b"")
-            result = self._run_action(name, body)
+            result = self._run_action(name, body, claims)
             return [flight.Result(json.dumps(result).encode())]
 
-    def _run_action(self, name: str, body: Any) -> dict[str, Any]:
+    def _run_action(self, name: str, body: Any, claims: Claims | None) -> dict[str, Any]:
+        authorize(claims, name, ROLES[name], _jobs_of(body))
+        if isinstance(body, GetTicket):
+            _no_lease_for_readers(claims, body.groups, name)
         if isinstance(body, DeleteRequest):
-            self._verify_tokens(body.groups)
             return self.store.delete(body.groups)
         if isinstance(body, GenerationRequest):
-            self._verify_tokens(body.groups)
             raised, absent = self.store.advance_generation(body.groups)
             return {"raised": raised, "missing": absent}
         if isinstance(body, FenceRequest):
-            if self._signer is not None and not self._signer.verify(
-                self._signer.sign_fence(body.job_id, body.min_epoch), body.sig
-            ):
-                raise InvalidRequestError(
-                    "fence signature does not verify; only the controller may fence a job"
-                )
             return self.store.fence(body.job_id, body.min_epoch, purge=body.purge)
         if name.startswith("shm_"):  # shm_reserve, shm_publish, shm_abort, shm_open (decoded above)
             return self._shm_action(body)
@@ -513,7 +564,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
             "groups": stats["groups"],
             "bytes": stats["bytes"],
             "free_bytes": stats["free_bytes"],
-            "signed": self._signer is not None,
+            "authenticated": self.keyring is not None,
             "host_id": self.host_id,
             "shm_dir": None if self.arena is None else self.arena.directory,
             "shm_socket": None if self._local is None else self._local.path,
@@ -539,19 +590,13 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         return self._shm_open(body)
 
     def _shm_reserve(self, body: ShmBatchReserveRequest | ShmReserveRequest) -> dict[str, Any]:
-        """One segment for the groups a ``shm_reserve`` names (either form), after every put credential
-        verified."""
+        """One segment for the groups a ``shm_reserve`` names (either form)."""
         shm = self._shm()
         rows: list[int | None]
-        sigs: list[str | None]
         if isinstance(body, ShmBatchReserveRequest):
             keys, rows = body.keys(), list(body.rows)
-            sigs = list(body.sigs) if body.sigs is not None else [None] * len(keys)
         else:
             keys, rows = [p.key for p in body.puts], [p.num_rows for p in body.puts]
-            sigs = [p.sig for p in body.puts]
-        for key, sig in zip(keys, sigs, strict=True):
-            self._verify_put_key(key, sig)
         nbytes = body.batch_bytes or 0  # the decoder requires it of shm_reserve; 0 is refused
         put = shm.reserve(keys, rows, nbytes, writer=body.writer, ttl=self._shm_deadline(body.ttl))
         seg = put.segment
@@ -566,7 +611,6 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
     def _shm_open(self, ticket: GetTicket) -> dict[str, Any]:
         """The segments of the ticket's groups for a same-host reader (the result of ``shm_open``)."""
         self._shm()
-        self._verify_tokens(ticket.groups)
         opened = self.store.shm_open(ticket.groups, ticket.columns)
         # A stream is listed once (the groups of a batch put together share one segment; in a slab of
         # small groups each group's own stream sits at its byte "offset", omitted when 0); each group
@@ -597,3 +641,28 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
 def _op(name: str) -> str:
     """The ``op`` label of an action: its name when it is one, else ``unknown`` (callers choose names)."""
     return name if name in ACTIONS else "unknown"
+
+
+def _no_lease_for_readers(claims: Claims | None, reads: Sequence[GroupRead], operation: str) -> None:
+    """A reader reads without lease tokens: a token raises the group's generation, fencing its holder."""
+    if claims is not None and claims.role is Role.READER and any(r.token is not None for r in reads):
+        raise PermissionDeniedError(
+            f"{operation} under a lease token needs role trainer; a reader credential reads without "
+            "tokens (it never affects a lease): drop the generation, or use a trainer credential",
+            reason="role",
+            operation=operation,
+        )
+
+
+def _jobs_of(body: Any) -> list[str]:
+    """The jobs a decoded action body touches (none for stats, health and reservation ids: a reservation
+    id is a random capability only the writer that reserved it, for its job, was given)."""
+    if isinstance(body, DeleteRequest | GenerationRequest | GetTicket):
+        return [r.key.job_id for r in body.groups]
+    if isinstance(body, FenceRequest):
+        return [body.job_id]
+    if isinstance(body, ShmBatchReserveRequest):
+        return [body.job_id]
+    if isinstance(body, ShmReserveRequest):
+        return [p.key.job_id for p in body.puts]
+    return []

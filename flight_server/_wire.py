@@ -1,6 +1,6 @@
 """The storage server's wire: descriptors, tickets, list criteria and action bodies, encoded as JSON.
 
-The records themselves and :class:`TokenSigner` live in :mod:`._wire_records`, their strict decoding in
+The records themselves live in :mod:`._wire_records`, their strict decoding in
 :mod:`._wire_decode` (both re-exported here); this module encodes them.
 
 Every message trajflight puts on the wire is a UTF-8 JSON object with an integer ``"v"`` field (the wire
@@ -12,12 +12,10 @@ about a hundred characters of the input. ``docs/wire-format.md`` is the referenc
 
 Path descriptors ``[job_id, epoch, group_id]`` (all strings) are accepted too, so a bare Flight client that
 knows nothing of trajflight can ask for a group, and ``[job_id, epoch, group_id, num_rows]`` to write one
-(only where no deployment secret is configured; every put announces its row count, see ``do_put``).
+(every put announces its row count, see ``do_put``).
 
-Optional signatures: where a deployment secret is shared by the controller and the servers, put
-credentials, lease tokens and fences carry an HMAC-SHA256 (:class:`TokenSigner`). This module does not
-guarantee confidentiality: signatures stop zombies and strangers from writing, deleting or fencing; they
-do not encrypt (use TLS for that) and tokenless reads stay open to analysts.
+Who may send a message is not on this wire: a deployment with a secret authenticates every call by its
+bearer token (``docs/auth.md``); lease generations fence zombies, they do not authenticate.
 """
 
 from __future__ import annotations
@@ -52,7 +50,6 @@ from trajflight.flight_server._wire_records import (
     ShmBatchReserveRequest,
     ShmPublishRequest,
     ShmReserveRequest,
-    TokenSigner,
 )
 from trajflight.keys import Partition
 
@@ -73,7 +70,6 @@ __all__ = [
     "ShmBatchReserveRequest",
     "ShmPublishRequest",
     "ShmReserveRequest",
-    "TokenSigner",
     "decode_action_body",
     "decode_criteria",
     "decode_descriptor",
@@ -100,19 +96,15 @@ def _read_dict(read: GroupRead) -> dict[str, Any]:
     out = _key_dict(read.key)
     if read.token is not None:
         out["generation"] = read.token.generation
-        if read.token.sig is not None:
-            out["sig"] = read.token.sig
     return out
 
 
 def _reads_body(reads: Sequence[GroupRead]) -> dict[str, Any]:
     """``{"groups": [...]}``, or the compact ``{"batch": {...}}`` for many reads of one job and epoch
-    under unsigned tokens (a lease of many groups): a fifth of the bytes and of the decoding time."""
+    under tokens (a lease of many groups): a fifth of the bytes and of the decoding time."""
     if len(reads) > 1:
         job_id, epoch = reads[0].key.job_id, reads[0].key.epoch
-        generations = [
-            r.token.generation if r.token is not None and r.token.sig is None else -1 for r in reads
-        ]
+        generations = [r.token.generation if r.token is not None else -1 for r in reads]
         if min(generations) >= 0 and all(r.key.job_id == job_id and r.key.epoch == epoch for r in reads):
             group_ids = [r.key.group_id for r in reads]
             return {
@@ -128,7 +120,7 @@ def _reads_body(reads: Sequence[GroupRead]) -> dict[str, Any]:
 
 def _put_body(put: PutDescriptor) -> dict[str, Any]:
     body: dict[str, Any] = {"kind": "put", **_key_dict(put.key), "writer": put.writer}
-    for name in ("nbytes", "num_rows", "sig"):
+    for name in ("nbytes", "num_rows"):
         if getattr(put, name) is not None:
             body[name] = getattr(put, name)
     return body
@@ -169,8 +161,7 @@ def _encode(record: object) -> bytes:
     if isinstance(record, DeleteRequest | GenerationRequest):
         return encode_json(_reads_body(record.groups))
     if isinstance(record, FenceRequest):
-        fence = {"job_id": record.job_id, "min_epoch": record.min_epoch, "purge": record.purge}
-        return encode_json(fence if record.sig is None else {**fence, "sig": record.sig})
+        return encode_json({"job_id": record.job_id, "min_epoch": record.min_epoch, "purge": record.purge})
     if isinstance(record, ShmReserveRequest):
         groups = []
         for put in record.puts:
@@ -190,8 +181,6 @@ def _encode(record: object) -> bytes:
             "group_ids": list(record.group_ids),
             "rows": list(record.rows),
         }
-        if record.sigs is not None:
-            batch["sigs"] = list(record.sigs)
         compact: dict[str, Any] = {"writer": record.writer, "batch_bytes": record.batch_bytes, "batch": batch}
         if record.ttl is not None:
             compact["ttl"] = record.ttl

@@ -46,7 +46,7 @@ MAX_DEPTH = 32
 """Deepest nesting of arrays and objects in a message (v1 messages nest 3 deep; the rest is room for
 fields a later minor revision may add)."""
 MAX_NAME_CHARS = 1024
-"""Longest job id, writer id, column name, signature or reservation id on the wire."""
+"""Longest job id, writer id, column name or reservation id on the wire."""
 INT64_MAX = 2**63 - 1
 """Every integer on the wire is an int64 (Arrow's key columns and the fence board are int64)."""
 MAX_TTL = 3600.0

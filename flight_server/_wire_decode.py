@@ -7,7 +7,7 @@ ranges (int64) and name lengths are bounded first (:mod:`._wire_bounds`). Path d
 ``[job_id, epoch, group_id]`` name a group for a bare Flight client, ``[..., num_rows]`` puts one. The
 encoders are :mod:`._wire`'s (which re-exports these); ``docs/wire-format.md`` is the reference.
 
-This module does no I/O and verifies no signature (the server does).
+This module does no I/O and checks no credential (the server does).
 """
 
 from __future__ import annotations
@@ -89,12 +89,7 @@ def _key(body: Mapping[str, Any], what: str) -> Partition:
 
 def _token(body: Mapping[str, Any], what: str) -> LeaseToken | None:
     generation = int_field(body, "generation", what, required=False)
-    sig = name_field(body, "sig", what, required=False, empty=True)
-    if generation is None:
-        if sig is not None:
-            raise InvalidRequestError(f"{what}: 'sig' given without 'generation'", field="generation")
-        return None
-    return LeaseToken(generation, sig)
+    return None if generation is None else LeaseToken(generation)
 
 
 def _batch_head(batch: object, what: str) -> tuple[dict[str, Any], str, int, list[int]]:
@@ -113,7 +108,7 @@ def _batch_head(batch: object, what: str) -> tuple[dict[str, Any], str, int, lis
 
 def _batch_reads(batch: object, what: str) -> tuple[GroupRead, ...]:
     """The compact form ``{"job_id", "epoch", "group_ids": [int], "generations": [int]}`` (see
-    ``_reads_body``): every read of one job and epoch, each under an unsigned generation."""
+    ``_reads_body``): every read of one job and epoch, each under its generation."""
     batch, job_id, epoch, group_ids = _batch_head(batch, what)
     generations = int_list(field(batch, "generations", list, what), "generations", what)
     if len(group_ids) != len(generations):
@@ -141,18 +136,15 @@ def _reads(body: Mapping[str, Any], what: str) -> tuple[GroupRead, ...]:
         # Fast path for well-formed entries (a lease of many groups on the same-host path); anything
         # else takes the checked path below, which names the offending field.
         job_id, epoch, group_id = entry.get("job_id"), entry.get("epoch"), entry.get("group_id")
-        generation, sig = entry.get("generation"), entry.get("sig")
+        generation = entry.get("generation")
         if (
             type(job_id) is str
             and 0 < len(job_id) <= MAX_NAME_CHARS
             and _fits(epoch)
             and _fits(group_id)
-            and (
-                (generation is None and sig is None)
-                or (_fits(generation) and (sig is None or (type(sig) is str and len(sig) <= MAX_NAME_CHARS)))
-            )
+            and (generation is None or _fits(generation))
         ):
-            token = None if generation is None else LeaseToken(generation, sig)
+            token = None if generation is None else LeaseToken(generation)
             out.append(GroupRead(Partition(job_id, epoch, group_id), token))
             continue
         out.append(GroupRead(_key(entry, f"{what} groups[{i}]"), _token(entry, f"{what} groups[{i}]")))
@@ -210,7 +202,6 @@ def _decode_put(
         else name_field(body, "writer", what, required=False, empty=True) or "",
         nbytes=int_field(body, "nbytes", what, required=False),
         num_rows=int_field(body, "num_rows", what, required=rows or writer is not None),
-        sig=name_field(body, "sig", what, required=False, empty=True),
     )
 
 
@@ -338,7 +329,7 @@ def _decode_shm(
                 raise InvalidRequestError(
                     f"{what} groups[{i}]: 'num_rows' (> 0) is required with 'batch_bytes'", field="num_rows"
                 )
-            puts.append(PutDescriptor(put.key, writer, put.nbytes, put.num_rows, put.sig))
+            puts.append(PutDescriptor(put.key, writer, put.nbytes, put.num_rows))
         if len({p.key for p in puts}) != len(puts):
             raise InvalidRequestError(f"{what}: a group is named twice", field="groups")
         return ShmReserveRequest(tuple(puts), writer, ttl, batch_bytes)
@@ -366,22 +357,19 @@ def _decode_shm(
 def _batch_reserve(
     body: Mapping[str, Any], what: str, writer: str, ttl: float | None, batch_bytes: int | None
 ) -> ShmBatchReserveRequest:
-    """The compact form ``{"batch": {"job_id", "epoch", "group_ids": [int], "rows": [int], "sigs"?: [str]},
+    """The compact form ``{"batch": {"job_id", "epoch", "group_ids": [int], "rows": [int]},
     "batch_bytes"}`` of a ``shm_reserve`` of one shared segment: every check the ``groups`` form makes of
     the groups it abbreviates (each named once, rows > 0, ``batch_bytes`` > 0)."""
     if "groups" in body:
         raise InvalidRequestError(f"{what}: give 'groups' or 'batch', not both", field="batch")
     batch, job_id, epoch, group_ids = _batch_head(body["batch"], what)
     rows = field(batch, "rows", list, what)
-    sigs = field(batch, "sigs", list, what, required=False)
-    if len(group_ids) != len(rows) or (sigs is not None and len(sigs) != len(group_ids)):
+    if len(group_ids) != len(rows):
         raise InvalidRequestError(
-            f"{what}: 'batch' needs as many group_ids as rows (and sigs, when given), at least one",
+            f"{what}: 'batch' needs as many group_ids as rows, at least one",
             field="batch",
         )
     int_list(rows, "rows", what, minimum=1)  # each group's num_rows, required with a batch
-    if sigs is not None:
-        _names(sigs, "sigs", what)
     if len(set(group_ids)) != len(group_ids):
         raise InvalidRequestError(f"{what}: a group is named twice", field="group_ids")
     if batch_bytes is None:
@@ -395,7 +383,6 @@ def _batch_reserve(
         tuple(group_ids),
         tuple(rows),
         batch_bytes,
-        None if sigs is None else tuple(sigs),
         writer,
         ttl,
     )
@@ -423,9 +410,7 @@ def decode_shm_put(data: bytes | bytearray) -> ShmReserveRequest:
     if len(puts) != 1 or "batch_bytes" in body or "batch" in body:
         raise InvalidRequestError("shm_put carries exactly one group; reserve segments for more")
     (put,) = puts
-    return ShmReserveRequest(
-        (PutDescriptor(put.key, writer, put.nbytes, put.num_rows, put.sig),), writer, ttl
-    )
+    return ShmReserveRequest((PutDescriptor(put.key, writer, put.nbytes, put.num_rows),), writer, ttl)
 
 
 def decode_action_body(
@@ -473,4 +458,4 @@ def decode_action_body(
     job_id = req_name(body, "job_id", what)  # the fence
     min_epoch = req_int(body, "min_epoch", what)
     purge = field(body, "purge", bool, what, required=False) or False
-    return FenceRequest(job_id, min_epoch, purge, name_field(body, "sig", what, required=False, empty=True))
+    return FenceRequest(job_id, min_epoch, purge)

@@ -1,19 +1,15 @@
-"""The records of the storage server's wire (descriptors, tickets, action bodies) and their signatures.
+"""The records of the storage server's wire (descriptors, tickets, action bodies).
 
 Plain frozen dataclasses, validated where they are decoded (:mod:`._wire`, which also encodes them and
-re-exports every name here); :class:`TokenSigner` makes and checks the optional HMAC-SHA256 credentials
-of a deployment with a shared secret. ``docs/wire-format.md`` is the reference.
+re-exports every name here). ``docs/wire-format.md`` is the reference.
 
 This module does no I/O and does not validate field values (the decoders do).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from dataclasses import dataclass
 
-from trajflight.errors import InvalidRequestError
 from trajflight.keys import Partition
 
 __all__ = [
@@ -33,7 +29,6 @@ __all__ = [
     "ShmBatchReserveRequest",
     "ShmPublishRequest",
     "ShmReserveRequest",
-    "TokenSigner",
 ]
 
 
@@ -51,11 +46,9 @@ class LeaseToken:
     Attributes:
         generation: The lease generation; strictly increases per group across re-grants. Servers refuse
             a token lower than the highest generation they have seen for the group.
-        sig: Hex HMAC-SHA256 from :meth:`TokenSigner.sign_lease`, required where the server has a secret.
     """
 
     generation: int
-    sig: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,14 +62,12 @@ class PutDescriptor:
             upper bound of what the server holds); lets the server refuse an oversized or over-capacity put
             before any payload arrives. Optional.
         num_rows: Announced row count; when given, a stream that ends with fewer rows is refused.
-        sig: Hex HMAC from :meth:`TokenSigner.sign_put`, required where the server has a secret.
     """
 
     key: Partition
     writer: str = ""
     nbytes: int | None = None
     num_rows: int | None = None
-    sig: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,20 +143,18 @@ class FenceRequest:
 
     Attributes:
         purge: Also delete stored groups of the fenced epochs and give their bytes back.
-        sig: Hex HMAC from :meth:`TokenSigner.sign_fence`, required where the server has a secret.
     """
 
     job_id: str
     min_epoch: int
     purge: bool = False
-    sig: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """Body of the ``advance_generation`` action: the controller raises the fence of groups it re-granted.
 
-    Each entry's token carries the new generation (signed like a lease token).
+    Each entry's token carries the new generation.
     """
 
     groups: tuple[GroupRead, ...]
@@ -205,7 +194,6 @@ class ShmBatchReserveRequest:
         group_ids: The groups in stream order (at least one, each once).
         rows: Each group's row count (> 0), in the same order.
         batch_bytes: Size of the shared segment: the stream's size (> 0).
-        sigs: Put credentials, one per group, where the server requires signatures.
         writer: Free-form writer id.
         ttl: Seconds the writer has to publish before the reservation is dropped (None: the server's).
     """
@@ -215,7 +203,6 @@ class ShmBatchReserveRequest:
     group_ids: tuple[int, ...]
     rows: tuple[int, ...]
     batch_bytes: int
-    sigs: tuple[str, ...] | None = None
     writer: str = ""
     ttl: float | None = None
 
@@ -246,55 +233,3 @@ class ShmAbortRequest:
     """Body of the ``shm_abort`` action: reservations the writer gives up."""
 
     reservations: tuple[str, ...]
-
-
-# ------------------------------------------------------------------------------------------ signatures
-
-
-class TokenSigner:
-    """HMAC-SHA256 signatures over put credentials, lease tokens and fences.
-
-    The controller and every storage server of a deployment share one secret; writers and trainers only
-    ever see signatures, never the secret. Signatures bind every field that matters (job, epoch, group,
-    generation), so a token for one group cannot be replayed on another.
-
-    Args:
-        secret: The deployment secret (at least 16 bytes).
-
-    Raises:
-        InvalidRequestError: the secret is shorter than 16 bytes.
-    """
-
-    __slots__ = ("_secret",)
-
-    def __init__(self, secret: bytes) -> None:
-        if not isinstance(secret, bytes) or len(secret) < 16:
-            raise InvalidRequestError(
-                "the deployment secret must be at least 16 bytes; generate 32 random bytes"
-            )
-        self._secret = secret
-
-    def _sign(self, *parts: object) -> str:
-        message = "\x1f".join(str(p) for p in parts).encode()
-        return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
-
-    def sign_put(self, key: Partition) -> str:
-        """Signature letting a writer put ``key`` (bound to job, epoch and group)."""
-        return self._sign("put", key.job_id, key.epoch, key.group_id)
-
-    def sign_lease(self, key: Partition, generation: int) -> str:
-        """Signature of the lease token of ``key`` at ``generation``."""
-        return self._sign("lease", key.job_id, key.epoch, key.group_id, generation)
-
-    def sign_fence(self, job_id: str, min_epoch: int) -> str:
-        """Signature of a fence of ``job_id`` below ``min_epoch``."""
-        return self._sign("fence", job_id, min_epoch)
-
-    def lease_token(self, key: Partition, generation: int) -> LeaseToken:
-        """A signed :class:`LeaseToken` for ``key``."""
-        return LeaseToken(generation, self.sign_lease(key, generation))
-
-    @staticmethod
-    def verify(expected: str, given: str | None) -> bool:
-        """Constant-time comparison of a signature; a missing one never verifies."""
-        return given is not None and hmac.compare_digest(expected, given)

@@ -17,13 +17,14 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from trajflight._control import connect_control
+from trajflight._control import FlightTransport
 from trajflight._ray_connect import connect_ray_plane, current_node_id
 from trajflight._renewals import Renewals
 from trajflight._session import Session
-from trajflight._storage import StoragePool, Transport
+from trajflight._storage import StoragePool, Transport, env_credential, env_tls
 from trajflight._trainer import FENCE_TIMEOUT, Trainer
 from trajflight._writer import Writer
+from trajflight.auth import Credential, RefreshingCredential
 from trajflight.controller import (
     ControllerClient,
     HeldGroup,
@@ -32,7 +33,7 @@ from trajflight.controller import (
     OldReady,
 )
 from trajflight.errors import InvalidRequestError
-from trajflight.flight_server import TlsConfig, host_id
+from trajflight.flight_server import CredentialSource, TlsConfig, host_id
 from trajflight.keys import Partition
 
 __all__ = ["Client", "connect"]
@@ -41,7 +42,12 @@ log = logging.getLogger("trajflight")
 
 
 def connect(
-    address: str, *, timeout: float = 30.0, transport: Transport = "auto", tls: TlsConfig | None = None
+    address: str,
+    *,
+    timeout: float = 30.0,
+    transport: Transport = "auto",
+    tls: TlsConfig | None = None,
+    token: Credential | str | None = None,
 ) -> Client:
     """Connect to a running data plane.
 
@@ -55,19 +61,33 @@ def connect(
         tls: For a plane that serves TLS (a ``grpc+tls://`` address, or a Ray plane started with
             ``tls=``): the CA its servers' certificates chain to, and this client's certificate and key
             where the plane demands mutual TLS (the same material reaches the controller, over Flight,
-            and every storage server).
+            and every storage server). Default for a ``grpc+tls://`` address: the PEM files named by
+            ``TRAJFLIGHT_TLS_CA`` (and ``TRAJFLIGHT_TLS_CERT`` / ``TRAJFLIGHT_TLS_KEY`` for mutual TLS),
+            when set.
+        token: For a plane with a deployment secret: this process's credential (from the operator's
+            ``trajflight token``); default ``TRAJFLIGHT_TOKEN`` from the environment. On an embedded plane
+            the client sends it to the controller and gets short-lived storage tokens from it (refreshed
+            before they expire); on a Ray plane it is the storage token itself.
 
     Raises:
         InvalidRequestError: an address of another scheme. UnavailableError / NotFoundError: nothing
         answers there.
     """
+    credential = env_credential(token)
+    if tls is None and address.startswith("grpc+tls://"):
+        tls = env_tls()
     if address.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
+        transport_ = FlightTransport(address, tls, credential)
+        storage = (
+            None if credential is None else RefreshingCredential(lambda: transport_.storage_token(timeout))
+        )
         return Client(
-            connect_control(address, timeout=timeout, tls=tls),
+            ControllerClient(transport_, timeout=timeout),
             address=address,
             timeout=timeout,
             transport=transport,
             tls=tls,
+            credential=storage,
         )
     if address.startswith("ray://"):
         controller = connect_ray_plane(address, timeout=timeout)
@@ -79,6 +99,7 @@ def connect(
             transport=transport,
             node=current_node_id(),
             tls=tls,
+            credential=credential,
         )
     raise InvalidRequestError(
         f"unknown data plane address {address!r}: use grpc://HOST:PORT (embedded) or ray://NAMESPACE/NAME"
@@ -98,6 +119,8 @@ class Client:
             a Ray data plane (``connect`` and ``RayCluster.client`` pass it), else this host's identity
             (the default; the embedded plane registers its servers under it).
         tls: TLS material for the plane's ``grpc+tls://`` storage servers (see ``connect``).
+        credential: The storage token of every storage call (a credential or a callable asked per call);
+            None on a plane without a deployment secret.
 
     Attributes:
         session: What the client's writers, trainers and leases share (controller, storage, renewals).
@@ -112,10 +135,10 @@ class Client:
         transport: Transport = "auto",
         node: str | None = None,
         tls: TlsConfig | None = None,
+        credential: Credential | CredentialSource | None = None,
     ) -> None:
-        self.session = Session(
-            controller, StoragePool(timeout=timeout, transport=transport, tls=tls), Renewals(), timeout
-        )
+        pool = StoragePool(timeout=timeout, transport=transport, tls=tls, credential=credential)
+        self.session = Session(controller, pool, Renewals(), timeout)
         self.address = address
         self.node = host_id() if node is None else node
 

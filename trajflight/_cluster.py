@@ -5,6 +5,11 @@
 in-process with its sweeper, serves it to other processes over Flight, registers the servers, and tears
 everything down on exit. Other processes reach it with ``trajflight.connect(cluster.address)``.
 
+With a deployment secret (``secret=`` or ``TRAJFLIGHT_SECRET``) every endpoint authenticates every call
+(``docs/auth.md``): the servers and the control server check bearer tokens, the controller's own storage
+calls and this process's clients use admin tokens minted here, and other processes connect with a
+credential (:meth:`LocalCluster.mint`, or ``trajflight token``).
+
 Each storage server gets a shared-memory arena by default (``shm=True``): one private deployment
 directory ``/dev/shm/trajflight-<uuid>/`` (0700) with a subdirectory per server, so writers and trainers on
 this host move group data through shared memory; remote ones use Flight, served from the same memory.
@@ -37,6 +42,7 @@ from trajflight._archive_worker import ArchiveWorker
 from trajflight._client import Client
 from trajflight._control import ControlServer
 from trajflight._storage import StoragePool, Transport, check_tls_pair
+from trajflight.auth import ALL_JOBS, Credential, Role, Secret, deployment_secret, minted
 from trajflight.controller import ControllerClient, LocalController, LocalTransport
 from trajflight.errors import ConfigError, UnavailableError
 from trajflight.flight_server import TlsConfig, host_id, sweep_dead_arenas
@@ -93,6 +99,9 @@ class LocalCluster:
             storage server's on a free port of its own; :attr:`metrics_urls` names them all. None (the
             default): no metrics endpoint.
         metrics_host: Interface the metrics endpoints bind; loopback by default.
+        secret: The deployment secret (at least 16 bytes; ``KID:SECRET`` lines for a keyring); None reads
+            ``TRAJFLIGHT_SECRET``, and without either nothing authenticates (loopback only).
+        insecure: Bind a non-loopback ``host`` without a secret (refused otherwise).
     """
 
     def __init__(
@@ -116,6 +125,8 @@ class LocalCluster:
         archive_dropped: bool = False,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
+        secret: Secret | bytes | str | None = None,
+        insecure: bool = False,
     ) -> None:
         if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
             raise ConfigError(
@@ -143,7 +154,12 @@ class LocalCluster:
         check_tls_pair(tls, client_tls)
         self.tls = tls
         self.client_tls = client_tls
-        self._pool = StoragePool(timeout=timeout, tls=client_tls)
+        self._secret = deployment_secret(secret)
+        self.keyring = None if self._secret is None else self._secret.keyring()
+        self.insecure = insecure
+        self._pool = StoragePool(
+            timeout=timeout, tls=client_tls, credential=minted(self.keyring, "trajflight-controller")
+        )
         self.archive_location = archive
         self.archive_filesystem = archive_filesystem
         self.archive_flush = archive_flush
@@ -191,6 +207,8 @@ class LocalCluster:
             tls=self.tls,
             metrics_port=self.metrics_port,
             metrics_host=self.metrics_host,
+            keyring=self.keyring,
+            insecure=self.insecure,
         )
         local = ControllerClient(LocalTransport(self.controller), timeout=self.timeout)
         for i, location in enumerate(self.server_locations):
@@ -253,6 +271,8 @@ class LocalCluster:
                     tls=self.tls,
                     metrics_port=None if self.metrics_port is None else 0,
                     metrics_host=self.metrics_host,
+                    keyring=self.keyring,
+                    insecure=self.insecure,
                 )
                 self._threads.append(server)
                 self.server_locations.append(server.location)
@@ -285,7 +305,12 @@ class LocalCluster:
             cmd += self._tls_args()
             if self.metrics_port is not None:
                 cmd += ["--metrics-port", "0", "--metrics-host", self.metrics_host]
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+            if self.insecure:
+                cmd.append("--insecure")
+            env = {k: v for k, v in os.environ.items() if k != "TRAJFLIGHT_SECRET"}
+            if self._secret is not None:  # through the environment: ps shows a command line
+                env["TRAJFLIGHT_SECRET"] = self._secret.reveal()
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
             self._procs.append(proc)
             self.server_locations.append(_read_location(proc, log_path, timeout=60.0))
         if self.metrics_port is not None:  # each server names its free metrics port in its health
@@ -397,8 +422,35 @@ class LocalCluster:
             raise UnavailableError("the cluster is not running; use it as a context manager or call start()")
         controller = ControllerClient(LocalTransport(self.controller), timeout=self.timeout)
         return Client(
-            controller, address=self.address, timeout=self.timeout, transport=transport, tls=self.client_tls
+            controller,
+            address=self.address,
+            timeout=self.timeout,
+            transport=transport,
+            tls=self.client_tls,
+            credential=minted(self.keyring, "trajflight-local-client"),
         )
+
+    def mint(
+        self,
+        role: Role | str = Role.ADMIN,
+        jobs: list[str] | None = None,
+        *,
+        ttl: float = 3600.0,
+        sub: str = "",
+    ) -> Credential:
+        """A credential for another process's ``trajflight.connect(address, token=...)`` (what
+        ``trajflight token`` mints from the same secret).
+
+        Raises:
+            ConfigError: the cluster has no secret (it authenticates nothing), or a bad role or ttl.
+        """
+        if self.keyring is None:
+            raise ConfigError(
+                "this cluster has no deployment secret: it takes no tokens (start it with secret= or "
+                "TRAJFLIGHT_SECRET)",
+                setting="secret",
+            )
+        return self.keyring.mint(sub or f"{role}-client", role, jobs or [ALL_JOBS], ttl=ttl)
 
     def kill_server(self, index: int) -> None:
         """Kill storage server ``index`` (SIGKILL) — for fault-injection tests."""

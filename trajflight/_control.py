@@ -17,6 +17,15 @@ Actions (``do_action`` type -> JSON body -> one result):
 * ``info``: deployment facts (storage servers, host identity, counters, the timeline of job counts);
   unlike the others its body (empty or ``{"v": 1}``) and its answer are plain JSON, so that any Flight
   client can ask.
+* ``token``: ``{"role"?, "jobs"?, "ttl"?}`` -> a short-lived storage token (a JWT string) with the
+  caller's role and jobs or narrower, living at most ``storage_ttl`` seconds and never past the caller's
+  own credential (only on a controller with a keyring).
+
+Authentication: with a :class:`~trajflight.auth.Keyring` every call needs a bearer token (verified by the
+Flight middleware of the storage servers, :func:`~trajflight.flight_server.auth_middleware`), and every
+operation the role :data:`~trajflight.controller.ROLES` names for it, on jobs in the token's scope (a
+lease's job for the calls that name a lease token). Without one nothing is checked: loopback only, unless
+``insecure``.
 
 Every request is bounded before it is parsed: at most :data:`MAX_REQUEST_BYTES` (``restore``:
 :data:`MAX_RESTORE_BYTES`; a larger checkpoint is restored in the controller's own process) and
@@ -31,7 +40,8 @@ caller that left before the reply was delivered is released at once, so a dead p
 until their TTL. :meth:`ControlServer.shutdown` answers parked acquires with UnavailableError first, so
 it never waits them out.
 
-It does not authenticate callers: bind it to loopback (the default) or a trusted network.
+It does not bind a lease to the identity that acquired it: a trainer of a job may act on any lease
+of that job.
 """
 
 from __future__ import annotations
@@ -47,20 +57,43 @@ from typing import Any
 import pyarrow.flight as flight
 
 from trajflight import _rpc
+from trajflight.auth import (
+    DEFAULT_STORAGE_TTL,
+    Claims,
+    Credential,
+    Keyring,
+    Role,
+    authorize,
+)
 from trajflight.controller import (
     CALLS,
     COMMANDS,
+    ROLES,
+    Command,
     ControllerClient,
     Lease,
     LocalController,
+    Partition,
     check_seconds,
     check_timeout,
     client_call,
 )
-from trajflight.errors import InvalidRequestError, TrajflightError, UnavailableError, brief
+from trajflight.errors import (
+    InvalidRequestError,
+    PermissionDeniedError,
+    TrajflightError,
+    UnavailableError,
+    brief,
+)
 from trajflight.flight_server import (
+    CredentialSource,
     MetricsEndpoint,
     TlsConfig,
+    auth_middleware,
+    call_claims,
+    call_headers,
+    check_bind,
+    credential_source,
     host_id,
     server_errors,
     tls_client_kwargs,
@@ -111,6 +144,10 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
         metrics_port: Serve the controller's Prometheus metrics (``controller.metrics``) over HTTP on
             this port (0: a free one; :attr:`metrics_url` and ``info`` name it). None: no endpoint.
         metrics_host: Interface of the metrics endpoint; loopback by default.
+        keyring: The deployment's keys: every call then needs a bearer token they signed (see the module
+            docstring); None: no authentication (loopback only, unless ``insecure``).
+        insecure: Serve a non-loopback ``host`` without a keyring (refused otherwise).
+        storage_ttl: Longest life of a storage token the ``token`` action mints, seconds.
     """
 
     def __init__(
@@ -123,15 +160,25 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
         archive_status: Callable[[], dict[str, Any]] | None = None,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
+        keyring: Keyring | None = None,
+        insecure: bool = False,
+        storage_ttl: float = DEFAULT_STORAGE_TTL,
     ) -> None:
+        check_bind(host, keyring, insecure=insecure, what="the controller endpoint")
         self.scheme = tls_scheme(tls)
+        self.keyring = keyring
+        self.storage_ttl = storage_ttl
         self.metrics_endpoint = (
             None
             if metrics_port is None
             else MetricsEndpoint(controller.metrics.registry, metrics_host, metrics_port)
         )
         try:
-            super().__init__(f"{self.scheme}://{host}:{port}", **(tls.server_kwargs() if tls else {}))
+            super().__init__(
+                f"{self.scheme}://{host}:{port}",
+                middleware=auth_middleware(keyring),
+                **(tls.server_kwargs() if tls else {}),
+            )
         except BaseException:
             if self.metrics_endpoint is not None:
                 self.metrics_endpoint.close()
@@ -168,6 +215,8 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
             self.counters[key] += amount
 
     def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
+        with server_errors("controller list_actions"):
+            authorize(call_claims(context), "list_actions", _ANY)
         return [
             ("call", "run one controller operation: {method, kwargs, timeout}"),
             ("many", "run several operations in order: {calls: [[method, kwargs], ...], timeout} -> results"),
@@ -175,12 +224,15 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
             ("checkpoint", "take a job checkpoint: {job_id, path, timeout} -> bytes"),
             ("restore", "restore a job from a checkpoint: {source, kwargs, timeout}"),
             ("info", "deployment facts: storage servers, host identity, counters, timeline"),
+            ("token", "a short-lived storage token: {role?, jobs?, ttl?} -> token (authenticated only)"),
         ]
 
     def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> Any:
         kind = action.type
         with server_errors(f"controller action {brief(kind)}"):
+            claims = call_claims(context)
             if kind == "info":  # plain JSON both ways, so that a bare Flight client can ask
+                authorize(claims, "info", _ANY)
                 return [json.dumps(self._info(action.body.to_pybytes())).encode()]
             try:
                 limit = MAX_RESTORE_BYTES if kind == "restore" else MAX_REQUEST_BYTES
@@ -188,7 +240,7 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
                 if not isinstance(body, dict):
                     raise InvalidRequestError(f"controller action {brief(kind)}: the body must be an object")
                 try:
-                    result = self._dispatch(kind, body, context)
+                    result = self._dispatch(kind, body, context, claims)
                 except TypeError as exc:  # arguments the operation does not take: the caller's mistake
                     raise InvalidRequestError(
                         f"controller action {brief(kind)}: bad arguments: {brief(str(exc))}"
@@ -214,22 +266,29 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
             if not delivered:
                 self.controller.release_abandoned(lease, timeout=5.0)
 
-    def _dispatch(self, kind: str, body: dict[str, Any], context: flight.ServerCallContext) -> Any:
+    def _dispatch(
+        self, kind: str, body: dict[str, Any], context: flight.ServerCallContext, claims: Claims | None
+    ) -> Any:
         timeout = check_timeout(body.get("timeout"))
         for name in ("kwargs",):
             if name in body and body[name] is not None and not isinstance(body[name], dict):
                 raise InvalidRequestError(f"controller action {brief(kind)}: {name!r} must be an object")
+        if kind == "token":
+            return self._mint(body, claims).reveal()
         if kind == "call":
-            return self._call(body.get("method"), body.get("kwargs") or {}, timeout)
+            return self._call(body.get("method"), body.get("kwargs") or {}, timeout, claims)
         if kind == "many":
             calls = body.get("calls")
             if not isinstance(calls, list) or not all(
                 isinstance(c, list | tuple) and len(c) == 2 and isinstance(c[1], dict) for c in calls
             ):
                 raise InvalidRequestError("controller action many: calls must be a list of [method, kwargs]")
-            return [self._call(method, kwargs, timeout) for method, kwargs in calls]
+            commands = [self._authorized(method, kwargs, claims) for method, kwargs in calls]
+            return [self._run(command, timeout) for command in commands]  # all checked before any runs
         if kind == "acquire":
             wait = check_seconds(body.get("wait", 0.0), "wait")
+            kwargs = body.get("kwargs") or {}
+            authorize(claims, "acquire", ROLES["acquire"], _named_jobs(claims, kwargs.get("job_id")))
             lease: Lease | None = self.controller.acquire(
                 body.get("kwargs") or {},
                 wait=wait,
@@ -246,6 +305,7 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
             return lease
         if kind == "checkpoint":
             job_id = _required(body, "job_id", str)
+            authorize(claims, "checkpoint", ROLES["checkpoint"], [job_id])
             if body.get("path") is not None:  # a caller must not name files on the controller's machine
                 raise InvalidRequestError(
                     "controller action checkpoint: path is refused over the wire (the controller writes no "
@@ -262,6 +322,7 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
                     "the file in the caller's process and sends its bytes"
                 )
             kwargs = body.get("kwargs") or {}
+            authorize(claims, "restore", ROLES["restore"], _named_jobs(claims, kwargs.get("job_id")))
             unknown = set(kwargs) - _RESTORE_KWARGS
             if unknown:
                 raise InvalidRequestError(
@@ -305,8 +366,67 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
             out["archive"] = self.archive_status()
         return out
 
-    def _call(self, method: Any, kwargs: dict[str, Any], timeout: float | None) -> Any:
-        result = self.controller.run(client_call(method, kwargs), timeout=timeout)
+    def _mint(self, body: dict[str, Any], claims: Claims | None) -> Credential:
+        """The ``token`` action: a storage token no wider than the caller's credential."""
+        if self.keyring is None or claims is None:
+            raise InvalidRequestError(
+                "controller action token: this plane does not authenticate (no deployment secret); its "
+                "storage servers take no token: connect without one"
+            )
+        role = body.get("role") or claims.role.value
+        if claims.role is not Role.ADMIN and role != claims.role.value:
+            raise PermissionDeniedError(
+                f"a token of role {brief(role)} needs role {brief(role)} or admin; a {claims.role.value} "
+                f"credential mints {claims.role.value} tokens only",
+                reason="role",
+                operation="token",
+            )
+        jobs = body.get("jobs") or list(claims.jobs)
+        if not isinstance(jobs, list) or not all(isinstance(j, str) for j in jobs):
+            raise InvalidRequestError("controller action token: jobs must be a list of job ids")
+        authorize(claims, "token", (claims.role,), jobs)
+        ttl = check_seconds(body.get("ttl", self.storage_ttl), "ttl")
+        now = self.keyring.now()
+        ttl = min(ttl, self.storage_ttl, claims.exp - now)  # never outlives the caller's credential
+        return self.keyring.mint(claims.sub, role, jobs, ttl=max(ttl, 1.0), now=now)
+
+    def _authorized(self, method: Any, kwargs: dict[str, Any], claims: Claims | None) -> Command[Any]:
+        """The client operation ``method`` with ``kwargs``, once the caller may run it on its jobs."""
+        command = client_call(method, kwargs)
+        if claims is not None:
+            authorize(claims, command.name, ROLES[command.name], ())  # the role first: it is cheap
+            if not claims.all_jobs:
+                jobs = self._jobs_of(command)
+                if not jobs and ROLES[command.name] == (Role.ADMIN,):
+                    raise PermissionDeniedError(
+                        f"{command.name} acts on the whole deployment, outside the credential's jobs "
+                        f"{brief(list(claims.jobs))}; it needs an admin credential of every job ('*')",
+                        reason="job",
+                        operation=command.name,
+                    )
+                authorize(claims, command.name, ROLES[command.name], jobs)
+        return command
+
+    def _jobs_of(self, command: Command[Any]) -> list[str]:
+        """The jobs a command acts on: its ``job_id``, its partitions' jobs, or its lease's job."""
+        args = command.arguments()
+        if args.get("job_id") is not None:
+            return [_job_id(args["job_id"])]
+        if "partition" in args:
+            return [_job_of(args["partition"])]
+        if "items" in args:
+            items = args["items"] if isinstance(args["items"], list | tuple) else [args["items"]]
+            return [_job_of(getattr(item, "partition", item)) for item in items]
+        if "token" in args:
+            return [self.controller.call("lease_job", {"token": args["token"]}, timeout=None)]
+        return []
+
+    def _call(self, method: Any, kwargs: dict[str, Any], timeout: float | None, claims: Claims | None) -> Any:
+        return self._run(self._authorized(method, kwargs, claims), timeout)
+
+    def _run(self, command: Command[Any], timeout: float | None) -> Any:
+        method = command.name
+        result = self.controller.run(command, timeout=timeout)
         if method in _COUNTED:
             self._count(_COUNTED[method], len(result) if isinstance(result, tuple | list) else 1)
         if method == "publish":
@@ -314,6 +434,30 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
         elif method == "publish_many":
             self._count("bytes_published", sum(info.nbytes for info in result))
         return result
+
+
+_ANY = (Role.WRITER, Role.TRAINER, Role.READER)
+
+
+def _named_jobs(claims: Claims | None, job_id: object) -> list[str]:
+    """``[job_id]`` for a job id, to check a scoped token against (nothing to check without claims or for
+    a token of every job); another value is refused, since the job must be known."""
+    return [] if claims is None or claims.all_jobs else [_job_id(job_id)]
+
+
+def _job_id(job_id: object) -> str:
+    if not isinstance(job_id, str):
+        raise InvalidRequestError(f"job_id must be a string, got {brief(job_id)}")
+    return job_id
+
+
+def _job_of(partition: object) -> str:
+    """The job of a partition as a caller sends it (a Partition or ``[job_id, epoch, group_id]``)."""
+    if isinstance(partition, Partition):
+        return str(partition.job_id)
+    if isinstance(partition, list | tuple) and partition and isinstance(partition[0], str):
+        return partition[0]
+    raise InvalidRequestError(f"a partition is (job_id, epoch, group_id), got {brief(partition)}")
 
 
 def _bounded(exc: TrajflightError) -> TrajflightError:
@@ -344,10 +488,23 @@ def _required(body: dict[str, Any], name: str, kind: type | tuple[type, ...]) ->
 
 
 class FlightTransport:
-    """A ``ControllerClient`` transport to a :class:`ControlServer` (every call under a deadline)."""
+    """A ``ControllerClient`` transport to a :class:`ControlServer` (every call under a deadline).
 
-    def __init__(self, location: str, tls: TlsConfig | None = None) -> None:
+    Args:
+        location: The control server's ``grpc://`` (``grpc+tls://``) location.
+        tls: TLS material for a ``grpc+tls://`` location.
+        credential: The bearer token of every call (a credential, or a callable asked per call); None:
+            calls carry none (a plane without a secret).
+    """
+
+    def __init__(
+        self,
+        location: str,
+        tls: TlsConfig | None = None,
+        credential: Credential | CredentialSource | None = None,
+    ) -> None:
         self.location = location
+        self._credential = credential_source(credential)
         with translate_errors(f"connect to controller at {location}"):
             self._client = flight.FlightClient(location, **tls_client_kwargs(location, tls))
 
@@ -358,12 +515,27 @@ class FlightTransport:
     def _action(self, kind: str, body: dict[str, Any], timeout: float) -> Any:
         # The server gets a slightly shorter budget than the wire so its own deadline error wins.
         body = {**body, "timeout": max(0.0, timeout - 0.05)}
-        options = flight.FlightCallOptions(timeout=timeout)
+        options = self._options(timeout)
         with translate_errors(f"controller {kind}"):
             results = list(self._client.do_action(flight.Action(kind, _rpc.dumps(body)), options=options))
         if len(results) != 1:
             raise TrajflightError(f"controller {kind}: expected one result, got {len(results)}")
         return _rpc.loads(results[0].body.to_pybytes())
+
+    def _options(self, timeout: float) -> flight.FlightCallOptions:
+        return flight.FlightCallOptions(timeout=timeout, headers=call_headers(self._credential))
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether this transport sends a credential."""
+        return self._credential is not None
+
+    def storage_token(self, timeout: float, *, role: str | None = None) -> Credential:
+        """A short-lived storage token from the controller (``token`` action): the caller's role and
+        jobs (or ``role``, for an admin caller)."""
+        body = {} if role is None else {"role": role}
+        token = self._action("token", body, timeout)
+        return Credential(str(token))
 
     def invoke(self, method: str, kwargs: dict[str, Any], timeout: float) -> Any:
         return self._action("call", {"method": method, "kwargs": kwargs}, timeout)
@@ -387,7 +559,7 @@ class FlightTransport:
 
     def info(self, timeout: float) -> dict[str, Any]:
         """Deployment facts of the controller host (``info`` action: plain JSON, docs/wire-format.md)."""
-        options = flight.FlightCallOptions(timeout=timeout)
+        options = self._options(timeout)
         with translate_errors("controller info"):
             results = list(self._client.do_action(flight.Action("info", b'{"v": 1}'), options=options))
         out: dict[str, Any] = json.loads(results[0].body.to_pybytes())
@@ -395,8 +567,13 @@ class FlightTransport:
 
 
 def connect_control(
-    location: str, *, timeout: float = 30.0, tls: TlsConfig | None = None
+    location: str,
+    *,
+    timeout: float = 30.0,
+    tls: TlsConfig | None = None,
+    credential: Credential | CredentialSource | None = None,
 ) -> ControllerClient:
     """A :class:`ControllerClient` for the embedded controller served at ``location`` (``tls``: see
-    :class:`~trajflight.flight_server.TlsConfig`, for a ``grpc+tls://`` location)."""
-    return ControllerClient(FlightTransport(location, tls), timeout=timeout)
+    :class:`~trajflight.flight_server.TlsConfig`, for a ``grpc+tls://`` location; ``credential``: the
+    bearer token of every call, for a plane with a deployment secret)."""
+    return ControllerClient(FlightTransport(location, tls, credential), timeout=timeout)

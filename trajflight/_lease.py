@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from trajflight._handles import BatchHandle
 from trajflight._session import Session
-from trajflight._storage import StoragePool, read_handle
+from trajflight._storage import StoragePool, env_credential, env_tls, read_handle
 from trajflight.codec import Layout, TorchBatch, decode
 from trajflight.errors import InvalidStateError, LeaseExpiredError, TrajflightError
 from trajflight.flight_server import LeaseToken, ShmOpened
@@ -42,7 +42,8 @@ def _default_pool() -> StoragePool:
     global _DEFAULT_POOL
     with _POOL_LOCK:
         if _DEFAULT_POOL is None:
-            _DEFAULT_POOL = StoragePool()
+            # A process that was handed a handle reads with its own credential and TLS files.
+            _DEFAULT_POOL = StoragePool(tls=env_tls(), credential=env_credential())
         return _DEFAULT_POOL
 
 

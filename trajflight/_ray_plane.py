@@ -21,6 +21,13 @@ machine).
 
 Ray is imported only when a Ray plane is started or connected to (``pip install 'trajflight[ray]'``).
 
+With a deployment secret (``RayCluster(secret=)`` or ``TRAJFLIGHT_SECRET``) every storage server
+authenticates every call (``docs/auth.md``); the controller actor's deletes and fences and this process's
+clients carry admin tokens minted from it, and other processes pass their credential to ``connect``. The
+secret reaches the actors as a :class:`~trajflight.auth.Secret` argument (its ``repr`` is hidden; Ray task
+and actor names never carry it). Calls to the controller actor itself go through Ray, which
+authenticates nothing: anyone who can reach the Ray cluster can drive the controller (docs/auth.md).
+
 It does not guarantee that stored groups survive their storage server: a server actor is not restarted
 (its groups lived in its memory; the controller would point at data that is gone), and the controller's
 state survives a restart only with ``state_dir`` (journal + snapshots on the controller's node).
@@ -48,6 +55,7 @@ from trajflight._archive_worker import ArchiveWorker
 from trajflight._client import Client
 from trajflight._ray_connect import SCHEME, current_node_id, loopback_addresses, parse_ray_address
 from trajflight._storage import StoragePool, check_tls_pair
+from trajflight.auth import Secret, deployment_secret, minted
 from trajflight.controller import (
     DEFAULT_NAME,
     ControllerClient,
@@ -83,24 +91,34 @@ class FlightStorage:
         timeout: Deadline of each call to a storage server, seconds.
         tls: What the controller actor presents to ``grpc+tls://`` storage servers (see
             :class:`RayCluster`'s ``client_tls``).
+        secret: The deployment secret: each call then carries an admin token minted from it.
     """
 
-    def __init__(self, timeout: float = 10.0, tls: TlsConfig | None = None) -> None:
+    def __init__(
+        self, timeout: float = 10.0, tls: TlsConfig | None = None, secret: Secret | None = None
+    ) -> None:
         self.timeout = timeout
         self.tls = tls
+        self.secret = secret
         self._pool: StoragePool | None = None
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"timeout": self.timeout, "tls": self.tls}
+        return {"timeout": self.timeout, "tls": self.tls, "secret": self.secret}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["timeout"], state.get("tls"))  # type: ignore[misc]
+        self.__init__(state["timeout"], state.get("tls"), state.get("secret"))  # type: ignore[misc]
 
     def _storage(self) -> StoragePool:
         with self._lock:
             if self._pool is None:
-                self._pool = StoragePool(timeout=self.timeout, tls=self.tls)
+                self._pool = StoragePool(
+                    timeout=self.timeout,
+                    tls=self.tls,
+                    credential=minted(
+                        None if self.secret is None else self.secret.keyring(), "trajflight-controller"
+                    ),
+                )
             return self._pool
 
     def delete(self, work: DeleteWork) -> None:
@@ -162,6 +180,8 @@ class StorageServerActor:
         shm: Give the server a fresh auto-named arena (``/dev/shm/trajflight-<uuid>``); making one also
             sweeps the arenas killed servers left on the node.
         tls: Serve ``grpc+tls://`` with this material (see :class:`RayCluster`); ``None``: plaintext.
+        secret: The deployment secret: the server then authenticates every call.
+        insecure: Serve a non-loopback node address without a secret (refused otherwise).
     """
 
     def __init__(
@@ -171,6 +191,8 @@ class StorageServerActor:
         host: str | None = None,
         shm: bool = True,
         tls: TlsConfig | None = None,
+        secret: Secret | None = None,
+        insecure: bool = False,
     ) -> None:
         from trajflight.flight_server import ShmArena, StorageServer, StoreLimits
 
@@ -181,7 +203,15 @@ class StorageServerActor:
         limits = StoreLimits(capacity_bytes=capacity_bytes, capacity_groups=capacity_groups)
         arena = ShmArena() if shm else None
         try:
-            self.server = StorageServer(self.host, 0, limits=limits, arena=arena, tls=tls)
+            self.server = StorageServer(
+                self.host,
+                0,
+                limits=limits,
+                arena=arena,
+                tls=tls,
+                keyring=None if secret is None else secret.keyring(),
+                insecure=insecure,
+            )
         except BaseException:
             if arena is not None:
                 arena.close()
@@ -259,6 +289,10 @@ class RayCluster:
         client_tls: What this plane's own clients (``client()``, the controller actor's deletes, fences
             and archive reads) present to the storage servers; required with ``tls``. Clients elsewhere
             pass theirs to ``trajflight.connect(address, tls=...)``.
+        secret: The deployment secret (see :class:`~trajflight.LocalCluster`); None reads
+            ``TRAJFLIGHT_SECRET``; without either the storage servers authenticate nothing, and a server on a
+            non-loopback node address refuses to start unless ``insecure``.
+        insecure: Serve storage servers on non-loopback node addresses without a secret.
 
     Raises:
         ConfigError: a bad setting, naming it.
@@ -283,6 +317,8 @@ class RayCluster:
         log_json: bool = False,
         tls: TlsConfig | None = None,
         client_tls: TlsConfig | None = None,
+        secret: Secret | bytes | str | None = None,
+        insecure: bool = False,
     ) -> None:
         check_tls_pair(tls, client_tls)
         if servers is not None and (isinstance(servers, bool) or not isinstance(servers, int) or servers < 1):
@@ -313,6 +349,9 @@ class RayCluster:
         self._log_env = logs.env_for(log_level, log_json)  # checked here: a bad level fails early
         self.tls = tls
         self.client_tls = client_tls
+        self._secret = deployment_secret(secret)
+        self.keyring = None if self._secret is None else self._secret.keyring()
+        self.insecure = insecure
         self.servers: list[RayServer] = []
         self._server_actors: list[Any] = []
         self._controller_actor: Any = None
@@ -373,7 +412,7 @@ class RayCluster:
         # journal must be where Ray restarts the actor); otherwise Ray may move it if the node dies.
         here = ray.get_runtime_context().get_node_id()
         strategy = NodeAffinitySchedulingStrategy(here, soft=self.state_dir is None)
-        storage = FlightStorage(timeout=self.timeout, tls=self.client_tls)
+        storage = FlightStorage(timeout=self.timeout, tls=self.client_tls, secret=self._secret)
         archive = None
         if self.archive is not None:
             archive = ArchiveFactory(self.archive, self.archive_filesystem, self.archive_flush, storage)
@@ -426,7 +465,14 @@ class RayCluster:
                     max_concurrency=4,
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
                     **self._runtime_env(),
-                ).remote(self.capacity, self.max_groups, shm=self.shm, tls=self.tls)
+                ).remote(
+                    self.capacity,
+                    self.max_groups,
+                    shm=self.shm,
+                    tls=self.tls,
+                    secret=self._secret,
+                    insecure=self.insecure,
+                )
             )
         refs = [a.describe.remote() for a in self._server_actors]
         try:
@@ -550,6 +596,7 @@ class RayCluster:
             timeout=self.timeout,
             node=current_node_id(),
             tls=self.client_tls,
+            credential=minted(self.keyring, "trajflight-ray-client"),
         )
 
     def kill_server(self, index: int) -> None:

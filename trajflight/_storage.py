@@ -26,9 +26,11 @@ from typing import Any, Literal, TypeVar
 import pyarrow as pa
 
 from trajflight._handles import BatchHandle
+from trajflight.auth import Credential
 from trajflight.controller import DeleteWork, FenceWork
 from trajflight.errors import ConfigError, DeadlineExceededError, InvalidRequestError, NotFoundError
 from trajflight.flight_server import (
+    CredentialSource,
     GroupRead,
     LeaseToken,
     ShmOpened,
@@ -46,6 +48,8 @@ __all__ = [
     "StoragePool",
     "Transport",
     "check_tls_pair",
+    "env_credential",
+    "env_tls",
     "read_handle",
 ]
 
@@ -67,6 +71,28 @@ def check_tls_pair(tls: TlsConfig | None, client_tls: TlsConfig | None) -> None:
         )
 
 
+def env_tls() -> TlsConfig | None:
+    """The client TLS material named by ``TRAJFLIGHT_TLS_CA`` / ``_CERT`` / ``_KEY`` (PEM file paths);
+    None when none is set.
+
+    Raises:
+        ConfigError: a file cannot be read, or a certificate without its key.
+    """
+    ca, cert, key = (os.environ.get(f"TRAJFLIGHT_TLS_{n}") or None for n in ("CA", "CERT", "KEY"))
+    if ca is None and cert is None:
+        return None
+    return TlsConfig.from_files(cert, key, ca)
+
+
+def env_credential(token: Credential | str | None = None) -> Credential | None:
+    """``token`` as a credential, else ``TRAJFLIGHT_TOKEN``'s, else None."""
+    if isinstance(token, Credential):
+        return token
+    if token is None:
+        token = os.environ.get("TRAJFLIGHT_TOKEN") or None
+    return None if token is None else Credential(token)
+
+
 class StoragePool:
     """One :class:`StorageClient` per server location, created on first use, shared across threads.
 
@@ -74,13 +100,21 @@ class StoragePool:
         timeout: Default deadline of each storage call.
         transport: ``"auto"`` (shared memory with servers on this host, Flight otherwise), ``"shm"`` or
             ``"flight"`` (forced); see the module docstring.
+        tls: TLS material for ``grpc+tls://`` servers.
+        credential: The storage token of every call (a credential, or a callable asked per call: a
+            refreshing token); None for a plane without a deployment secret.
 
     Raises:
         ConfigError: an unknown transport.
     """
 
     def __init__(
-        self, *, timeout: float = 30.0, transport: Transport = "auto", tls: TlsConfig | None = None
+        self,
+        *,
+        timeout: float = 30.0,
+        transport: Transport = "auto",
+        tls: TlsConfig | None = None,
+        credential: Credential | CredentialSource | None = None,
     ) -> None:
         if transport not in TRANSPORTS:
             raise ConfigError(
@@ -89,6 +123,7 @@ class StoragePool:
         self.timeout = timeout
         self.transport: Transport = transport
         self.tls = tls
+        self.credential = credential
         self._clients: dict[str, StorageClient] = {}
         self._routes: dict[str, bool] = {}  # location -> uses shared memory
         self._lock = threading.Lock()
@@ -102,6 +137,7 @@ class StoragePool:
                     location,
                     timeout=self.timeout,
                     tls=self.tls if location.startswith("grpc+tls://") else None,
+                    credential=self.credential,
                 )
             return found
 

@@ -3,6 +3,10 @@
 Runs until SIGTERM or SIGINT (Ctrl-C), then shuts everything down. The first line on stdout is the
 address (``grpc://127.0.0.1:PORT``), so scripts can read it; stderr gets one line when the data plane
 is up and one when it stopped (as ``trajflight server`` does).
+
+With a deployment secret (``--secret-file`` or ``TRAJFLIGHT_SECRET``) every endpoint authenticates every
+call, and the stderr line says how to mint a credential (``trajflight token``); a non-loopback ``--host``
+without one is refused unless ``--insecure``.
 """
 
 from __future__ import annotations
@@ -49,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics-host", default="127.0.0.1", help="interface of the metrics endpoints (default: loopback)"
     )
     logs.add_arguments(parser)
+    from trajflight.auth import add_secret_arguments  # light: the CLI's --help imports nothing heavy
+
+    add_secret_arguments(parser, "the data plane")
     tls = parser.add_argument_group(
         "TLS", "serve every endpoint over grpc+tls:// (clients: trajflight.connect(address, tls=...))"
     )
@@ -117,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
     import pyarrow as pa
 
     from trajflight._cluster import LocalCluster
+    from trajflight.auth import deployment_secret
     from trajflight.errors import TrajflightError
 
     try:
@@ -147,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
             metrics_host=args.metrics_host,
             tls=tls,
             client_tls=client_tls,
+            secret=deployment_secret(None, args.secret_file),
+            insecure=args.insecure,
         ).start()
     except TrajflightError as exc:
         print(f"trajflight up: {exc}", file=sys.stderr)
@@ -171,6 +181,15 @@ def run(args: argparse.Namespace) -> int:
             print(
                 f"trajflight up: clients connect with tls=TlsConfig.from_files('{args.dev_tls}/client.pem', "
                 f"'{args.dev_tls}/client.key', '{args.dev_tls}/ca.pem')",
+                file=sys.stderr,
+                flush=True,
+            )
+        if cluster.keyring is not None:
+            source = f"--secret-file {args.secret_file}" if args.secret_file else "(TRAJFLIGHT_SECRET set)"
+            print(
+                f"trajflight up: authentication on (signing key {cluster.keyring.signing_kid}); clients "
+                f"need a credential: trajflight token --role ROLE --job JOB {source} prints one, pass it "
+                "as TRAJFLIGHT_TOKEN or connect(..., token=)",
                 file=sys.stderr,
                 flush=True,
             )

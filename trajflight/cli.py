@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("trajflight.bench._cli", "benchmark trajflight against TransferQueue, Ray and bare Flight"),
     "stats": ("trajflight._stats", "show the counters of a running data plane"),
     "up": ("trajflight._up", "start a standing embedded data plane and print how to connect"),
+    "token": ("trajflight._token", "mint a credential for a plane with a deployment secret"),
     "sql": (
         "trajflight.analytics._sql",
         "run DuckDB SQL over a trajectories view of live and archived groups",

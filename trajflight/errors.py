@@ -20,6 +20,7 @@ __all__ = [
     "ECHO_CHARS",
     "AlreadyExistsError",
     "ArchiveError",
+    "AuthenticationError",
     "CapacityExceededError",
     "CheckpointError",
     "ConfigError",
@@ -28,6 +29,7 @@ __all__ = [
     "InvalidStateError",
     "LeaseExpiredError",
     "NotFoundError",
+    "PermissionDeniedError",
     "RecoveryError",
     "SchemaError",
     "StaleFenceError",
@@ -193,6 +195,34 @@ class ArchiveError(TrajflightError):
     nothing is deleted unarchived. ``location`` names the archive."""
 
     code = "archive"
+
+
+class AuthenticationError(TrajflightError):
+    """The call carried no credential, or one that does not verify: malformed, signed with another
+    secret, expired, or signed by a key the deployment no longer accepts. ``reason`` is one of
+    ``missing``, ``malformed``, ``bad_signature``, ``expired``, ``revoked`` (None where a transport lost
+    the fields; the message names it too). Nothing was done."""
+
+    code = "unauthenticated"
+    reason: str | None
+
+    def __init__(self, message: str, *, reason: str | None = None, **fields: Any) -> None:
+        super().__init__(message, reason=reason, **fields)
+
+
+class PermissionDeniedError(TrajflightError):
+    """The credential verifies but does not allow this operation: another role, or a job outside its
+    scope. ``reason`` is ``role`` or ``job``; ``operation`` names the operation (None where a transport
+    lost the fields). Nothing was done."""
+
+    code = "permission_denied"
+    reason: str | None
+    operation: str | None
+
+    def __init__(
+        self, message: str, *, reason: str | None = None, operation: str | None = None, **fields: Any
+    ) -> None:
+        super().__init__(message, reason=reason, operation=operation, **fields)
 
 
 def _all_subclasses(cls: type[TrajflightError]) -> list[type[TrajflightError]]:

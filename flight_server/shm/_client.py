@@ -23,6 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from trajflight.auth import Credential
 from trajflight.errors import InvalidRequestError, NotFoundError, TrajflightError, UnavailableError
 from trajflight.flight_server._segments import (
     heap_placement,
@@ -77,13 +78,20 @@ class ShmClient:
         InvalidRequestError: ``inline_put_bytes`` is out of range.
     """
 
-    def __init__(self, action: Action, timeout: float, inline_put_bytes: int = INLINE_PUT_BYTES) -> None:
+    def __init__(
+        self,
+        action: Action,
+        timeout: float,
+        inline_put_bytes: int = INLINE_PUT_BYTES,
+        credential: Callable[[], Credential | None] | None = None,
+    ) -> None:
         if not 0 <= inline_put_bytes <= MAX_FRAME // 2:
             raise InvalidRequestError(
                 f"inline_put_bytes must be between 0 and {MAX_FRAME // 2} (half the same-host channel's "
                 f"largest frame), got {inline_put_bytes!r}"
             )
         self._action = action
+        self._credential = credential
         self._timeout = timeout
         self.inline_put_bytes = inline_put_bytes
         self.local: LocalChannel | None = None
@@ -93,7 +101,7 @@ class ShmClient:
 
     def use_local_channel(self, path: str | None) -> None:
         """Send actions over the server's Unix socket at ``path`` from now on; None goes back to Flight."""
-        old, self.local = self.local, (LocalChannel(path) if path else None)
+        old, self.local = self.local, (LocalChannel(path, self._credential) if path else None)
         if old is not None:
             old.close()
 
@@ -111,7 +119,6 @@ class ShmClient:
         *,
         joined: pa.RecordBatch | None = None,
         writer: str = "",
-        sigs: Sequence[str | None] | None = None,
         ttl: float | None = None,
         timeout: float | None = None,
     ) -> None:
@@ -119,8 +126,6 @@ class ShmClient:
         :meth:`StorageClient.shm_put_groups <trajflight.flight_server.StorageClient.shm_put_groups>`."""
         if not groups:
             return
-        if sigs is not None and len(sigs) != len(groups):
-            raise InvalidRequestError(f"shm_put_groups: {len(sigs)} signatures for {len(groups)} groups")
         for _, data in groups:
             if not isinstance(data, pa.RecordBatch | pa.Table):
                 raise InvalidRequestError(
@@ -136,18 +141,17 @@ class ShmClient:
         rows = [data.num_rows for _, data in groups]
         batches = self._stream_of(groups, joined, schema, sum(rows))
         nbytes = sum(b.get_total_buffer_size() for b in batches)
-        sig0 = None if sigs is None else sigs[0]
         if len(groups) == 1 and self.local is not None and nbytes <= self.inline_put_bytes:
             payload = _inline_stream(schema, batches, nbytes)
             if payload.size <= self.inline_put_bytes:
-                put = PutDescriptor(keys[0], writer, payload.size, rows[0], sig0)
+                put = PutDescriptor(keys[0], writer, payload.size, rows[0])
                 body = encode(ShmReserveRequest((put,), writer, ttl))
                 self.local.call(
                     "shm_put", body, self._timeout if timeout is None else timeout, payload=payload
                 )
                 return
         size = stream_size(schema, batches)
-        reserved, publish = self._reserve(keys, rows, sigs, size, writer, ttl, timeout)
+        reserved, publish = self._reserve(keys, rows, size, writer, ttl, timeout)
         try:
             written = self._segments.write(reserved["path"], int(reserved["capacity"]), schema, batches)
             if written != size:  # pragma: no cover - the sizer and the writer agree
@@ -188,7 +192,6 @@ class ShmClient:
         self,
         keys: Sequence[Partition],
         rows: Sequence[int],
-        sigs: Sequence[str | None] | None,
         size: int,
         writer: str,
         ttl: float | None,
@@ -200,27 +203,12 @@ class ShmClient:
         Groups of one job and epoch travel in the compact ``batch`` body (one reservation back); others
         name each group."""
         first = keys[0]
-        signed = None if sigs is None else [s for s in sigs if isinstance(s, str)]
-        if all(k.job_id == first.job_id and k.epoch == first.epoch for k in keys) and (
-            signed is None or len(signed) == len(keys)
-        ):
+        if all(k.job_id == first.job_id and k.epoch == first.epoch for k in keys):
             ids = tuple(k.group_id for k in keys)
-            body = ShmBatchReserveRequest(
-                first.job_id,
-                first.epoch,
-                ids,
-                tuple(rows),
-                size,
-                None if signed is None else tuple(signed),
-                writer,
-                ttl,
-            )
+            body = ShmBatchReserveRequest(first.job_id, first.epoch, ids, tuple(rows), size, writer, ttl)
             reserved = self._action("shm_reserve", encode(body), timeout)["batch"]
             return reserved, lambda n: encode(ShmBatchPublishRequest(reserved["reservation"], n))
-        puts = tuple(
-            PutDescriptor(key, writer, None, n, None if sigs is None else sigs[i])
-            for i, (key, n) in enumerate(zip(keys, rows, strict=True))
-        )
+        puts = tuple(PutDescriptor(key, writer, None, n) for key, n in zip(keys, rows, strict=True))
         segments = self._action("shm_reserve", encode(ShmReserveRequest(puts, writer, ttl, size)), timeout)[
             "segments"
         ]

@@ -13,9 +13,13 @@ Framing, both ways: a 4-byte big-endian length, then that many bytes. Request: `
 small group's bytes, see ``StorageServer``). Response: one status byte (``0`` result JSON, ``1`` error
 record) then one frame.
 
-Access control is the filesystem's: the socket lives in the arena's 0700 directory, so only the server's
-user can connect (as only it can map the segments). This module does not authenticate beyond that, and a
-client that stalls mid-request holds one server thread until it disconnects or the server closes.
+Access control is first the filesystem's: the socket lives in the arena's 0700 directory, so only the
+server's user can connect (as only it can map the segments). Where the server authenticates (a deployment
+secret), a connection must also present a bearer token before anything else: a request named
+:data:`AUTHENTICATE` whose body is the token; the server verifies it once and keeps its claims for the
+connection, re-checking their expiry at every request (an expired connection is refused until it presents
+a fresh token the same way). A client that stalls mid-request holds one server thread until it
+disconnects or the server closes.
 """
 
 from __future__ import annotations
@@ -33,11 +37,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from trajflight.auth import Claims, Credential
 from trajflight.errors import DeadlineExceededError, TrajflightError, UnavailableError
-from trajflight.flight_server._errors import from_flight_error, server_errors
+from trajflight.flight_server._errors import from_flight_error, server_errors, to_flight_error
 from trajflight.flight_server._wire_bounds import echo
 
-__all__ = ["MAX_FRAME", "LocalChannel", "LocalChannelServer"]
+__all__ = ["AUTHENTICATE", "MAX_FRAME", "LocalChannel", "LocalChannelServer"]
 
 log = logging.getLogger("trajflight.flight_server")
 
@@ -46,9 +51,13 @@ MAX_FRAME = 16 * 2**20
 """Largest frame either side accepts (a ``shm_put`` payload included)."""
 MAX_NAME_FRAME = 256
 """Largest action-name frame the server accepts (names are a few characters)."""
-Handler = Callable[[str, bytearray, bytearray], bytes]
-"""``handler(action name, body, payload) -> result JSON bytes``; raises Flight errors (see
-``server_errors``)."""
+AUTHENTICATE = "authenticate"
+"""The request that presents a connection's bearer token (body: the token)."""
+Handler = Callable[[str, bytearray, bytearray, Claims | None], bytes]
+"""``handler(action name, body, payload, claims) -> result JSON bytes``; raises Flight errors (see
+``server_errors``). ``claims``: the connection's verified token, None where it presented none."""
+Authenticate = Callable[[str], Claims]
+"""Verify a token (``Keyring.verify``); raises AuthenticationError."""
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytearray:
@@ -102,11 +111,14 @@ class LocalChannelServer:
     Args:
         path: Socket path (inside the arena's private directory).
         handler: Runs one action; the server's ``do_action`` logic.
+        authenticate: Verifies the token of an :data:`AUTHENTICATE` request; None: the channel takes no
+            tokens (the server does not authenticate).
     """
 
-    def __init__(self, path: str, handler: Handler) -> None:
+    def __init__(self, path: str, handler: Handler, *, authenticate: Authenticate | None = None) -> None:
         self.path = path
         self._handler = handler
+        self._authenticate = authenticate
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # a socket file left by a dead incarnation
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -134,7 +146,28 @@ class LocalChannelServer:
                 self._conns.add(conn)
             threading.Thread(target=self._serve, args=(conn,), name="trajflight-local", daemon=True).start()
 
+    def _present(self, body: bytearray) -> tuple[Claims, bytes]:
+        """Verify a presented token: its claims and the reply (a Flight error when it does not verify)."""
+        if self._authenticate is None:
+            raise to_flight_error(
+                TrajflightError("this server does not authenticate: send no token on its local channel")
+            )
+        try:
+            claims = self._authenticate(body.decode("utf-8", errors="replace"))
+        except TrajflightError as exc:
+            raise to_flight_error(exc) from None
+        return claims, json.dumps({"sub": claims.sub, "exp": claims.exp}).encode()
+
+    def _run(self, name: str, body: bytearray, payload: bytearray, claims: Claims | None) -> bytes:
+        if claims is not None:
+            try:
+                claims.check_fresh()
+            except TrajflightError as exc:
+                raise to_flight_error(exc) from None
+        return self._handler(name, body, payload, claims)
+
     def _serve(self, conn: socket.socket) -> None:
+        claims: Claims | None = None
         try:
             while True:
                 try:
@@ -146,7 +179,12 @@ class LocalChannelServer:
                     conn.sendall(b"\x01" + _frame(_error_record(str(exc), field="frame")))
                     return
                 try:
-                    reply = b"\x00" + _frame(self._handler(name, body, payload))
+                    if name == AUTHENTICATE:
+                        claims = None  # a refused token leaves the connection unauthenticated
+                        claims, result = self._present(body)
+                    else:
+                        result = self._run(name, body, payload, claims)
+                    reply = b"\x00" + _frame(result)
                 except flight.FlightError as exc:
                     extra = (
                         getattr(exc, "extra_info", None)
@@ -185,11 +223,15 @@ class LocalChannel:
 
     Args:
         path: The server's socket path (from its ``health``).
+        credential: The bearer token to present on each connection, asked before every request (a
+            connection presents it again when it changed: refreshed); None presents none.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, credential: Callable[[], Credential | None] | None = None) -> None:
         self.path = path
+        self._credential = credential
         self._idle: list[socket.socket] = []
+        self._presented: dict[socket.socket, Credential] = {}
         self._lock = threading.Lock()
 
     def _connect(self, timeout: float) -> socket.socket:
@@ -216,6 +258,26 @@ class LocalChannel:
             the server is gone.
         """
         sock = self._connect(timeout)
+        credential = None if self._credential is None else self._credential()
+        if credential is not None and self._presented.get(sock) != credential:
+            status, reply = self._exchange(sock, AUTHENTICATE, credential.reveal().encode(), timeout)
+            if status != b"\x00":
+                self._drop(sock)  # never pool a connection whose token was refused
+                raise _error_of(reply, AUTHENTICATE)
+            with self._lock:
+                self._presented[sock] = credential
+        status, reply = self._exchange(sock, name, body, timeout, payload)
+        with self._lock:
+            self._idle.append(sock)
+        if status == b"\x00":
+            result: dict[str, Any] = json.loads(reply)
+            return result
+        raise _error_of(reply, name)
+
+    def _exchange(
+        self, sock: socket.socket, name: str, body: bytes, timeout: float, payload: bytes | pa.Buffer = b""
+    ) -> tuple[bytes, bytearray]:
+        """One request and its reply's status byte and frame; a broken connection is dropped."""
         try:
             sock.settimeout(timeout)
             head = _frame(name.encode()) + _frame(body) + _LEN.pack(len(payload))
@@ -223,28 +285,27 @@ class LocalChannel:
                 _send_all(sock, [head, memoryview(payload)])
             else:
                 sock.sendall(head)
-            status = _recv_exact(sock, 1)
-            payload = _recv_frame(sock)
+            status = bytes(_recv_exact(sock, 1))
+            return status, _recv_frame(sock)
         except TimeoutError as exc:
-            sock.close()
+            self._drop(sock)
             raise DeadlineExceededError(f"action {name}: no answer within {timeout:g}s") from exc
         except (OSError, ConnectionError) as exc:
-            sock.close()
+            self._drop(sock)
             raise UnavailableError(
                 f"action {name}: the storage server's local channel broke ({exc})"
             ) from exc
+
+    def _drop(self, sock: socket.socket) -> None:
         with self._lock:
-            self._idle.append(sock)
-        if status == b"\x00":
-            result: dict[str, Any] = json.loads(payload)
-            return result
-        err = from_flight_error(flight.FlightServerError("local channel error", bytes(payload)))
-        raise err if err is not None else TrajflightError(f"action {name} failed")
+            self._presented.pop(sock, None)
+        sock.close()
 
     def close(self) -> None:
         """Close every idle connection."""
         with self._lock:
             idle, self._idle = self._idle, []
+            self._presented.clear()
         for sock in idle:
             sock.close()
 
@@ -255,11 +316,16 @@ class LocalChannel:
             sock.close()
 
 
-def run_handler(run: Callable[[str, bytearray, bytearray], dict[str, Any]]) -> Handler:
+def _error_of(record: bytearray, name: str) -> TrajflightError:
+    err = from_flight_error(flight.FlightServerError("local channel error", bytes(record)))
+    return err if err is not None else TrajflightError(f"action {name} failed")
+
+
+def run_handler(run: Callable[[str, bytearray, bytearray, Claims | None], dict[str, Any]]) -> Handler:
     """Wrap the server's action runner so errors leave it as Flight errors (as ``do_action`` does)."""
 
-    def handler(name: str, body: bytearray, payload: bytearray) -> bytes:
+    def handler(name: str, body: bytearray, payload: bytearray, claims: Claims | None) -> bytes:
         with server_errors(f"action {echo(name)}"):
-            return json.dumps(run(name, body, payload)).encode()
+            return json.dumps(run(name, body, payload, claims)).encode()
 
     return handler

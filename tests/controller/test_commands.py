@@ -8,7 +8,16 @@ import inspect
 
 import pytest
 
-from trajflight.controller import CALLS, COMMANDS, ControllerClient, Kind, Ledger, LocalController, Route
+from trajflight.controller import (
+    CALLS,
+    COMMANDS,
+    ROLES,
+    ControllerClient,
+    Kind,
+    Ledger,
+    LocalController,
+    Route,
+)
 from trajflight.controller._commands import MUTATING, Counts, Tick, parse
 from trajflight.controller._ray_host import ControllerActor
 from trajflight.errors import InvalidRequestError
@@ -44,6 +53,14 @@ def test_the_client_has_one_method_per_client_operation():
     client_ops = {name for name, cls in COMMANDS.items() if cls.route is not Route.HOST}
     assert _public(ControllerClient) - {"call_many"} == client_ops
     assert {name for name, cls in COMMANDS.items() if cls.route is Route.CALL} == CALLS
+
+
+def test_every_client_operation_has_a_role_and_no_host_operation_has_one():
+    """The table an authenticating host checks (issue 18): a new client operation without a role fails
+    here, before any caller can reach it unchecked."""
+    client_ops = {name for name, cls in COMMANDS.items() if cls.route is not Route.HOST}
+    assert set(ROLES) == client_ops
+    assert all(ROLES[name] for name in client_ops)
 
 
 def test_what_is_journaled_is_what_changes_state():

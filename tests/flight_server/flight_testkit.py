@@ -66,10 +66,12 @@ def make_group(
 def serving(
     limits: StoreLimits | None = None, **kwargs: object
 ) -> Iterator[tuple[StorageServer, StorageClient]]:
-    """A storage server on loopback port 0 and a client to it; both always closed."""
+    """A storage server on loopback port 0 and a client to it (with ``credential``, when given); both
+    always closed."""
+    credential = kwargs.pop("credential", None)
     with (
-        StorageServer(limits=limits, **kwargs) as server,
-        StorageClient(server.location, timeout=20) as client,
+        StorageServer(limits=limits, **kwargs) as server,  # type: ignore[arg-type]
+        StorageClient(server.location, timeout=20, credential=credential) as client,  # type: ignore[arg-type]
     ):
         yield server, client
 

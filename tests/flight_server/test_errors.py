@@ -11,6 +11,7 @@ from flight_testkit import make_group, serving
 
 from trajflight.errors import (
     AlreadyExistsError,
+    AuthenticationError,
     CapacityExceededError,
     ConfigError,
     DeadlineExceededError,
@@ -18,6 +19,7 @@ from trajflight.errors import (
     InvalidStateError,
     LeaseExpiredError,
     NotFoundError,
+    PermissionDeniedError,
     SchemaError,
     StaleFenceError,
     TrajflightError,
@@ -32,6 +34,8 @@ from trajflight.keys import Partition
 TABLE = [
     (StaleFenceError("stale", generation=1, highest=2), flight.FlightUnauthorizedError),
     (LeaseExpiredError("expired"), flight.FlightUnauthorizedError),
+    (AuthenticationError("no token", reason="missing"), flight.FlightUnauthenticatedError),
+    (PermissionDeniedError("wrong role", reason="role", operation="fence"), flight.FlightUnauthorizedError),
     (CapacityExceededError("full", retry_after=2.5, needed_bytes=10), flight.FlightUnavailableError),
     (UnavailableError("down"), flight.FlightUnavailableError),
     (DeadlineExceededError("slow"), flight.FlightTimedOutError),

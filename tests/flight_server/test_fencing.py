@@ -1,4 +1,4 @@
-"""Fencing enforced by the server itself: epochs per job, lease generations per group, signatures."""
+"""Fencing enforced by the server itself: epochs per job, lease generations per group, roles."""
 
 from __future__ import annotations
 
@@ -6,12 +6,19 @@ import pyarrow as pa
 import pytest
 from flight_testkit import make_group, serving
 
-from trajflight.errors import AlreadyExistsError, InvalidRequestError, SchemaError, StaleFenceError
-from trajflight.flight_server import GroupRead, LeaseToken, TokenSigner
+from trajflight.auth import Keyring
+from trajflight.errors import (
+    AlreadyExistsError,
+    AuthenticationError,
+    PermissionDeniedError,
+    SchemaError,
+    StaleFenceError,
+)
+from trajflight.flight_server import GroupRead, LeaseToken, StorageClient
 from trajflight.keys import Partition
 
 KEY = Partition("job-a", 1, 5)
-SECRET = b"0123456789abcdef0123456789abcdef"
+SECRET = "k1:0123456789abcdef0123456789abcdef"
 
 
 def _ref(values: float = 0.5, n: int = 8) -> pa.Table:
@@ -115,19 +122,23 @@ def test_a_restored_job_reaches_old_epoch_groups_under_new_generations():
             client.get([GroupRead(KEY, LeaseToken(3))])
 
 
-def test_with_a_deployment_secret_only_signed_credentials_pass():
-    signer = TokenSigner(SECRET)
-    with serving(secret=SECRET) as (_, client):
-        with pytest.raises(InvalidRequestError, match="put credential does not verify"):
-            client.put_groups([(KEY, make_group(KEY))])
-        client.put_groups([(KEY, make_group(KEY))], sigs=[signer.sign_put(KEY)])
-        forged = LeaseToken(7, TokenSigner(b"x" * 32).sign_lease(KEY, 7))
-        with pytest.raises(InvalidRequestError, match="does not verify"):
-            client.delete([GroupRead(KEY, forged)])
-        with pytest.raises(InvalidRequestError, match="only the controller may fence"):
-            client.fence("job-a", 5)
-        client.fence("job-a", 1, sig=signer.sign_fence("job-a", 1))
-        assert client.delete([GroupRead(KEY, signer.lease_token(KEY, 7))])["deleted"] == 1
+def test_with_a_deployment_secret_only_tokens_of_the_right_role_write_fence_and_delete():
+    ring = Keyring.from_secret(SECRET)
+    with serving(keyring=ring, credential=ring.mint("w", "writer", ["job-a"])) as (server, writer):
+        with (
+            StorageClient(server.location, timeout=20) as anonymous,
+            pytest.raises(AuthenticationError, match="no credential"),
+        ):
+            anonymous.put_groups([(KEY, make_group(KEY))])
+        writer.put_groups([(KEY, make_group(KEY))])
+        with pytest.raises(PermissionDeniedError, match="needs role admin"):
+            writer.delete([GroupRead(KEY, LeaseToken(7))])
+        with pytest.raises(PermissionDeniedError, match="needs role admin"):
+            writer.fence("job-a", 5)
+        admin = ring.mint("controller", "admin")
+        with StorageClient(server.location, timeout=20, credential=admin) as controller:
+            controller.fence("job-a", 1)
+            assert controller.delete([GroupRead(KEY, LeaseToken(7))])["deleted"] == 1
 
 
 def test_advance_generation_names_the_groups_the_server_does_not_hold():

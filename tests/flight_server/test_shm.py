@@ -31,13 +31,16 @@ from flight_testkit import make_group
 from procmaps import inside, mapped_ranges
 from shm_testkit import killed_writer
 
+from trajflight.auth import Keyring
 from trajflight.codec import decode
 from trajflight.errors import (
     AlreadyExistsError,
+    AuthenticationError,
     CapacityExceededError,
     ConfigError,
     InvalidRequestError,
     NotFoundError,
+    PermissionDeniedError,
     SchemaError,
     StaleFenceError,
 )
@@ -48,7 +51,6 @@ from trajflight.flight_server import (
     StorageClient,
     StorageServer,
     StoreLimits,
-    TokenSigner,
 )
 from trajflight.flight_server._wire import PutDescriptor, ShmPublishRequest, ShmReserveRequest, encode
 from trajflight.flight_server.shm._segment import size_class
@@ -56,7 +58,7 @@ from trajflight.flight_server.shm._sweep import ORPHAN_AGE, remove_dead_arena, s
 from trajflight.keys import Partition
 
 KEY = Partition("job-a", 1, 5)
-SECRET = b"0123456789abcdef0123456789abcdef"
+SECRET = "k1:0123456789abcdef0123456789abcdef"
 
 
 @contextlib.contextmanager
@@ -65,10 +67,11 @@ def shm_serving(
 ) -> Iterator[tuple[StorageServer, StorageClient]]:
     """A storage server with a fresh arena (or one on ``directory``) and a client; both always closed."""
     slab = kwargs.pop("slab_bytes", None)
+    credential = kwargs.pop("credential", None)
     arena = ShmArena(directory) if slab is None else ShmArena(directory, slab_bytes=int(slab))  # type: ignore[call-overload]
     with (
         StorageServer(limits=limits, arena=arena, **kwargs) as server,
-        StorageClient(server.location, timeout=20) as client,
+        StorageClient(server.location, timeout=20, credential=credential) as client,  # type: ignore[arg-type]
     ):
         yield server, client
 
@@ -971,20 +974,25 @@ def test_a_restored_job_reaches_old_epoch_groups_under_new_generations(transport
             transport.get(client, [GroupRead(KEY, LeaseToken(3))])
 
 
-def test_with_a_deployment_secret_only_signed_credentials_pass(transport):
-    signer = TokenSigner(SECRET)
-    with shm_serving(secret=SECRET) as (_, client):
-        with pytest.raises(InvalidRequestError, match="put credential does not verify"):
-            transport.put(client, KEY, make_group(KEY))
-        assert client.stats()["pending_shm_puts"] == 0
-        if transport.name == "shm":
-            client.shm_put_groups([(KEY, make_group(KEY))], sigs=[signer.sign_put(KEY)])
-        else:
-            client.put_groups([(KEY, make_group(KEY))], sigs=[signer.sign_put(KEY)])
-        forged = LeaseToken(7, TokenSigner(b"x" * 32).sign_lease(KEY, 7))
-        with pytest.raises(InvalidRequestError, match="does not verify"):
-            transport.get(client, [GroupRead(KEY, forged)])
-        assert transport.get(client, [GroupRead(KEY, signer.lease_token(KEY, 7))]).num_rows == 8
+def test_with_a_deployment_secret_each_transport_needs_a_token_with_the_right_role(transport):
+    ring = Keyring.from_secret(SECRET)
+    with shm_serving(keyring=ring, credential=ring.mint("w", "writer", ["job-a"])) as (server, writer):
+        with (
+            StorageClient(server.location, timeout=20) as anonymous,
+            pytest.raises(AuthenticationError, match="no credential") as info,
+        ):
+            transport.put(anonymous, KEY, make_group(KEY))
+        assert info.value.reason == "missing"
+        other = Partition("job-b", 1, 5)
+        with pytest.raises(PermissionDeniedError, match="outside the credential's jobs"):
+            transport.put(writer, other, make_group(other))
+        assert writer.stats()["pending_shm_puts"] == 0
+        transport.put(writer, KEY, make_group(KEY))
+        with pytest.raises(PermissionDeniedError, match="needs role trainer or reader"):
+            transport.get(writer, [GroupRead(KEY, LeaseToken(7))])
+        trainer = ring.mint("t", "trainer", ["job-a"])
+        with StorageClient(server.location, timeout=20, credential=trainer) as reader:
+            assert transport.get(reader, [GroupRead(KEY, LeaseToken(7))]).num_rows == 8
 
 
 def test_a_batch_written_as_one_stream_is_read_back_as_one_chunk_and_freed_with_its_last_group():

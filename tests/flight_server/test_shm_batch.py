@@ -15,11 +15,13 @@ import pyarrow as pa
 import pytest
 from flight_testkit import make_group
 
+from trajflight.auth import Keyring
 from trajflight.errors import (
     AlreadyExistsError,
     CapacityExceededError,
     InvalidRequestError,
     NotFoundError,
+    PermissionDeniedError,
     SchemaError,
     StaleFenceError,
 )
@@ -30,7 +32,6 @@ from trajflight.flight_server import (
     StorageClient,
     StorageServer,
     StoreLimits,
-    TokenSigner,
 )
 from trajflight.flight_server._wire import (
     PutDescriptor,
@@ -44,7 +45,7 @@ from trajflight.flight_server._wire import (
 from trajflight.flight_server.shm._segment import size_class, write_segment
 from trajflight.keys import Partition
 
-SECRET = b"0123456789abcdef0123456789abcdef"
+SECRET = "k1:0123456789abcdef0123456789abcdef"
 KEYS = [Partition("job-a", 1, g) for g in (7, 3, 11)]
 
 
@@ -53,9 +54,10 @@ def serving(
     limits: StoreLimits | None = None, **kwargs: Any
 ) -> Iterator[tuple[StorageServer, StorageClient]]:
     """A server with an arena and a client whose actions go over the same-host channel, as in production."""
+    credential = kwargs.pop("credential", None)
     with (
         StorageServer(limits=limits, arena=ShmArena(), **kwargs) as server,
-        StorageClient(server.location, timeout=20) as client,
+        StorageClient(server.location, timeout=20, credential=credential) as client,
     ):
         client.use_local_channel(client.health()["shm_socket"])
         yield server, client
@@ -263,18 +265,17 @@ def test_a_batch_reservation_is_aborted_or_swept_whole():
         assert publish(client, reply["reservation"], size)["published"] == 3
 
 
-def test_a_signed_server_checks_every_group_s_put_credential_in_the_batch():
-    signer = TokenSigner(SECRET)
+def test_an_authenticated_server_checks_the_batch_s_job_against_the_writer_s_token():
+    ring = Keyring.from_secret(SECRET)
     batch = joined(KEYS)
-    with serving(secret=SECRET) as (_, client):
-        sigs = tuple(signer.sign_put(k) for k in KEYS)
-        with pytest.raises(InvalidRequestError, match="credential"):
+    with serving(keyring=ring, credential=ring.mint("w", "writer", ["job-b"])) as (_, client):
+        with pytest.raises(PermissionDeniedError, match="outside the credential's jobs"):
             reserve(client, KEYS, batch)
-        with pytest.raises(InvalidRequestError, match="credential"):
-            reserve(client, KEYS, batch, sigs=(*sigs[:2], signer.sign_put(Partition("job-a", 1, 99))))
         assert nothing_held(client)
-        client.shm_put_groups(rows_of(KEYS, batch), joined=batch, sigs=list(sigs))
-        assert client.shm_get(KEYS).num_rows == 24
+    with serving(keyring=ring, credential=ring.mint("w", "writer", ["job-a"])) as (_, client):
+        client.shm_put_groups(rows_of(KEYS, batch), joined=batch)
+        with pytest.raises(PermissionDeniedError, match="needs role trainer or reader"):
+            client.shm_get(KEYS)
 
 
 def test_columns_appended_to_a_member_of_a_batch_join_its_rows_only():

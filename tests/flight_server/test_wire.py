@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trajflight.errors import InvalidRequestError
-from trajflight.flight_server import GetTicket, GroupRead, LeaseToken, PutDescriptor, TokenSigner
+from trajflight.flight_server import GetTicket, GroupRead, LeaseToken, PutDescriptor
 from trajflight.flight_server._wire import (
     AppendDescriptor,
     DeleteRequest,
@@ -29,7 +29,7 @@ from trajflight.flight_server._wire import (
 from trajflight.keys import Partition
 
 keys = st.builds(Partition, st.text(min_size=1, max_size=20), st.integers(0, 2**62), st.integers(0, 2**62))
-tokens = st.none() | st.builds(LeaseToken, st.integers(0, 2**62), st.none() | st.text(max_size=64))
+tokens = st.none() | st.builds(LeaseToken, st.integers(0, 2**62))
 reads = st.builds(GroupRead, keys, tokens)
 
 
@@ -41,7 +41,7 @@ def test_tickets_round_trip(groups, columns):
 
 @given(keys, st.text(max_size=10), st.none() | st.integers(0, 2**40), st.integers(0, 2**20))
 def test_put_descriptors_round_trip(key, writer, nbytes, num_rows):
-    put = PutDescriptor(key, writer, nbytes, num_rows, None)
+    put = PutDescriptor(key, writer, nbytes, num_rows)
     assert decode_descriptor(flight.FlightDescriptor.for_command(encode(put))) == put
 
 
@@ -51,7 +51,7 @@ def test_put_many_descriptors_round_trip(group_keys, rows):
     assert decode_descriptor(flight.FlightDescriptor.for_command(encode(many))) == many
 
 
-@given(keys, st.builds(LeaseToken, st.integers(0, 2**62), st.none() | st.text(max_size=8)))
+@given(keys, st.builds(LeaseToken, st.integers(0, 2**62)))
 def test_append_descriptors_and_deletes_round_trip(key, token):
     append = AppendDescriptor(key, token, 10)
     assert decode_descriptor(flight.FlightDescriptor.for_command(encode(append))) == append
@@ -70,8 +70,8 @@ def test_many_reads_of_one_job_and_epoch_travel_compactly_and_round_trip(group_i
     assert set(json.loads(encode(ticket))) == {"v", "batch", "columns"}
     assert decode_ticket(encode(ticket)) == ticket
     assert decode_action_body("delete", encode(DeleteRequest(reads))) == DeleteRequest(reads)
-    # Reads that do not fit the compact form (signed, tokenless, another epoch) keep the full one.
-    for odd in (GroupRead(reads[0].key, LeaseToken(1, "sig")), GroupRead(reads[0].key, None)):
+    # Reads that do not fit the compact form (tokenless, another epoch) keep the full one.
+    for odd in (GroupRead(reads[0].key, None), GroupRead(Partition("j", 3, 0), LeaseToken(1))):
         mixed = GetTicket((*reads[1:], odd), None)
         assert '"groups"' in encode(mixed).decode()
         assert decode_ticket(encode(mixed)) == mixed
@@ -104,12 +104,7 @@ def test_malformed_compact_reads_are_invalid_requests(batch):
 )
 def test_a_batch_reservation_travels_as_arrays_and_round_trips(group_ids, data, ttl):
     rows = tuple(data.draw(st.lists(st.integers(1, 2**20), min_size=len(group_ids), max_size=len(group_ids))))
-    sigs = data.draw(
-        st.none() | st.lists(st.text(max_size=8), min_size=len(group_ids), max_size=len(group_ids))
-    )
-    request = ShmBatchReserveRequest(
-        "run-7", 2, tuple(group_ids), rows, 9_500_000, None if sigs is None else tuple(sigs), "w", ttl
-    )
+    request = ShmBatchReserveRequest("run-7", 2, tuple(group_ids), rows, 9_500_000, "w", ttl)
     body = json.loads(encode(request))
     assert set(body) == {"v", "writer", "batch_bytes", "batch"} | ({"ttl"} if ttl is not None else set())
     assert body["batch"]["group_ids"] == group_ids
@@ -123,7 +118,7 @@ def test_a_batch_reservation_travels_as_arrays_and_round_trips(group_ids, data, 
 def test_reservations_of_a_group_each_still_round_trip(group_keys, rows):
     """The ``groups`` form (groups of several jobs or epochs) means what it always did: one segment of
     ``batch_bytes`` for the groups, one reservation named per group."""
-    puts = tuple(PutDescriptor(k, "w", None, rows, None) for k in group_keys)
+    puts = tuple(PutDescriptor(k, "w", None, rows) for k in group_keys)
     request = ShmReserveRequest(puts, "w", 5.0, 1 << 20)
     assert decode_action_body("shm_reserve", encode(request)) == request
     publish = ShmPublishRequest(tuple((f"r{i}", 100 + i) for i in range(len(group_keys))))
@@ -133,7 +128,7 @@ def test_reservations_of_a_group_each_still_round_trip(group_keys, rows):
 def test_a_reservation_of_one_segment_per_group_is_no_longer_a_form():
     """Issue 15 removed the ``groups`` form without ``batch_bytes`` (a segment per group): no trajflight
     client sends it (a list of groups is one stream in one segment); it is refused, naming the field."""
-    request = ShmReserveRequest((PutDescriptor(Partition("j", 1, 1), "w", 4096, 8, None),), "w")
+    request = ShmReserveRequest((PutDescriptor(Partition("j", 1, 1), "w", 4096, 8),), "w")
     with pytest.raises(InvalidRequestError, match="batch_bytes") as info:
         decode_action_body("shm_reserve", encode(request))
     assert info.value.fields["field"] == "batch_bytes"
@@ -158,9 +153,6 @@ _BATCH = {"job_id": "j", "epoch": 1, "group_ids": [1, 2], "rows": [8, 8]}
         ({"batch": {**_BATCH, "group_ids": [1, 1]}, "batch_bytes": 10}, "group_ids"),
         ({"batch": {**_BATCH, "rows": [8, 0]}, "batch_bytes": 10}, "rows"),
         ({"batch": {**_BATCH, "rows": [8, 2.5]}, "batch_bytes": 10}, "rows"),
-        ({"batch": {**_BATCH, "sigs": ["a"]}, "batch_bytes": 10}, "batch"),
-        ({"batch": {**_BATCH, "sigs": []}, "batch_bytes": 10}, "batch"),
-        ({"batch": {**_BATCH, "sigs": ["a", None]}, "batch_bytes": 10}, "sigs"),
         ({"batch": _BATCH}, "batch_bytes"),
         ({"batch": _BATCH, "batch_bytes": 0}, "batch_bytes"),
         ({"batch": _BATCH, "batch_bytes": -1}, "batch_bytes"),
@@ -196,7 +188,7 @@ def test_malformed_batch_publishes_are_invalid_requests(body):
 
 
 def test_fence_round_trips():
-    fence = FenceRequest("job", 3, True, "ab")
+    fence = FenceRequest("job", 3, True)
     assert decode_action_body("fence", encode(fence)) == fence
 
 
@@ -210,20 +202,3 @@ def test_arbitrary_bytes_decode_or_raise_invalid_request(data):
 def test_unknown_fields_are_ignored_within_a_version():
     body = {"v": 1, "groups": [{"job_id": "j", "epoch": 0, "group_id": 1, "hint": "x"}], "future": 1}
     assert decode_ticket(json.dumps(body).encode()).groups[0].key == Partition("j", 0, 1)
-
-
-def test_signatures_bind_every_field():
-    signer = TokenSigner(b"s" * 32)
-    key = Partition("j", 1, 2)
-    sigs = {
-        signer.sign_put(key),
-        signer.sign_lease(key, 5),
-        signer.sign_lease(key, 6),
-        signer.sign_lease(Partition("j", 1, 3), 5),
-        signer.sign_fence("j", 1),
-    }
-    assert len(sigs) == 5
-    assert TokenSigner.verify(signer.sign_put(key), signer.sign_put(key))
-    assert not TokenSigner.verify(signer.sign_put(key), None)
-    with pytest.raises(InvalidRequestError, match="16 bytes"):
-        TokenSigner(b"short")

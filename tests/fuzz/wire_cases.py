@@ -57,12 +57,11 @@ _B = ("batch",)
 TICKET = Template(
     "ticket",
     "ticket",
-    {"v": 1, "groups": [_k(0, generation=5, sig="ab")], "columns": ["reward", "response_ids"]},
+    {"v": 1, "groups": [_k(0, generation=5)], "columns": ["reward", "response_ids"]},
     (
         (("groups",), "list", True, 0),
         (_G, "obj", True, 0),
         *_key(_G, generation=True),
-        ((*_G, "sig"), "name", False, 0),
         (("columns",), "list", False, 0),
         (("columns", 1), "name-elem", True, 0),
     ),
@@ -92,13 +91,12 @@ CRITERIA = Template(
 PUT = Template(
     "put",
     "descriptor",
-    {"v": 1, "kind": "put", **_k(FRESH + 1), "writer": "w", "nbytes": 4096, "num_rows": 8, "sig": "s"},
+    {"v": 1, "kind": "put", **_k(FRESH + 1), "writer": "w", "nbytes": 4096, "num_rows": 8},
     (
         *_key(),
         (("writer",), "name", False, 0),
         (("nbytes",), "int", False, 0),
         (("num_rows",), "int", True, 0),
-        (("sig",), "name", False, 0),
     ),
     ("kind",),
 )
@@ -125,7 +123,7 @@ APPEND = Template(
     "append",
     "descriptor",
     {"v": 1, "kind": "append", **_k(1), "generation": 2, "nbytes": 64},
-    (*_key(generation=True, gen_required=True), (("nbytes",), "int", False, 0), (("sig",), "name", False, 0)),
+    (*_key(generation=True, gen_required=True), (("nbytes",), "int", False, 0)),
     ("kind",),
 )
 GROUP = Template("group", "descriptor", {"v": 1, "kind": "group", **_k(0)}, _key(), ("kind",))
@@ -147,12 +145,11 @@ ADVANCE = Template(
 FENCE = Template(
     "fence",
     "fence",
-    {"v": 1, "job_id": JOB, "min_epoch": EPOCH, "purge": False, "sig": "s"},
+    {"v": 1, "job_id": JOB, "min_epoch": EPOCH, "purge": False},
     (
         (("job_id",), "job", True, 0),
         (("min_epoch",), "int", True, 0),
         (("purge",), "bool", False, 0),
-        (("sig",), "name", False, 0),
     ),
 )
 STATS = Template("stats", "stats", {"v": 1}, ())

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -37,10 +39,49 @@ WRITER = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[trajflight.LocalCluster]:
-    """Two storage server processes and an in-process controller, for the whole module."""
-    with trajflight.LocalCluster(servers=2, capacity="256MiB", timeout=20.0) as c:
+SECRET = "e2e:trajflight-e2e-secret-0123456789"
+PLANES = ("plain", "secure")
+"""The two planes every shared end-to-end fixture runs: as it is, and with tokens and mutual TLS on."""
+
+
+@contextlib.contextmanager
+def plane(mode: str, tmp: pytest.TempPathFactory, **kwargs: Any) -> Iterator[trajflight.LocalCluster]:
+    """A started LocalCluster; ``"secure"``: with a deployment secret and mutual TLS on every endpoint,
+    and this process's environment (so the child processes of the tests too) holding an admin
+    credential and the client's TLS files (``TRAJFLIGHT_TOKEN``, ``TRAJFLIGHT_TLS_*``), restored after."""
+    if mode == "plain":
+        with trajflight.LocalCluster(**kwargs) as c:
+            yield c
+        return
+    from trajflight.devcerts import make_dev_certs
+
+    certs = make_dev_certs(tmp.mktemp("certs"))
+    with trajflight.LocalCluster(**kwargs, secret=SECRET, tls=certs.server, client_tls=certs.client) as c:
+        env = {
+            "TRAJFLIGHT_TOKEN": c.mint("admin", sub="e2e").reveal(),
+            "TRAJFLIGHT_TLS_CA": str(certs.directory / "ca.pem"),
+            "TRAJFLIGHT_TLS_CERT": str(certs.directory / "client.pem"),
+            "TRAJFLIGHT_TLS_KEY": str(certs.directory / "client.key"),
+        }
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            yield c
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+@pytest.fixture(scope="module", params=PLANES)
+def cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[trajflight.LocalCluster]:
+    """Two storage server processes and an in-process controller, for the whole module; once plain and
+    once secure (tokens and mutual TLS, see :func:`plane`)."""
+    with plane(request.param, tmp_path_factory, servers=2, capacity="256MiB", timeout=20.0) as c:
         yield c
 
 
@@ -78,13 +119,17 @@ def start_child(code: str, *args: object) -> subprocess.Popen[str]:
     )
 
 
-def start_up(*args: str, scheme: str = "grpc") -> tuple[subprocess.Popen[str], str]:
-    """Start ``trajflight up ARGS`` and return it with the address it printed (``scheme://127.0.0.1:P``)."""
+def start_up(
+    *args: str, scheme: str = "grpc", env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], str]:
+    """Start ``trajflight up ARGS`` (in ``env``, default this process's) and return it with the address it
+    printed (``scheme://127.0.0.1:P``)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "trajflight", "up", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env=env,
     )
     address = proc.stdout.readline().strip() if proc.stdout else ""
     assert address.startswith(f"{scheme}://127.0.0.1:"), proc.stderr.read() if proc.stderr else ""

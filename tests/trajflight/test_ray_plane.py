@@ -416,3 +416,43 @@ def test_two_node_cluster_writers_put_to_their_own_node():
     assert result["shm"] == [True, True]
     assert all(result["arenas"])
     assert not any(os.path.exists(a) for a in result["arenas"])
+
+
+@pytest.mark.ray
+def test_a_ray_plane_with_a_secret_authenticates_its_servers_and_hides_the_secret(ray_runtime):
+    """RayCluster(secret=): the server actors refuse calls without a token, the controller actor's deletes
+    and the driver's client carry minted admin tokens, a Ray task connects with its own credential, and
+    the secret shows in no repr, actor name or task argument's repr."""
+    from trajflight.auth import Keyring
+    from trajflight.errors import AuthenticationError
+    from trajflight.flight_server import StorageClient
+
+    secret = "ray:ray-plane-secret-0123456789abcdef"
+    with RayCluster(servers=1, capacity="64MiB", secret=secret, timeout=60.0) as secure:
+        with (
+            StorageClient(secure.server_locations[0], timeout=10) as bare,
+            pytest.raises(AuthenticationError),
+        ):
+            bare.health()
+        job = _job()
+        client = secure.client()
+        client.open_job(job, 1)
+        writer_token = Keyring.from_secret(secret).mint("ray-writer", "writer", [job]).reveal()
+
+        def write(address: str, job: str, token: str) -> int:
+            import trajflight
+            from trajflight.workload import make_workload
+
+            with trajflight.connect(address, timeout=20, token=token) as remote:
+                (g,) = make_workload(1, 4, seed=3, response_median=32)
+                remote.writer(job, 1).put(g.encode(job, 1))
+            return 1
+
+        put = ray_runtime.remote(num_cpus=0)(write)
+        assert ray_runtime.get(put.remote(secure.address, job, writer_token), timeout=60) == 1
+        with client.trainer(job).lease(1, wait=10) as batch:
+            assert batch.fetch_table(["reward"]).num_rows == 4
+        assert secure.wait_idle(job, timeout=20) == (0, 0)  # the actor's deletes carried its token
+        names = [s.actor_name for s in secure.servers]
+        for text in (repr(secure._secret), str(vars(secure)), *names):
+            assert "ray-plane-secret" not in text

@@ -22,13 +22,16 @@ from trajflight.errors import ConfigError, StaleFenceError
 from trajflight.flight_server.shm._sweep import ORPHAN_AGE
 from trajflight.workload import make_workload
 
-from .conftest import WRITER, run_child, start_child
+from .conftest import PLANES, WRITER, plane, run_child, start_child
 
 
-@pytest.fixture(scope="module")
-def shm_cluster() -> Iterator[trajflight.LocalCluster]:
-    """Two storage server processes with arenas (the default) and an in-process controller."""
-    with trajflight.LocalCluster(servers=2, capacity="256MiB", timeout=20.0) as c:
+@pytest.fixture(scope="module", params=PLANES)
+def shm_cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[trajflight.LocalCluster]:
+    """Two storage server processes with arenas (the default) and an in-process controller; plain and
+    secure (tokens on the same-host socket too)."""
+    with plane(request.param, tmp_path_factory, servers=2, capacity="256MiB", timeout=20.0) as c:
         yield c
 
 
@@ -62,7 +65,8 @@ def test_writers_in_other_processes_and_batches_over_two_servers_match_the_fligh
         assert client.storage.client(location).stats()["shm"]["live_segments"] >= 1
     with client.trainer(job).lease(6, wait=5) as batch:
         over_shm = batch.fetch_table()
-        flight_pool = StoragePool(timeout=20, transport="flight")
+        mine = client.storage  # the same TLS material and credential (the secure plane needs them)
+        flight_pool = StoragePool(timeout=20, transport="flight", tls=mine.tls, credential=mine.credential)
         try:
             over_flight = fetch_table(batch.handle, pool=flight_pool)
         finally:

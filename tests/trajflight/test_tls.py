@@ -149,3 +149,18 @@ def test_up_refuses_tls_options_that_cannot_work_naming_them(options, message):
     assert out.returncode == 2
     assert message in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_the_control_endpoint_refuses_plaintext_and_a_certificate_of_another_ca(mtls_cluster, tmp_path):
+    """The TLS rows of the refusal table (issue 18) for the controller's endpoint; the storage servers'
+    are the test above."""
+    other = make_dev_certs(tmp_path / "other")
+    servers = mtls_cluster.client().controller.servers()
+    with pytest.raises(UnavailableError):
+        trajflight.connect(mtls_cluster.address, tls=other.client, timeout=5).controller.servers()
+    plain = mtls_cluster.address.replace("grpc+tls://", "grpc://")
+    with pytest.raises(UnavailableError):
+        trajflight.connect(plain, timeout=5).controller.register_server(
+            "intruder", node="n", location="grpc://127.0.0.1:1", capacity_bytes=1, capacity_groups=1
+        )
+    assert mtls_cluster.client().controller.servers() == servers  # nothing registered

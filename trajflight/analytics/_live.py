@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from trajflight._storage import env_credential, env_tls
 from trajflight.errors import (
     DeadlineExceededError,
     NotFoundError,
@@ -88,7 +89,10 @@ class LiveSource:
         )
 
     def _storage(self, location: str) -> StorageClient:
-        return StorageClient(location, timeout=self.timeout)
+        # A plane with a secret: this process's own credential (a reader's, TRAJFLIGHT_TOKEN) and TLS
+        # files (TRAJFLIGHT_TLS_*), as trajflight.fetch does in a process that was handed a handle.
+        tls = env_tls() if location.startswith("grpc+tls://") else None
+        return StorageClient(location, timeout=self.timeout, tls=tls, credential=env_credential())
 
     def servers(self) -> list[_Server]:
         """List the matching groups on every storage server (once per source; sorted by key)."""

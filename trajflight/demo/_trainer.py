@@ -30,6 +30,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from trajflight.auth import Credential
 from trajflight.codec import decode
 from trajflight.demo._stages import RewardStage
 from trajflight.demo._summary import StepRecord, Tally
@@ -88,6 +89,12 @@ def note_restore(tally: Tally, result: dict[str, int]) -> None:
     tally.orphans_purged += int(result.get("purged", 0))
 
 
+def _writer_token(plane: Any) -> Credential | None:
+    """A writer credential for the job on a plane with a deployment secret (the plane holds its keyring)."""
+    keyring = getattr(plane, "keyring", None)
+    return None if keyring is None else keyring.mint("demo-worker", "writer", [JOB], ttl=7 * 86400)
+
+
 class _Incarnation:
     """One epoch of the job: its prompt queue, its rollout worker processes and its reward stage."""
 
@@ -111,6 +118,7 @@ class _Incarnation:
                 lead=2 * a.batch_groups,
                 log_level=getattr(a, "log_level", "WARNING"),
                 log_json=getattr(a, "log_json", False),
+                token=_writer_token(run.plane),
             )
             p = ctx.Process(target=rollout_worker, args=(spec, self.todo, self.stop, run.events), daemon=True)
             p.start()

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from trajflight.auth import Credential
+
 __all__ = ["RETRY_BUDGET", "WorkerSpec", "refusal_kind", "rollout_worker"]
 
 T = TypeVar("T")
@@ -51,6 +53,7 @@ class WorkerSpec:
         weights_dir: Where the trainer publishes the weights of each policy version.
         lead: Most groups the job may hold that no trainer took yet before this worker waits.
         log_level, log_json: The demo's ``--log-level`` and ``--log-json``, set up in the worker process.
+        token: The worker's writer credential on a plane with a deployment secret (None: none needed).
     """
 
     address: str
@@ -63,6 +66,7 @@ class WorkerSpec:
     lead: int
     log_level: str = "WARNING"
     log_json: bool = False
+    token: Credential | None = None
 
 
 def refusal_kind(exc: BaseException) -> str:
@@ -139,7 +143,7 @@ class _Worker:
         from trajflight.demo._task import make_prompt, sample_group
 
         spec = self.spec
-        self.client = self.guarded("connect", lambda: trajflight.connect(spec.address))
+        self.client = self.guarded("connect", lambda: trajflight.connect(spec.address, token=spec.token))
         writer_id = f"rollout-e{spec.epoch}-w{spec.worker}"
         self.writer = self.guarded(
             "register", lambda: self.client.writer(spec.job_id, spec.epoch, writer_id=writer_id)
