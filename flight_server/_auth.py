@@ -51,20 +51,28 @@ class _Authenticated(flight.ServerMiddleware):  # type: ignore[misc]  # pyarrow 
 
 
 class _AuthFactory(flight.ServerMiddlewareFactory):  # type: ignore[misc]
-    def __init__(self, keyring: Keyring) -> None:
+    def __init__(self, keyring: Keyring, on_refusal: Callable[[str], None] | None) -> None:
         super().__init__()
         self.keyring = keyring
+        self.on_refusal = on_refusal
 
     def start_call(self, info: flight.CallInfo, headers: dict[str, list[str]]) -> _Authenticated:
         try:
             return _Authenticated(self.keyring.verify(parse_bearer(headers.get("authorization"))))
         except TrajflightError as exc:
+            if self.on_refusal is not None:  # refused before any handler: the handlers' metrics never see it
+                self.on_refusal("unauthenticated")
             raise to_flight_error(exc) from None
 
 
-def server_middleware(keyring: Keyring | None) -> dict[str, Any]:
-    """The ``middleware=`` argument of a ``FlightServerBase``: token checks with ``keyring``, none without."""
-    return {} if keyring is None else {MIDDLEWARE_KEY: _AuthFactory(keyring)}
+def server_middleware(
+    keyring: Keyring | None, on_refusal: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """The ``middleware=`` argument of a ``FlightServerBase``: token checks with ``keyring``, none without.
+
+    ``on_refusal`` is called with ``"unauthenticated"`` for each call refused for its credential (the
+    refusal metrics' hook)."""
+    return {} if keyring is None else {MIDDLEWARE_KEY: _AuthFactory(keyring, on_refusal)}
 
 
 def call_claims(context: flight.ServerCallContext) -> Claims | None:

@@ -224,7 +224,7 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
         try:
             super().__init__(
                 f"{scheme(tls)}://{host}:{port}",
-                middleware=server_middleware(keyring),
+                middleware=server_middleware(keyring, self._count_refusal),
                 **(tls.server_kwargs() if tls else {}),
             )
         except BaseException:
@@ -253,6 +253,13 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
                 authenticate=None if keyring is None else keyring.verify,
             )
             threading.Thread(target=self._sweep_loop, name="trajflight-shm-sweeper", daemon=True).start()
+
+    def _count_refusal(self, reason: str) -> None:
+        """The middleware's hook: count a call refused before its handler (a call may arrive while the
+        constructor is still making the metrics)."""
+        metrics = getattr(self, "metrics", None)
+        if metrics is not None:
+            metrics.count_refusal(reason)
 
     def _run_local(
         self, name: str, body: bytes | bytearray, payload: bytes | bytearray, claims: Claims | None

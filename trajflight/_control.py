@@ -176,7 +176,7 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
         try:
             super().__init__(
                 f"{self.scheme}://{host}:{port}",
-                middleware=auth_middleware(keyring),
+                middleware=auth_middleware(keyring, controller.metrics.count_refusal),
                 **(tls.server_kwargs() if tls else {}),
             )
         except BaseException:

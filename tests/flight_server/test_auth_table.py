@@ -283,3 +283,26 @@ def test_the_same_host_socket_rechecks_expiry_at_every_request():
             assert channel.call("health", b"", 5)["status"] == "ok"
         finally:
             channel.close()
+
+
+def test_refusals_are_counted_once_by_reason_in_the_metrics():
+    """A call refused by the middleware (no handler ran) and one refused by the role check in its handler
+    each count once, under ``unauthenticated`` and ``wrong_role``."""
+    ring = Keyring.from_secret(SECRET)
+    with StorageServer(keyring=ring) as server:
+
+        def refused(reason: str) -> float:
+            value = server.metrics.registry.get_sample_value(
+                "trajflight_server_refusals_total", {"reason": reason}
+            )
+            return 0.0 if value is None else value
+
+        with StorageClient(server.location, timeout=10) as anonymous, pytest.raises(AuthenticationError):
+            anonymous.health()
+        reader = ring.mint("reader", "reader", ["job-a"])
+        with (
+            StorageClient(server.location, timeout=10, credential=reader) as r,
+            pytest.raises(PermissionDeniedError),
+        ):
+            r.fence("job-a", 1)
+        assert (refused("unauthenticated"), refused("wrong_role")) == (1.0, 1.0)
