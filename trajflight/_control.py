@@ -79,6 +79,7 @@ from trajflight.controller import (
     client_call,
 )
 from trajflight.errors import (
+    AuthenticationError,
     InvalidRequestError,
     PermissionDeniedError,
     TrajflightError,
@@ -290,7 +291,7 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
             kwargs = body.get("kwargs") or {}
             authorize(claims, "acquire", ROLES["acquire"], _named_jobs(claims, kwargs.get("job_id")))
             lease: Lease | None = self.controller.acquire(
-                body.get("kwargs") or {},
+                kwargs,
                 wait=wait,
                 timeout=timeout,
                 abandoned=lambda: self._closing or context.is_cancelled(),
@@ -388,7 +389,12 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
         ttl = check_seconds(body.get("ttl", self.storage_ttl), "ttl")
         now = self.keyring.now()
         ttl = min(ttl, self.storage_ttl, claims.exp - now)  # never outlives the caller's credential
-        return self.keyring.mint(claims.sub, role, jobs, ttl=max(ttl, 1.0), now=now)
+        if ttl < 1.0:  # a token lives whole seconds: one past the credential's end would outlive it
+            raise AuthenticationError(
+                "the credential expires within a second; get a new one (trajflight token) and connect again",
+                reason="expired",
+            )
+        return self.keyring.mint(claims.sub, role, jobs, ttl=ttl, now=now)
 
     def _authorized(self, method: Any, kwargs: dict[str, Any], claims: Claims | None) -> Command[Any]:
         """The client operation ``method`` with ``kwargs``, once the caller may run it on its jobs."""

@@ -26,7 +26,7 @@ from trajflight import _rpc
 from trajflight._control import ControlServer, FlightTransport
 from trajflight.auth import Credential, Keyring, Role
 from trajflight.controller import COMMANDS, ROLES, LocalController, Publication, Route
-from trajflight.errors import ConfigError, PermissionDeniedError, TrajflightError
+from trajflight.errors import AuthenticationError, ConfigError, PermissionDeniedError, TrajflightError
 from trajflight.flight_server._errors import translate_errors
 
 SECRET = "k1:controller-table-secret-0123456789"
@@ -210,6 +210,27 @@ def test_a_right_credential_runs_each_role_s_operations_and_mints_storage_tokens
     assert storage.exp - storage.iat <= 300
     with pytest.raises(PermissionDeniedError, match="mints trainer tokens only"):
         transport.storage_token(10, role="admin")
+
+
+def test_a_storage_token_never_outlives_the_credential_that_asked_for_it():
+    """The ``token`` action caps a storage token at the caller's own expiry; a credential with less than
+    the one second a token can live is told to renew, not handed a token that outlives it."""
+    now = [T0]
+    ring = Keyring.from_secret(SECRET, clock=lambda: now[0])
+    with LocalController(start=False) as controller:
+        server = ControlServer(controller, keyring=ring)
+        try:
+            asking = ring.mint("trainer", "trainer", ["job-a"], ttl=30, now=T0)
+            transport = FlightTransport(server.location, credential=asking)
+            caller = ring.verify(asking, now=T0)
+            now[0] = T0 + 20  # 10 s left of the caller's 30
+            storage = ring.verify(transport.storage_token(10), now=now[0])
+            assert storage.exp <= caller.exp
+            now[0] = caller.exp - 0.5
+            with pytest.raises(AuthenticationError, match="expires within a second"):
+                transport.storage_token(10)
+        finally:
+            server.shutdown()
 
 
 def test_a_controller_without_a_secret_mints_nothing():
