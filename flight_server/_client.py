@@ -503,12 +503,12 @@ class StorageClient:
             ]
 
 
-def run_parallel(calls: Sequence[Callable[[], T]], *, name: str = "trajflight-call") -> list[T]:
+def run_parallel(calls: Sequence[Callable[[], T]]) -> list[T]:
     """Run calls at once, each on its own thread (the first runs on this thread, the others on kept
     threads, :mod:`~trajflight.flight_server._workers`: none is started per call); results in call order.
 
-    Flight releases the GIL while it streams, so calls to several servers overlap. ``name`` is kept for
-    callers; the kept threads are named ``trajflight-call-<n>``.
+    Flight releases the GIL while it streams, so calls to several servers overlap. The kept threads are
+    named ``trajflight-call-<n>``.
 
     Raises:
         The first error in call order, once every call ended.
@@ -563,4 +563,4 @@ def get_parallel(
             )
         return client.get(groups, columns=columns, timeout=remaining)
 
-    return run_parallel([functools.partial(_one, r) for r in requests], name="trajflight-get")
+    return run_parallel([functools.partial(_one, r) for r in requests])

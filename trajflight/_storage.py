@@ -299,7 +299,7 @@ class StoragePool:
         calls = [
             functools.partial(self._advance_one, loc, groups, timeout) for loc, groups in by_location.items()
         ]
-        results = _in_parallel_settled(calls, "trajflight-advance")
+        results = _in_parallel_settled(calls)
         opened = {
             loc: got for loc, got in zip(by_location, results, strict=True) if isinstance(got, ShmOpened)
         }
@@ -354,7 +354,7 @@ def _reads_of(groups: Sequence[Any], opened: ShmOpened | None) -> Sequence[Group
     return _lease_reads(groups)
 
 
-def _in_parallel_settled(calls: Sequence[Callable[[], T]], name: str) -> list[T | Exception]:
+def _in_parallel_settled(calls: Sequence[Callable[[], T]]) -> list[T | Exception]:
     """:func:`~trajflight.flight_server.run_parallel`, with each call's error in its place instead of
     raised."""
 
@@ -364,7 +364,7 @@ def _in_parallel_settled(calls: Sequence[Callable[[], T]], name: str) -> list[T 
         except Exception as exc:  # handed back to the caller, which decides per server
             return exc
 
-    return run_parallel([functools.partial(settle, call) for call in calls], name=name)
+    return run_parallel([functools.partial(settle, call) for call in calls])
 
 
 def read_handle(
@@ -409,7 +409,7 @@ def read_handle(
         functools.partial(_one, loc, _reads_of(groups, None if opened is None else opened.get(loc)))
         for loc, groups in by_location.items()
     ]
-    tables = run_parallel(calls, name="trajflight-get")
+    tables = run_parallel(calls)
     if len(tables) == 1:
         return tables[0]
     # Put the groups back in the handle's order: slice each server's table by group.
