@@ -43,7 +43,8 @@ last deletes completed in a process that then died (it is kept, harmless, and lo
 **Threads.** Calls are synchronous and one at a time: ``LocalCluster`` runs them on an
 :class:`~trajflight._archive_worker.ArchiveWorker` thread, off the controller's sweeper. Within a call,
 files are written on a small pool (:data:`WORKERS` threads; Parquet and zstd release the GIL) while the
-next file's groups are read, and a durable file's deletes run in parallel slices. Parquet is written with
+next file's groups are read, and a durable file's groups are deleted in one batched call per server
+(``delete_groups``: a stale token on one group fails that group only). Parquet is written with
 zstd level :data:`ZSTD_LEVEL` and dictionary encoding for string columns only (the profile and the
 figures are in BENCHMARKS.md, "The archive").
 """
@@ -68,7 +69,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from trajflight.controller import DeleteWork, run_deletes
+from trajflight.controller import DeleteWork
 from trajflight.errors import ArchiveError, NotFoundError, brief
 from trajflight.keys import Partition
 
@@ -83,10 +84,10 @@ _MANIFESTS = "_manifests"
 TIMELINE_KEY = b"trajflight.timeline"
 """The Parquet footer key of each data file's copy of the controller's timeline (JSON: ``v``, ``run``,
 ``samples``), as it was when the file was written."""
-WORKERS = 4
-"""Threads of the archive's pool: files being written (Parquet and zstd release the GIL) and deletes."""
 FILES_IN_FLIGHT = 2
 """Files of one flush written at once while the next file's groups are read."""
+WORKERS = FILES_IN_FLIGHT
+"""Threads of the archive's pool: files being written (Parquet and zstd release the GIL)."""
 READ_GROUPS = 64
 """Groups read from a server in one stream (bounds the memory of a read beyond one file's groups)."""
 ZSTD_LEVEL = 1
@@ -166,7 +167,9 @@ class Archive:
         read: Reads groups tokenlessly from the server at a location: ``read(location, partitions)``
             returns their rows in one table, raising :class:`~trajflight.errors.NotFoundError` when one
             is missing.
-        delete: Deletes one group from its server (``StoragePool.delete``); raises on failure.
+        delete_groups: Deletes many groups from their servers in as few calls as it can
+            (``StoragePool.delete_groups``): returns each item's ``(work, ok, error)`` in order (a
+            group its server no longer has is deleted: ok); raising fails every item of the call.
         filesystem: The filesystem ``location`` is a path on (an ``S3FileSystem`` with an
             ``endpoint_override``, say); None resolves it from ``location``.
         max_groups: Groups per file at most; this many waiting groups are written at once.
@@ -193,7 +196,7 @@ class Archive:
         location: str | os.PathLike[str],
         *,
         read: Callable[[str, list[Partition]], pa.Table],
-        delete: Callable[[DeleteWork], None],
+        delete_groups: Callable[[Sequence[DeleteWork]], list[Outcome]],
         filesystem: pafs.FileSystem | None = None,
         max_groups: int = 1024,
         max_bytes: int = 64 << 20,
@@ -204,7 +207,7 @@ class Archive:
         self.location = os.fspath(location)
         self.fs, self.root = open_filesystem(location, filesystem)
         self._read = read
-        self._delete = delete
+        self._delete_groups = delete_groups
         self.max_groups = max_groups
         self.max_bytes = max_bytes
         self.flush_after = flush_after
@@ -264,7 +267,7 @@ class Archive:
         """Run one sweeper pass's deletes; returns the outcome of every delete finished now (some of an
         earlier pass's, held for their file), never raises. Held deletes are not reported yet."""
         kept = self.reasons
-        out: list[Outcome] = run_deletes([w for w in work if w.reason not in kept], self._delete)
+        out = self._deletes([w for w in work if w.reason not in kept])
         now = self._clock()
         for w in work:
             if w.reason in kept:
@@ -331,7 +334,7 @@ class Archive:
                     out.extend(self._failed(part, f"reading from {location}", exc, _READ_HINT))
                     continue
                 # Not stored any more: deleted after their archiving (a late report), or lost.
-                out.extend(run_deletes([w for w, t in read if t is None], self._delete))
+                out.extend(self._deletes([w for w, t in read if t is None]))
                 for w, t in read:
                     if t is None:
                         continue
@@ -384,7 +387,7 @@ class Archive:
         return self._delete_members(batch, batch.members)
 
     def _executor(self) -> ThreadPoolExecutor:
-        """The pool that writes files and runs deletes (made on first use, ended by :meth:`close`)."""
+        """The pool that writes files (made on first use, ended by :meth:`close`)."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="trajflight-archive")
         return self._pool
@@ -456,7 +459,7 @@ class Archive:
 
     # ------------------------------------------------------------------ deleting
     def _delete_members(self, batch: _Batch, items: list[DeleteWork]) -> list[Outcome]:
-        out = self._run_deletes(items)
+        out = self._deletes(items)
         batch.deleted.update(_key(w) for w, ok, _ in out if ok)
         if len(batch.deleted) >= len(batch.members):
             with contextlib.suppress(OSError):  # a manifest left behind is harmless (module docstring)
@@ -466,24 +469,16 @@ class Archive:
                 self._index.pop(_key(w), None)
         return out
 
-    def _run_deletes(self, items: list[DeleteWork]) -> list[Outcome]:
-        """Run deletes on the pool, a slice per worker (they wait on their servers, not on this process);
-        never raises."""
-        if len(items) < 2 * WORKERS:
-            few: list[Outcome] = run_deletes(items, self._delete)
-            return few
-        step = -(-len(items) // WORKERS)
-        slices = [items[i : i + step] for i in range(0, len(items), step)]
-        delete = self._delete
-
-        def run(ws: list[DeleteWork]) -> list[Outcome]:
-            done: list[Outcome] = run_deletes(ws, delete)
-            return done
-
-        out: list[Outcome] = []
-        for done in self._executor().map(run, slices):
-            out.extend(done)
-        return out
+    def _deletes(self, items: list[DeleteWork]) -> list[Outcome]:
+        """Delete ``items`` in one batched call (per server); each item's outcome, in order. Never
+        raises: a deleter that raises fails every item (they stay on the GC list and are retried)."""
+        if not items:
+            return []
+        try:
+            return self._delete_groups(items)
+        except Exception as exc:  # the batch as a whole did not reach its servers
+            text = f"{type(exc).__name__}: {exc}"
+            return [(w, False, text) for w in items]
 
     def _failed(
         self, items: list[DeleteWork], doing: str, exc: Exception, hint: str = _WRITE_HINT
