@@ -73,7 +73,7 @@ from trajflight.controller import DeleteWork
 from trajflight.errors import ArchiveError, NotFoundError, brief
 from trajflight.keys import Partition
 
-__all__ = ["FACT_COLUMNS", "TIMELINE_KEY", "Archive", "open_filesystem"]
+__all__ = ["FACT_COLUMNS", "TIMELINE_KEY", "Archive", "open_filesystem", "parquet_options"]
 
 log = logging.getLogger("trajflight.archive")
 
@@ -419,13 +419,7 @@ class Archive:
         if timeline:
             table = table.replace_schema_metadata({**(table.schema.metadata or {}), **timeline})
         sink = pa.BufferOutputStream()
-        pq.write_table(
-            table,
-            sink,
-            compression="zstd",
-            compression_level=ZSTD_LEVEL,
-            use_dictionary=_dictionary_columns(table.schema),
-        )
+        pq.write_table(table, sink, **parquet_options(table.schema))
         data = sink.getvalue()
         self._put(self._file(batch), data)
         with self._lock:
@@ -521,6 +515,38 @@ def _by_location(items: Iterable[DeleteWork]) -> dict[str, list[DeleteWork]]:
     for w in items:
         out.setdefault(w.location, []).append(w)
     return out
+
+
+def parquet_options(schema: pa.Schema) -> dict[str, Any]:
+    """The ``pyarrow.parquet.write_table`` options of an archive file of ``schema`` (measured against
+    the alternatives in BENCHMARKS.md, "The archive"):
+
+    * zstd at :data:`ZSTD_LEVEL`, but at level -1 for the values of float lists (log-probabilities:
+      level 1 saves about a tenth of their bytes, at most of their write time);
+    * byte-stream-split encoding of the values of ``list<int32>`` columns (token ids: their high bytes,
+      split apart, compress to almost nothing; smaller files in less time);
+    * dictionary encoding for top-level strings only (see :func:`_dictionary_columns`);
+    * statistics (min/max) for top-level scalar columns only (the keys and rewards readers filter on;
+      nobody filters on a token list's minimum).
+
+    Every such file is read by pyarrow, DuckDB and Polars (``tests/analytics``).
+    """
+    floats, ints = [], []
+    for f in schema:
+        if pa.types.is_list(f.type) or pa.types.is_large_list(f.type):
+            values = f.type.value_type
+            if pa.types.is_floating(values):
+                floats.append(f"{f.name}.list.element")
+            elif values == pa.int32():
+                ints.append(f"{f.name}.list.element")
+    return {
+        "compression": "zstd",
+        # Per column: a column not named gets Arrow's default zstd level, 1 (ZSTD_LEVEL).
+        "compression_level": {**{c: ZSTD_LEVEL for c in ints}, **{c: -1 for c in floats}} or ZSTD_LEVEL,
+        "use_dictionary": _dictionary_columns(schema),
+        "use_byte_stream_split": ints or False,
+        "write_statistics": [f.name for f in schema if not pa.types.is_nested(f.type)],
+    }
 
 
 def _dictionary_columns(schema: pa.Schema) -> list[str]:

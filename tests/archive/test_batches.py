@@ -10,6 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from trajflight._archive import Archive
 from trajflight.controller import DeleteWork
@@ -154,3 +155,25 @@ def test_a_file_is_deleted_in_one_call_and_a_refused_group_alone_is_retried(tmp_
     assert len(_files(tmp_path)) == 1
     assert archive.status()["rewrites"] == 0
     assert os.listdir(tmp_path / "_manifests") == []
+
+
+def test_the_archive_files_read_the_same_in_duckdb_and_polars(tmp_path):
+    """Issue 17: the archive's cheaper Parquet options (byte-stream-split token ids, a lower zstd level
+    for log-probabilities, statistics on scalar columns only) stay readable by the analytics tools:
+    DuckDB and Polars see every row and the same token lists and log-probabilities as pyarrow."""
+    duckdb = pytest.importorskip("duckdb")
+    pl = pytest.importorskip("polars")
+    servers = FakeServers()
+    archive = Archive(tmp_path, read=servers.read, delete_groups=servers.delete_groups, max_groups=4)
+    archive([_work(g) for g in range(4)])
+    (path,) = _files(tmp_path)
+    meta = pq.read_metadata(path).row_group(0)
+    encodings = {meta.column(i).path_in_schema: meta.column(i).encodings for i in range(meta.num_columns)}
+    assert "BYTE_STREAM_SPLIT" in encodings["response_ids.list.element"]
+    want = pq.read_table(path, columns=["group_id", "response_ids", "response_logprobs"])
+    rows = duckdb.sql(
+        f"SELECT group_id, response_ids, response_logprobs FROM read_parquet('{path}') ORDER BY group_id"
+    ).fetchall()
+    assert [list(r) for r in rows] == [list(r.values()) for r in want.to_pylist()]
+    frame = pl.read_parquet(path, columns=["group_id", "response_ids", "response_logprobs"])
+    assert frame.to_dicts() == want.to_pylist()
