@@ -182,6 +182,7 @@ class Archive:
             ``outcome = "dropped"`` and without lease facts; by default they are deleted unarchived.
 
     Attributes:
+        clock: The ``clock`` it was given (a host that queues deletes for it reads the time there).
         timeline: The controller's timeline of job counts (``LocalController.timeline``), set by the
             host once the controller exists; every data file carries it as it was when the file was
             written, in its Parquet footer under :data:`TIMELINE_KEY` (a report over the archive alone
@@ -211,7 +212,7 @@ class Archive:
         self.max_groups = max_groups
         self.max_bytes = max_bytes
         self.flush_after = flush_after
-        self._clock = clock
+        self.clock = clock
         self.reasons = frozenset({"committed", "dropped"} if archive_dropped else {"committed"})
         self._held: dict[Partition, DeleteWork] = {}
         self._oldest: float | None = None
@@ -263,17 +264,21 @@ class Archive:
         """Groups waiting for their file."""
         return len(self._held)
 
-    def __call__(self, work: list[DeleteWork]) -> list[Outcome]:
+    def __call__(self, work: list[DeleteWork], *, since: float | None = None) -> list[Outcome]:
         """Run one sweeper pass's deletes; returns the outcome of every delete finished now (some of an
-        earlier pass's, held for their file), never raises. Held deletes are not reported yet."""
+        earlier pass's, held for their file), never raises. Held deletes are not reported yet.
+
+        ``since``: when the oldest of ``work`` was handed out, on :attr:`clock` (default now): time it
+        spent queued for the archive counts towards ``flush_after``, so a group that waited behind a
+        file being written is not held for a whole ``flush_after`` more."""
         kept = self.reasons
         out = self._deletes([w for w in work if w.reason not in kept])
-        now = self._clock()
+        now = self.clock()
         for w in work:
             if w.reason in kept:
                 self._held[_key(w)] = w  # a repeat hand-out replaces the older one (its token may be newer)
                 if self._oldest is None:
-                    self._oldest = now
+                    self._oldest = now if since is None else min(now, since)
         due = self._oldest is not None and now - self._oldest >= self.flush_after
         if self._held and (due or len(self._held) >= self.max_groups):
             out.extend(self.flush())

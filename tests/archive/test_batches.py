@@ -177,3 +177,20 @@ def test_the_archive_files_read_the_same_in_duckdb_and_polars(tmp_path):
     assert [list(r) for r in rows] == [list(r.values()) for r in want.to_pylist()]
     frame = pl.read_parquet(path, columns=["group_id", "response_ids", "response_logprobs"])
     assert frame.to_dicts() == want.to_pylist()
+
+
+def test_time_queued_before_the_archive_counts_towards_the_flush_timer(tmp_path):
+    """Issue 17: deletes that waited in the worker's queue (behind a file being written) for
+    ``flush_after`` already are written at once, not held ``flush_after`` more while the plane is full."""
+    servers, clock = FakeServers(), Clock()
+    archive = Archive(
+        tmp_path, read=servers.read, delete_groups=servers.delete_groups, flush_after=5.0, clock=clock
+    )
+    assert archive([_work(0)], since=clock.now - 1.0) == []  # queued 1 s: held 4 s more
+    clock.now += 3.9
+    assert archive([]) == []
+    clock.now += 0.1
+    assert [(w.partition.group_id, ok) for w, ok, _ in archive([])] == [(0, True)]
+    out = archive([_work(1), _work(2)], since=clock.now - 5.0)  # queued for flush_after already
+    assert sorted((w.partition.group_id, ok) for w, ok, _ in out) == [(1, True), (2, True)]
+    assert len(_files(tmp_path)) == 2
