@@ -22,7 +22,7 @@ FIGURES: tuple[tuple[str, str], ...] = (
     ("get_subset_jagged", "get 2-col, jagged"),
     ("get_subset_padded", "get 2-col, padded"),
 )
-# Shown where a system's public API has a batched put; trajflight's Writer has none (one group per put).
+# Shown where a system's public API has a batched put (trajflight's: Writer.put_many).
 OPTIONAL_FIGURES: tuple[tuple[str, str], ...] = (("put_batched", "put, batched"),)
 # Column headings of the text table, short enough for 100 columns (the legend under it spells them out).
 SHORT: dict[str, str] = {
@@ -212,10 +212,15 @@ def format_table(doc: dict[str, Any]) -> str:
             continue
         cells = [_short_cell(system[key]) if key in system else "-" for key, _ in shown]
         lines.append(f"{label:19s}" + "".join(f"{c:>13s}" for c in cells))
+        singles = system.get("gets_after_single_puts")
+        if singles:  # the gets of the row above follow the batched put; these, one put per group
+            cells = [_short_cell(singles[key]) if key in singles else "" for key, _ in shown]
+            lines.append(f"{'  after 1 put/group':19s}" + "".join(f"{c:>13s}" for c in cells))
     lines += [
         "  all: every column; 2col: response_ids and response_logprobs; jagged/padded: the torch",
         "  layout; put: one call per group (a form with no such call: its batch put); put many: one call",
-        "  for the whole workload",
+        "  for the whole workload; trajflight's gets follow its put many (one batch, as the peers' strongest",
+        "  forms move it); 'after 1 put/group': the same gets after one put per group (a join copies)",
         "",
         "Small groups, handoff and memory (peak RSS growth per payload byte)",
         f"{'system':19s}{'put groups/s':>13s}{'p50 ms':>8s}{'p99 ms':>8s}{'handoff p50':>12s}"

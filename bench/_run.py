@@ -44,6 +44,10 @@ from ._system import GET_VARIANTS, SUBSET_COLUMNS, USER_COLUMNS, System, SystemU
 
 __all__ = ["ALL_SYSTEMS", "BenchConfig", "run_bench"]
 
+AFTER_SINGLE_PUTS = "_after_single_puts"
+"""Suffix of the gets timed after one put per group, where the main gets follow the batched put."""
+
+
 ALL_SYSTEMS = SYSTEMS
 SCHEMA_VERSION = 2
 
@@ -283,6 +287,15 @@ def run_bench(cfg: BenchConfig, progress: Progress | None = None) -> dict[str, A
                 out["put_batched"] = _op(entry.times["put_batched"], payload, cfg.groups)
             for v in GET_VARIANTS:
                 out[v.name] = _op(entry.times[v.name], subset_payload if v.subset else payload, cfg.groups)
+            if entry.system is not None and entry.system.gets_after_batched:
+                out["gets_after_single_puts"] = {
+                    v.name: _op(
+                        entry.times[v.name + AFTER_SINGLE_PUTS],
+                        subset_payload if v.subset else payload,
+                        cfg.groups,
+                    )
+                    for v in GET_VARIANTS
+                }
             out["latency"] = {
                 **_latency_figure(entry.latency, "put 1 group + grant + get to torch (jagged, all columns)"),
                 "group_payload_bytes": int(sum(small_payload) / len(small_payload)),
@@ -391,18 +404,27 @@ def _memory_round(entry: _Entry, payload: int, progress: Progress) -> None:
     }
 
 
+def _gets(system: System, times: dict[str, float], suffix: str = "") -> None:
+    system.prepare_get()
+    for v in GET_VARIANTS:
+        times[v.name + suffix] = timed(lambda v=v: system.get(v))
+    system.finish_get()
+    system.drain()
+
+
 def _round(entry: _Entry, *, record: bool = True) -> None:
     system = entry.system
     assert system is not None
     times = {"put": timed(system.put_all)}
-    system.prepare_get()
-    for v in GET_VARIANTS:
-        times[v.name] = timed(lambda v=v: system.get(v))
-    system.finish_get()
-    system.drain()
-    if system.supports_batched:
+    if system.gets_after_batched:
+        _gets(system, times, AFTER_SINGLE_PUTS)
         times["put_batched"] = timed(system.put_batched_all)
-        system.drain()
+        _gets(system, times)
+    else:
+        _gets(system, times)
+        if system.supports_batched:
+            times["put_batched"] = timed(system.put_batched_all)
+            system.drain()
     if record:
         for key, value in times.items():
             entry.times.setdefault(key, []).append(value)

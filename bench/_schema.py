@@ -153,6 +153,12 @@ _SYSTEM = {
         "get_all_padded": {"$ref": "#/$defs/op"},
         "get_subset_jagged": {"$ref": "#/$defs/op"},
         "get_subset_padded": {"$ref": "#/$defs/op"},
+        "gets_after_single_puts": {
+            "type": "object",
+            "description": "Where the gets above follow the batched put: the same gets after one put "
+            "per group (a weaker form, shown, never judged).",
+            "additionalProperties": {"$ref": "#/$defs/op"},
+        },
         "latency": {"$ref": "#/$defs/latency"},
         "handoff": {"$ref": "#/$defs/handoff"},
         "memory": {"$ref": "#/$defs/memory"},

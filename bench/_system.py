@@ -109,6 +109,9 @@ class System:
         strongest: Whether this is the peer's strongest ordinary form (ratios and targets use those).
         description: One line for the report.
         memory_note: How server memory is counted for this system.
+        gets_after_batched: Time the gets after :meth:`put_batched_all` (the form in which a user of the
+            system moves a batch, as the peers' strongest forms do), and those after :meth:`put_all` as
+            a second, labelled figure; False: the gets follow :meth:`put_all` only.
     """
 
     name = "?"
@@ -120,6 +123,7 @@ class System:
     has_servers = True
     include_shmem = False
     supports_batched = False
+    gets_after_batched = False
 
     def __init__(self, groups: Sequence[SyntheticGroup]) -> None:
         self.groups = list(groups)

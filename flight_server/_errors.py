@@ -189,12 +189,32 @@ def _hint(cls: type[TrajflightError], text: str, what: str = "", *, cancelled: b
             f"{call}the call was cancelled: the server or controller went away mid-call (shut down or "
             f"restarting); retry, or reconnect to its new location ({detail})"
         )
+    if cls is UnavailableError and _TLS_REFUSED.search(text):
+        return (
+            f"{call}the TLS handshake failed: this client does not trust the server's certificate, or the "
+            "server does not trust this client's; pass tls= with the deployment's CA (and the client "
+            "certificate and key for mutual TLS), or set TRAJFLIGHT_TLS_CA / _CERT / _KEY "
+            f"({detail})"
+        )
+    if cls is UnavailableError and "Socket closed" in text:
+        return (
+            f"{call}the server closed the connection: it may have gone away, or it serves TLS and refused "
+            "this connection (a grpc:// location for a grpc+tls:// server, or no client certificate where "
+            "it asks for one: pass tls= or set TRAJFLIGHT_TLS_*); check that it runs, its location and "
+            f"the TLS settings, then retry ({detail})"
+        )
     if cls is UnavailableError:
         return (
             f"{call}the server could not be reached or went away mid-call; check that it runs and its "
             f"location, then retry or reconnect ({detail})"
         )
     return text
+
+
+_TLS_REFUSED = re.compile(
+    r"Ssl handshake failed|certificate verify failed|TSI_PROTOCOL_FAILURE|SSL_ERROR_SSL"
+)
+"""gRPC's words for a TLS handshake that failed on a certificate (either side's)."""
 
 
 @contextlib.contextmanager

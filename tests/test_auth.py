@@ -16,6 +16,7 @@ from trajflight.auth import (
     authorize,
     is_loopback,
     load_keyring,
+    mint_for_client,
     parse_bearer,
     unverified_expiry,
 )
@@ -45,6 +46,25 @@ def test_a_minted_token_verifies_with_its_claims():
     assert claims.exp - claims.iat == 60
     assert jwt.get_unverified_header(cred.reveal())["kid"] == "k1"
     assert unverified_expiry(cred) == claims.exp
+
+
+def test_a_plane_mints_for_clients_what_its_caller_scoped_and_nothing_without_a_secret():
+    """``mint_for_client``: the one body of ``LocalCluster.mint`` and ``RayCluster.mint``."""
+    ring = keyring()
+    claims = ring.verify(mint_for_client(ring, "writer", ["job-a"], ttl=90))
+    assert (claims.sub, claims.role, claims.jobs, claims.exp - claims.iat) == (
+        "writer-client",
+        Role.WRITER,
+        ("job-a",),
+        90,
+    )
+    every = ring.verify(mint_for_client(ring, jobs=[], sub="ops"))  # no job: every job
+    assert (every.sub, every.role, every.jobs, every.exp - every.iat) == ("ops", Role.ADMIN, ("*",), 3600)
+    with pytest.raises(ConfigError, match="no deployment secret") as info:
+        mint_for_client(None, "reader")
+    assert info.value.setting == "secret"
+    with pytest.raises(ConfigError, match="unknown role"):
+        mint_for_client(ring, "root")
 
 
 def test_every_token_has_its_own_id():

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trajflight._control import FlightTransport
-from trajflight._ray_connect import connect_ray_plane, current_node_id
+from trajflight._ray_connect import SCHEME, connect_ray_plane, current_node_id
 from trajflight._renewals import Renewals
 from trajflight._session import Session
 from trajflight._storage import StoragePool, Transport, env_credential, env_tls
@@ -61,9 +61,9 @@ def connect(
         tls: For a plane that serves TLS (a ``grpc+tls://`` address, or a Ray plane started with
             ``tls=``): the CA its servers' certificates chain to, and this client's certificate and key
             where the plane demands mutual TLS (the same material reaches the controller, over Flight,
-            and every storage server). Default for a ``grpc+tls://`` address: the PEM files named by
-            ``TRAJFLIGHT_TLS_CA`` (and ``TRAJFLIGHT_TLS_CERT`` / ``TRAJFLIGHT_TLS_KEY`` for mutual TLS),
-            when set.
+            and every storage server). Default for a ``grpc+tls://`` or a ``ray://`` address: the PEM
+            files named by ``TRAJFLIGHT_TLS_CA`` (and ``TRAJFLIGHT_TLS_CERT`` / ``TRAJFLIGHT_TLS_KEY`` for
+            mutual TLS), when set.
         token: For a plane with a deployment secret: this process's credential (from the operator's
             ``trajflight token``); default ``TRAJFLIGHT_TOKEN`` from the environment. On an embedded plane
             the client sends it to the controller and gets short-lived storage tokens from it (refreshed
@@ -74,8 +74,8 @@ def connect(
         answers there.
     """
     credential = env_credential(token)
-    if tls is None and address.startswith("grpc+tls://"):
-        tls = env_tls()
+    if tls is None and address.startswith(("grpc+tls://", SCHEME)):
+        tls = env_tls()  # a Ray plane's grpc+tls:// storage servers too (issue 18: it read only the token)
     if address.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
         transport_ = FlightTransport(address, tls, credential)
         storage = (
@@ -89,7 +89,7 @@ def connect(
             tls=tls,
             credential=storage,
         )
-    if address.startswith("ray://"):
+    if address.startswith(SCHEME):
         controller = connect_ray_plane(address, timeout=timeout)
         # Ray plane servers register under their Ray node ids: writers are placed by this process's.
         return Client(

@@ -42,7 +42,7 @@ from trajflight._archive_worker import ArchiveWorker
 from trajflight._client import Client
 from trajflight._control import ControlServer
 from trajflight._storage import StoragePool, Transport, check_tls_pair
-from trajflight.auth import ALL_JOBS, Credential, Role, Secret, deployment_secret, minted
+from trajflight.auth import Credential, Role, Secret, deployment_secret, mint_for_client, minted
 from trajflight.controller import ControllerClient, LocalController, LocalTransport
 from trajflight.errors import ConfigError, UnavailableError
 from trajflight.flight_server import TlsConfig, host_id, sweep_dead_arenas
@@ -438,19 +438,13 @@ class LocalCluster:
         ttl: float = 3600.0,
         sub: str = "",
     ) -> Credential:
-        """A credential for another process's ``trajflight.connect(address, token=...)`` (what
-        ``trajflight token`` mints from the same secret).
+        """A credential for another process's ``trajflight.connect(address, token=...)`` (see
+        :func:`trajflight.auth.mint_for_client`).
 
         Raises:
-            ConfigError: the cluster has no secret (it authenticates nothing), or a bad role or ttl.
+            ConfigError: the cluster has no secret (it takes no tokens), or a bad role, job or ttl.
         """
-        if self.keyring is None:
-            raise ConfigError(
-                "this cluster has no deployment secret: it takes no tokens (start it with secret= or "
-                "TRAJFLIGHT_SECRET)",
-                setting="secret",
-            )
-        return self.keyring.mint(sub or f"{role}-client", role, jobs or [ALL_JOBS], ttl=ttl)
+        return mint_for_client(self.keyring, role, jobs, ttl=ttl, sub=sub)
 
     def kill_server(self, index: int) -> None:
         """Kill storage server ``index`` (SIGKILL) — for fault-injection tests."""

@@ -55,7 +55,7 @@ from trajflight._archive_worker import ArchiveWorker
 from trajflight._client import Client
 from trajflight._ray_connect import SCHEME, current_node_id, loopback_addresses, parse_ray_address
 from trajflight._storage import DeleteOutcome, StoragePool, check_tls_pair
-from trajflight.auth import Secret, deployment_secret, minted
+from trajflight.auth import Credential, Role, Secret, deployment_secret, mint_for_client, minted
 from trajflight.controller import (
     DEFAULT_NAME,
     ControllerClient,
@@ -604,6 +604,23 @@ class RayCluster:
             tls=self.client_tls,
             credential=minted(self.keyring, "trajflight-ray-client"),
         )
+
+    def mint(
+        self,
+        role: Role | str = Role.ADMIN,
+        jobs: list[str] | None = None,
+        *,
+        ttl: float = 3600.0,
+        sub: str = "",
+    ) -> Credential:
+        """A storage credential for another process's ``trajflight.connect(address, token=...)`` (see
+        :func:`trajflight.auth.mint_for_client`); a Ray task gets it as an argument or in its
+        ``runtime_env`` (``TRAJFLIGHT_TOKEN``).
+
+        Raises:
+            ConfigError: the plane has no secret (it takes no tokens), or a bad role, job or ttl.
+        """
+        return mint_for_client(self.keyring, role, jobs, ttl=ttl, sub=sub)
 
     def kill_server(self, index: int) -> None:
         """Kill storage server ``index``'s actor (not restarted) — for fault-injection tests."""

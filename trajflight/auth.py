@@ -53,6 +53,7 @@ __all__ = [
     "deployment_secret",
     "is_loopback",
     "load_keyring",
+    "mint_for_client",
     "minted",
     "parse_bearer",
     "unverified_expiry",
@@ -547,6 +548,32 @@ def minted(
     if keyring is None:
         return None
     return RefreshingCredential(lambda: keyring.mint(sub, role, ttl=ttl))
+
+
+def mint_for_client(
+    keyring: Keyring | None,
+    role: Role | str = Role.ADMIN,
+    jobs: Iterable[str] | None = None,
+    *,
+    ttl: float = 3600.0,
+    sub: str = "",
+) -> Credential:
+    """A plane's credential for another process's ``trajflight.connect(address, token=...)`` (what
+    ``trajflight token`` mints from the same secret): ``role`` on ``jobs`` (None or empty: every job)
+    for ``sub`` (default ``"<role>-client"``), valid ``ttl`` seconds. ``LocalCluster.mint`` and
+    ``RayCluster.mint`` are this with their plane's keyring.
+
+    Raises:
+        ConfigError: no keyring (the plane has no deployment secret: it takes no tokens), or a bad role,
+            job or ttl.
+    """
+    if keyring is None:
+        raise ConfigError(
+            "this cluster has no deployment secret: it takes no tokens (start it with secret= or "
+            "TRAJFLIGHT_SECRET)",
+            setting="secret",
+        )
+    return keyring.mint(sub or f"{role}-client", role, list(jobs or ()) or [ALL_JOBS], ttl=ttl)
 
 
 def load_keyring(

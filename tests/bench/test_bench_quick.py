@@ -87,6 +87,19 @@ def test_every_reported_figure_is_present_and_positive(quick_result: dict) -> No
     assert controller["transitions_per_s"] > 0
 
 
+def test_trajflight_gets_follow_its_batched_put_and_the_per_group_form_is_kept(quick_result: dict) -> None:
+    """issue 16: trajflight's gets followed one put per group (a join copy) while Ray's followed one
+    object per batch; its gets now follow put_many, and those after single puts stay, labelled."""
+    for name in ("trajflight", "trajflight-flight"):
+        singles = quick_result["systems"][name]["gets_after_single_puts"]
+        assert set(singles) == {op for op in OPS if op != "put"}
+        assert all(figure["GBps"] > 0 for figure in singles.values())
+    for name in ("flight", "flight-per-group", "memcpy", "shm-ceiling"):
+        assert "gets_after_single_puts" not in quick_result["systems"][name]
+    rows = [line for line in format_table(quick_result).splitlines() if line.startswith("  after 1 put/")]
+    assert len(rows) == 2  # one under each trajflight row
+
+
 def _full(quick_result: dict) -> dict:
     """The quick run's document as if it were a full run (so that its targets are judged)."""
     doc = copy.deepcopy({k: v for k, v in quick_result.items() if k != "_chart"})

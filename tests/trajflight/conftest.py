@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -45,18 +45,24 @@ PLANES = ("plain", "secure")
 
 
 @contextlib.contextmanager
-def plane(mode: str, tmp: pytest.TempPathFactory, **kwargs: Any) -> Iterator[trajflight.LocalCluster]:
-    """A started LocalCluster; ``"secure"``: with a deployment secret and mutual TLS on every endpoint,
-    and this process's environment (so the child processes of the tests too) holding an admin
-    credential and the client's TLS files (``TRAJFLIGHT_TOKEN``, ``TRAJFLIGHT_TLS_*``), restored after."""
+def plane(
+    mode: str,
+    tmp: pytest.TempPathFactory,
+    factory: Callable[..., Any] = trajflight.LocalCluster,
+    **kwargs: Any,
+) -> Iterator[Any]:
+    """A started plane, ``factory(**kwargs)`` (a LocalCluster, or a RayCluster); ``"secure"``: with a
+    deployment secret and mutual TLS on every endpoint, and this process's environment (so the child
+    processes of the tests too) holding an admin credential and the client's TLS files
+    (``TRAJFLIGHT_TOKEN``, ``TRAJFLIGHT_TLS_*``), restored after."""
     if mode == "plain":
-        with trajflight.LocalCluster(**kwargs) as c:
+        with factory(**kwargs) as c:
             yield c
         return
     from trajflight.devcerts import make_dev_certs
 
     certs = make_dev_certs(tmp.mktemp("certs"))
-    with trajflight.LocalCluster(**kwargs, secret=SECRET, tls=certs.server, client_tls=certs.client) as c:
+    with factory(**kwargs, secret=SECRET, tls=certs.server, client_tls=certs.client) as c:
         env = {
             "TRAJFLIGHT_TOKEN": c.mint("admin", sub="e2e").reveal(),
             "TRAJFLIGHT_TLS_CA": str(certs.directory / "ca.pem"),

@@ -3,7 +3,10 @@ two-node cluster (``ray.cluster_utils.Cluster``) in a child process with its own
 
 Writers run as Ray tasks (and as a plain process joining by address), a trainer leases, fetches torch
 tensors from servers in parallel, commits, and capacity returns to zero once the controller actor's
-sweeper has deleted the groups over Flight.
+sweeper has deleted the groups over Flight. The module's plane runs twice (issue 18): plain, and secure
+(a deployment secret and mutual TLS on every storage server, see ``conftest.plane``); there the Ray tasks
+connect with short-lived tokens scoped to their role and job, given as arguments or in their
+``runtime_env``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import sys
 import textwrap
 import time
 import uuid
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -22,6 +26,7 @@ import pytest
 import trajflight
 from trajflight._ray_connect import parse_ray_address
 from trajflight._ray_plane import RayCluster
+from trajflight.auth import Credential
 from trajflight.controller import GroupState
 from trajflight.errors import (
     AlreadyExistsError,
@@ -33,18 +38,21 @@ from trajflight.errors import (
 from trajflight.flight_server import GroupRead, LeaseToken
 from trajflight.keys import Partition
 
+from .conftest import PLANES
+from .conftest import plane as started_plane
+
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1"}
 
 # Puts ``count`` small groups (4 samples) as a writer of ``job``; returns what a test checks. Made by exec
 # (no importable module), so Ray ships it by value; it imports what it needs itself. Child scripts reuse it.
 WRITE_GROUPS = textwrap.dedent(
     """
-    def write_groups(address, job, epoch, first, count):
+    def write_groups(address, job, epoch, first, count, token=None, tls=None):
         import ray
         import trajflight
         from trajflight.workload import make_workload
 
-        with trajflight.connect(address, timeout=20) as client:
+        with trajflight.connect(address, timeout=20, token=token, tls=tls) as client:
             writer = client.writer(job, epoch, writer_id=f"writer-{first}")
             metas = []
             for g in make_workload(count, 4, seed=first, response_median=64, first_group_id=first):
@@ -68,6 +76,30 @@ def _write_groups_fn():
 
 def _job() -> str:
     return f"job-{uuid.uuid4().hex[:8]}"
+
+
+TLS_ENV = ("TRAJFLIGHT_TLS_CA", "TRAJFLIGHT_TLS_CERT", "TRAJFLIGHT_TLS_KEY")
+
+
+def _token(plane: RayCluster, role: str, job: str) -> Credential | None:
+    """A two-minute credential of ``role`` scoped to ``job``; None on a plain plane."""
+    return None if plane.keyring is None else plane.mint(role, [job], ttl=120.0, sub=f"test-{role}")
+
+
+def _connect_args(plane: RayCluster, role: str, job: str) -> dict[str, Any]:
+    """``write_groups``'s credential arguments for ``role`` on ``job``: none on a plain plane; on a secure
+    one a short-lived scoped token and the client's TLS material."""
+    token = _token(plane, role, job)
+    return {} if token is None else {"token": token, "tls": plane.client_tls}
+
+
+def _env_vars(plane: RayCluster, role: str, job: str) -> dict[str, str]:
+    """The same credential as environment variables (``TRAJFLIGHT_TOKEN`` and the client's TLS files,
+    which the secure fixture put in this process's environment); empty on a plain plane."""
+    token = _token(plane, role, job)
+    if token is None:
+        return {}
+    return {"TRAJFLIGHT_TOKEN": token.reveal(), **{k: os.environ[k] for k in TLS_ENV}}
 
 
 # ---------------------------------------------------------------------------------------- no Ray needed
@@ -128,13 +160,34 @@ def test_import_trajflight_does_not_import_ray():
     assert out.stdout.strip() == "False"
 
 
+def test_mint_has_local_cluster_s_contract_and_needs_no_running_plane(monkeypatch):
+    """``RayCluster.mint`` (``LocalCluster.mint``'s body, ``trajflight.auth.mint_for_client``)."""
+    from trajflight.auth import Role
+
+    monkeypatch.delenv("TRAJFLIGHT_SECRET", raising=False)
+    secure = RayCluster(secret="ray-mint:trajflight-ray-mint-secret-0123")
+    claims = secure.keyring.verify(secure.mint("trainer", ["job-a"], ttl=60.0, sub="rank-0"))
+    assert (claims.sub, claims.role, claims.jobs, claims.exp - claims.iat) == (
+        "rank-0",
+        Role.TRAINER,
+        ("job-a",),
+        60,
+    )
+    assert secure.keyring.verify(secure.mint()).role is Role.ADMIN
+    with pytest.raises(ConfigError, match="no deployment secret"):
+        RayCluster().mint("writer", ["job-a"])
+
+
 # ---------------------------------------------------------------------------------------- session Ray
 
 
-@pytest.fixture(scope="module")
-def plane(ray_runtime):
-    """Two storage server actors and the controller actor, in a fresh namespace, for the whole module."""
-    with RayCluster(servers=2, capacity="256MiB", timeout=20.0) as p:
+@pytest.fixture(scope="module", params=PLANES)
+def plane(request, ray_runtime, tmp_path_factory):
+    """Two storage server actors and the controller actor, in a fresh namespace, for the whole module;
+    once plain and once secure (tokens and mutual TLS)."""
+    with started_plane(
+        request.param, tmp_path_factory, RayCluster, servers=2, capacity="256MiB", timeout=20.0
+    ) as p:
         yield p
 
 
@@ -142,13 +195,18 @@ def plane(ray_runtime):
 def test_servers_are_node_pinned_actors_on_loopback(plane, ray_runtime):
     import psutil
 
+    from trajflight.errors import AuthenticationError
+    from trajflight.flight_server import StorageClient
+
+    secure = plane.keyring is not None
+    scheme = "grpc+tls" if secure else "grpc"
     here = ray_runtime.get_runtime_context().get_node_id()
     assert plane.address == f"ray://{plane.namespace}/trajflight-controller"
     assert len(plane.servers) == 2
     registered = {s.server_id: s for s in plane.client().controller.servers()}
     for server in plane.servers:
         assert server.node_id == here
-        assert server.location.startswith("grpc://127.0.0.1:")
+        assert server.location.startswith(f"{scheme}://127.0.0.1:")
         assert registered[server.server_id].node == here
         assert registered[server.server_id].location == server.location
         actor = ray_runtime.get_actor(server.actor_name, namespace=plane.namespace)
@@ -160,6 +218,12 @@ def test_servers_are_node_pinned_actors_on_loopback(plane, ray_runtime):
         ]
         assert listening, "the storage server actor listens nowhere"
         assert {addr.ip for addr in listening} <= LOOPBACK, listening
+        if secure:  # the client's certificate without a token is not enough
+            with (
+                StorageClient(server.location, timeout=10, tls=plane.client_tls) as bare,
+                pytest.raises(AuthenticationError),
+            ):
+                bare.health()
 
 
 @pytest.mark.ray
@@ -168,7 +232,10 @@ def test_writers_as_ray_tasks_put_to_their_node_and_a_trainer_commits_to_zero(pl
     client = plane.client()
     client.open_job(job, 1, {"default_lease_ttl": "20s"})
     write = ray_runtime.remote(num_cpus=0)(_write_groups_fn())
-    results = ray_runtime.get([write.remote(plane.address, job, 1, g, 4) for g in (0, 100)], timeout=60)
+    writer = _connect_args(plane, "writer", job)
+    results = ray_runtime.get(
+        [write.remote(plane.address, job, 1, g, 4, **writer) for g in (0, 100)], timeout=60
+    )
 
     servers = {s.server_id: s for s in plane.servers}
     metas = [m for r in results for m in r["metas"]]
@@ -188,12 +255,14 @@ def test_writers_as_ray_tasks_put_to_their_node_and_a_trainer_commits_to_zero(pl
         assert ids.is_nested
         assert int(ids.offsets()[-1]) == ids.values().numel() > 0
         assert len(set(tensors.arrow["sample_id"].to_pylist())) == 32
-        # The single-controller pattern: shards of the lease fetched by Ray tasks, under its token.
-        shards = batch.shards(2)
-        rows = ray_runtime.get(
-            [ray_runtime.remote(num_cpus=0)(_rows_of).remote(s.select(["reward"])) for s in shards],
-            timeout=30,
+        # The single-controller pattern: shards of the lease fetched by Ray tasks, under its token (and,
+        # secure, with a trainer's credential and TLS files from the tasks' environment).
+        env = _env_vars(plane, "trainer", job)
+        rows_of = ray_runtime.remote(num_cpus=0, **({"runtime_env": {"env_vars": env}} if env else {}))(
+            _rows_of
         )
+        shards = batch.shards(2)
+        rows = ray_runtime.get([rows_of.remote(s.select(["reward"])) for s in shards], timeout=60)
         assert sum(rows) == 32
     assert plane.wait_idle(job, timeout=15.0) == (0, 0)
     assert client.controller.counts(job)["committed_total"] == 8
@@ -242,6 +311,9 @@ def _rows_of(handle):
 
 @pytest.mark.ray
 def test_a_process_outside_ray_joins_by_address(plane, ray_runtime):
+    """Secure, it connects with nothing but its environment: a writer's token and the client's TLS files.
+    Issue 18: ``connect("ray://...")`` read ``TRAJFLIGHT_TOKEN`` but not ``TRAJFLIGHT_TLS_*``, so this
+    process could not reach a Ray plane's ``grpc+tls://`` storage servers."""
     job = _job()
     client = plane.client()
     client.open_job(job, 1)
@@ -251,8 +323,9 @@ def test_a_process_outside_ray_joins_by_address(plane, ray_runtime):
         print(json.dumps(write_groups(sys.argv[1], sys.argv[2], 1, 0, 2)))
         """
     )
+    env = {**os.environ, **_env_vars(plane, "writer", job)}
     out = subprocess.run(
-        [sys.executable, "-c", code, plane.address, job], capture_output=True, text=True, timeout=90
+        [sys.executable, "-c", code, plane.address, job], capture_output=True, text=True, timeout=90, env=env
     )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -271,7 +344,9 @@ def test_an_expired_lease_is_fenced_on_its_storage_server_by_the_controller_acto
     client = plane.client()
     client.open_job(job, 1, {"default_lease_ttl": "1s"})
     write = ray_runtime.remote(num_cpus=0)(_write_groups_fn())
-    ray_runtime.get(write.remote(plane.address, job, 1, 0, 1), timeout=60)
+    ray_runtime.get(
+        write.remote(plane.address, job, 1, 0, 1, **_connect_args(plane, "writer", job)), timeout=60
+    )
     lease = client.controller.acquire(job, "raw", max_groups=1)  # no client-side fencing at all
     (group,) = lease.groups
     storage = client.storage.client(group.location)
@@ -300,15 +375,21 @@ def test_unknown_controller_and_taken_name(plane, ray_runtime):
 
 
 @pytest.mark.ray
-def test_restart_controller_keeps_address_servers_and_clients(ray_runtime):
+@pytest.mark.parametrize("mode", PLANES)
+def test_restart_controller_keeps_address_servers_and_clients(ray_runtime, mode, tmp_path_factory):
+    """Secure, the restarted actor (its constructor re-run by Ray) still deletes with a minted token."""
     job = _job()
-    with RayCluster(servers=1, capacity="64MiB", timeout=20.0) as plane:
+    with started_plane(
+        mode, tmp_path_factory, RayCluster, servers=1, capacity="64MiB", timeout=20.0
+    ) as plane:
         client = plane.client()
         config = {"default_lease_ttl": "20s"}
         client.open_job(job, 1, config)
         writer = client.writer(job, 1)
         write = ray_runtime.remote(num_cpus=0)(_write_groups_fn())
-        ray_runtime.get(write.remote(plane.address, job, 1, 0, 3), timeout=60)
+        ray_runtime.get(
+            write.remote(plane.address, job, 1, 0, 3, **_connect_args(plane, "writer", job)), timeout=60
+        )
         checkpoint = client.checkpoint(job)
         before = client.controller.transport.info(10.0)["pid"]
 
@@ -332,13 +413,20 @@ def test_restart_controller_keeps_address_servers_and_clients(ray_runtime):
 
 
 @pytest.mark.ray
-def test_with_a_state_dir_a_restarted_controller_keeps_its_groups(ray_runtime, tmp_path):
+@pytest.mark.parametrize("mode", PLANES)
+def test_with_a_state_dir_a_restarted_controller_keeps_its_groups(
+    ray_runtime, mode, tmp_path, tmp_path_factory
+):
     job = _job()
-    with RayCluster(servers=1, capacity="64MiB", state_dir=tmp_path, timeout=20.0) as plane:
+    with started_plane(
+        mode, tmp_path_factory, RayCluster, servers=1, capacity="64MiB", state_dir=tmp_path, timeout=20.0
+    ) as plane:
         client = plane.client()
         client.open_job(job, 1, {"default_lease_ttl": "20s"})
         write = ray_runtime.remote(num_cpus=0)(_write_groups_fn())
-        ray_runtime.get(write.remote(plane.address, job, 1, 0, 2), timeout=60)
+        ray_runtime.get(
+            write.remote(plane.address, job, 1, 0, 2, **_connect_args(plane, "writer", job)), timeout=60
+        )
 
         plane.restart_controller()  # Ray restarts the actor; it replays its journal
 
@@ -393,8 +481,13 @@ TWO_NODES = WRITE_GROUPS + textwrap.dedent(
 @pytest.mark.slow
 @pytest.mark.timeout(170)
 def test_two_node_cluster_writers_put_to_their_own_node():
-    """A simulated two-node cluster (its own Ray, in a child process so it never meets the session's)."""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    """A simulated two-node cluster (its own Ray, in a child process so it never meets the session's).
+
+    Plain only: the slowest test here (a second Ray in a child); its secure paths (scoped tokens and mTLS
+    from Ray tasks to their node's server) are those the module's secure plane runs on one node."""
+    # Not the secure module plane's credential either (it stays in the environment while that plane
+    # lives): this child's plane has no secret, and its servers refuse a token.
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS" and not k.startswith("TRAJFLIGHT_")}
     out = subprocess.run(
         [sys.executable, "-c", TWO_NODES], capture_output=True, text=True, timeout=150, env=env
     )

@@ -66,6 +66,24 @@ def test_a_client_without_a_certificate_or_trusting_another_ca_is_refused(mtls_c
         trajflight.connect(mtls_cluster.address, tls=no_cert, timeout=5).controller.servers()
 
 
+def test_a_refused_tls_handshake_says_which_setting_to_give(mtls_cluster, certs, tmp_path):
+    """The errors name what to do (tls= or TRAJFLIGHT_TLS_*), not only gRPC's handshake words."""
+    location = mtls_cluster.server_locations[0]
+    untrusting = (None, make_dev_certs(tmp_path / "another").client)  # system roots; another CA
+    for tls in untrusting:
+        with (
+            pytest.raises(UnavailableError, match=r"TLS handshake failed.*TRAJFLIGHT_TLS_CA"),
+            StorageClient(location, timeout=5, tls=tls) as client,
+        ):
+            client.health()
+    for where, tls in ((location, TlsConfig(ca=certs.client.ca)), (location.replace("+tls", ""), None)):
+        with (
+            pytest.raises(UnavailableError, match=r"serves TLS and refused.*TRAJFLIGHT_TLS_"),
+            StorageClient(where, timeout=5, tls=tls) as client,
+        ):
+            client.health()
+
+
 def test_tls_without_client_certificates_serves_any_client_trusting_the_ca(certs):
     server_only = TlsConfig(certs.server.cert, certs.server.key)  # no ca: no client certificate asked
     with (
