@@ -265,9 +265,9 @@ class StoragePool:
 
     def delete_groups(self, work: Sequence[DeleteWork]) -> list[DeleteOutcome]:
         """Carry out many deletes of the controller's GC list in as few calls as it can: one ``delete``
-        action per server for up to :data:`DELETE_BATCH` groups (the servers called at once), on the
-        same-host socket where the server is reached through shared memory (as every action of the
-        pool's clients).
+        action per server for up to :data:`DELETE_BATCH` groups (the servers called at once); over the
+        same-host socket once this pool has chosen shared memory for the server (as every action of its
+        clients), else Flight.
 
         The server checks every group of a call before it deletes any. A refusal that may concern one
         group (a stale token: :data:`_ITEM_REFUSALS`) splits the call in halves, again and again, so
