@@ -229,7 +229,7 @@ class LocalCluster:
         return Archive(
             self.archive_location,
             read=lambda location, keys: pool.client(location).get(keys, timeout=timeout),
-            delete=pool.delete,
+            delete_groups=pool.delete_groups,
             filesystem=self.archive_filesystem,
             flush_after=self.archive_flush,
             archive_dropped=self.archive_dropped,
