@@ -180,6 +180,10 @@ class Archive:
         archive_dropped: Archive dropped groups too (an operator's ``resolve(..., "drop")`` of
             ``UNKNOWN`` groups, a new epoch's dropped READY groups, a restore's purges), marked
             ``outcome = "dropped"`` and without lease facts; by default they are deleted unarchived.
+        pressure: A count that rises whenever a writer is refused for capacity (the controller's
+            capacity refusals); a rise since the last pass writes the held groups at once rather than
+            at ``flush_after``, since their deletes free what the writers wait for. None: timer and
+            count only.
 
     Attributes:
         clock: The ``clock`` it was given (a host that queues deletes for it reads the time there).
@@ -204,6 +208,7 @@ class Archive:
         flush_after: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         archive_dropped: bool = False,
+        pressure: Callable[[], int] | None = None,
     ) -> None:
         self.location = os.fspath(location)
         self.fs, self.root = open_filesystem(location, filesystem)
@@ -214,6 +219,8 @@ class Archive:
         self.flush_after = flush_after
         self.clock = clock
         self.reasons = frozenset({"committed", "dropped"} if archive_dropped else {"committed"})
+        self._pressure = pressure
+        self._pressed = 0 if pressure is None else pressure()
         self._held: dict[Partition, DeleteWork] = {}
         self._oldest: float | None = None
         self._batches: dict[str, _Batch] = {}
@@ -280,9 +287,16 @@ class Archive:
                 if self._oldest is None:
                     self._oldest = now if since is None else min(now, since)
         due = self._oldest is not None and now - self._oldest >= self.flush_after
-        if self._held and (due or len(self._held) >= self.max_groups):
+        if self._held and (due or len(self._held) >= self.max_groups or self._writers_wait()):
             out.extend(self.flush())
         return out
+
+    def _writers_wait(self) -> bool:
+        """Whether a writer was refused for capacity since the last look."""
+        if self._pressure is None:
+            return False
+        seen, self._pressed = self._pressed, self._pressure()
+        return self._pressed > seen
 
     def flush(self) -> list[Outcome]:
         """Archive and delete every held group now; returns their outcomes (never raises)."""

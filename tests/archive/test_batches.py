@@ -194,3 +194,26 @@ def test_time_queued_before_the_archive_counts_towards_the_flush_timer(tmp_path)
     out = archive([_work(1), _work(2)], since=clock.now - 5.0)  # queued for flush_after already
     assert sorted((w.partition.group_id, ok) for w, ok, _ in out) == [(1, True), (2, True)]
     assert len(_files(tmp_path)) == 2
+
+
+def test_writers_refused_for_capacity_get_the_held_groups_written_at_once(tmp_path):
+    """Issue 17: a plane too small to hold a file's worth of groups stalled its writers until the flush
+    timer; a capacity refusal since the last pass now writes the held groups (and deletes them) at once."""
+    servers, clock, refusals = FakeServers(), Clock(), [3]
+    archive = Archive(
+        tmp_path,
+        read=servers.read,
+        delete_groups=servers.delete_groups,
+        flush_after=60.0,
+        clock=clock,
+        pressure=lambda: refusals[0],
+    )
+    assert archive([_work(0), _work(1)]) == []  # refusals from before the archive opened do not count
+    assert archive([]) == []
+    assert archive.pending == 2
+    refusals[0] += 1  # a writer was refused for capacity
+    out = archive([_work(2)])
+    assert sorted((w.partition.group_id, ok) for w, ok, _ in out) == [(0, True), (1, True), (2, True)]
+    assert (archive.pending, len(_files(tmp_path)), sorted(servers.deleted)) == (0, 1, [0, 1, 2])
+    assert archive([_work(3)]) == []
+    assert archive.pending == 1
