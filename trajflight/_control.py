@@ -125,6 +125,7 @@ _RESTORE_KWARGS = frozenset(COMMANDS["restore"].argument_names) - {"data"}  # th
 _COUNTED = {
     "publish": "groups_published",
     "publish_many": "groups_published",
+    "publish_ahead": "groups_published",
     "commit": "commits",
     "release": "releases",
     "resolve": "resolves",
@@ -433,12 +434,13 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
     def _run(self, command: Command[Any], timeout: float | None) -> Any:
         method = command.name
         result = self.controller.run(command, timeout=timeout)
+        published = result.groups if method == "publish_ahead" else result
         if method in _COUNTED:
-            self._count(_COUNTED[method], len(result) if isinstance(result, tuple | list) else 1)
+            self._count(_COUNTED[method], len(published) if isinstance(published, tuple | list) else 1)
         if method == "publish":
             self._count("bytes_published", result.nbytes)
-        elif method == "publish_many":
-            self._count("bytes_published", sum(info.nbytes for info in result))
+        elif method in ("publish_many", "publish_ahead"):
+            self._count("bytes_published", sum(info.nbytes for info in published))
         return result
 
 

@@ -124,6 +124,8 @@ def requests(w: World) -> dict[str, tuple[str, dict[str, Any]]]:
             "columns": ["response_ids"],
         },
         "publish_many": {"items": [publication]},
+        "publish_ahead": {"items": [publication], **job, "epoch": 1, "writer_id": "w", "ahead": [100]},
+        "abandon": {"partition": w.grant.partition, "token": w.grant.token},
         "group": {"partition": w.ready},
         "renew": {**lease, "ttl": 900},
         "prepare": {**lease, "batch_id": "b"},
