@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from trajflight.controller import GroupState, JobConfig, Ledger, Publication, PutGrant
+from trajflight.controller import GroupState, Publication, PutGrant
 from trajflight.errors import (
     InvalidRequestError,
     LeaseExpiredError,
@@ -176,6 +176,7 @@ def test_publish_ahead_and_abandon_are_journaled_client_calls():
     from trajflight.controller._commands import MUTATING
 
     for name in ("publish_ahead", "abandon"):
-        assert name in MUTATING and name in CALLS
+        assert name in MUTATING
+        assert name in CALLS
         assert ROLES[name] == (Role.WRITER,)
     assert COMMANDS["publish_ahead"].argument_names == ("items", "job_id", "epoch", "writer_id", "ahead")
