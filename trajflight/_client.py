@@ -283,10 +283,14 @@ class Client:
         policy_version: int = 0,
         put_timeout: float = 60.0,
         node: str | None = None,
+        grant_ahead: bool = False,
     ) -> Writer:
         """Register a rollout worker of ``job_id`` at ``epoch`` and return its :class:`Writer`.
 
-        ``node`` is where it runs, for same-node placement (default: the client's, see :class:`Writer`)."""
+        ``node`` is where it runs, for same-node placement (default: the client's, see :class:`Writer`);
+        ``grant_ahead``: each put gets the next one's grant with its publication (one controller call
+        a steady-state put; the held grant is charged until :meth:`close` or its expiry, see
+        :class:`Writer`)."""
         writer = Writer(
             self.session,
             job_id,
@@ -295,6 +299,7 @@ class Client:
             writer_id=writer_id,
             policy_version=policy_version,
             put_timeout=put_timeout,
+            grant_ahead=grant_ahead,
         )
         self._writers.add(writer)
         return writer

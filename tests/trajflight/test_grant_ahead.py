@@ -46,7 +46,7 @@ def _drain(client: trajflight.Client, job: str, n: int) -> None:
 def test_a_steady_state_put_makes_one_controller_call(cluster, job):
     client = cluster.client()
     client.open_job(job, 1)
-    writer = client.writer(job, 1)
+    writer = client.writer(job, 1, grant_ahead=True)
     allocate, publish = _calls(client)
     batches = [g.encode(job, 1) for g in make_workload(4, 4, seed=1, response_median=64)]
     batches.sort(key=lambda b: b.get_total_buffer_size(), reverse=True)  # each fits the one before's grant
@@ -62,7 +62,7 @@ def test_a_steady_state_put_makes_one_controller_call(cluster, job):
 def test_the_grant_held_ahead_is_charged_until_close_gives_it_back(cluster, job):
     client = cluster.client()
     client.open_job(job, 1)
-    writer = client.writer(job, 1)
+    writer = client.writer(job, 1, grant_ahead=True)
     (meta,) = put_groups(writer, 1)
     nbytes, groups = client.controller.usage(job)
     assert groups == 2
@@ -84,7 +84,7 @@ def test_the_grant_held_ahead_is_charged_until_close_gives_it_back(cluster, job)
 def test_a_grant_held_ahead_too_small_for_the_group_is_kept_and_the_put_allocates(cluster, job):
     client = cluster.client()
     client.open_job(job, 1)
-    writer = client.writer(job, 1)
+    writer = client.writer(job, 1, grant_ahead=True)
     (small,) = (g.encode(job, 1) for g in make_workload(1, 4, seed=2, response_median=16))
     (large,) = (g.encode(job, 1) for g in make_workload(1, 4, seed=2, response_median=4096))
     assert large.get_total_buffer_size() > 4 * small.get_total_buffer_size()
@@ -104,7 +104,7 @@ def test_a_grant_held_ahead_too_small_for_the_group_is_kept_and_the_put_allocate
 def test_a_stale_grant_held_ahead_is_not_used(cluster, job):
     client = cluster.client()
     client.open_job(job, 1, {"grant_ttl": 0.05})
-    writer = client.writer(job, 1)
+    writer = client.writer(job, 1, grant_ahead=True)
     put_groups(writer, 1)
     time.sleep(0.2)  # past the held grant's lifetime: the controller expired it
     allocate, _ = _calls(client)
@@ -119,7 +119,7 @@ def test_a_stale_grant_held_ahead_is_not_used(cluster, job):
 def test_a_new_epoch_drops_the_grant_held_ahead_and_the_fenced_writer_is_refused(cluster, job):
     client = cluster.client()
     client.open_job(job, 1)
-    old = client.writer(job, 1)
+    old = client.writer(job, 1, grant_ahead=True)
     put_groups(old, 1)
     client.open_job(job, 2)
     with pytest.raises(StaleFenceError):
