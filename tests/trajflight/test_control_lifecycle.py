@@ -280,3 +280,48 @@ def test_a_trainer_parked_in_lease_over_the_control_rpc_is_woken_by_the_publish(
     finally:
         writer_client.close()
         trainer_client.close()
+
+
+def test_a_put_with_a_grant_held_ahead_wakes_a_trainer_parked_over_the_control_rpc(plane, monkeypatch):
+    """issue 16: with ``grant_ahead`` a steady-state put is one ``publish_ahead`` call (no allocate), and
+    that publication wakes the parked trainer through the host's condition as ``publish`` does."""
+    from trajflight.controller import _host
+
+    monkeypatch.setattr(_host, "POLL_CHECK", 1000.0)
+    host = plane.controller
+    cond = host._cond
+    waits: list[bool] = []
+    real_wait = cond.wait
+
+    def recording_wait(timeout: float | None = None) -> bool:
+        notified = real_wait(timeout)
+        waits.append(notified)
+        return notified
+
+    writer_client = trajflight.connect(plane.address, timeout=20.0)
+    trainer_client = trajflight.connect(plane.address, timeout=20.0)
+    try:
+        writer_client.open_job("wake-ahead", 1)
+        writer = writer_client.writer("wake-ahead", 1, grant_ahead=True)
+        trainer = trainer_client.trainer("wake-ahead")
+        put_groups(writer, 1)  # the first put allocates, and holds the next grant
+        trainer.lease(1, wait=5.0, renew=False).commit()
+        monkeypatch.setattr(cond, "wait", recording_wait)
+        sent: list[str] = []
+        run = writer_client.controller._run
+        monkeypatch.setattr(writer_client.controller, "_run", lambda c, t: sent.append(c.name) or run(c, t))
+        got: dict[str, Any] = {}
+        thread = threading.Thread(target=lambda: got.update(batch=trainer.lease(1, wait=30.0, renew=False)))
+        thread.start()
+        _wait_until(lambda: host.waiting == 1, "the trainer to park")
+        (meta,) = put_groups(writer, 1, first=1)
+        thread.join(30.0)
+        assert not thread.is_alive()
+        assert sent == ["publish_ahead"]
+        assert got["batch"].partitions == (meta.partition,)
+        assert waits
+        assert waits[-1] is True  # woken by notify_all, not by a timeout
+        got["batch"].commit()
+    finally:
+        writer_client.close()
+        trainer_client.close()
