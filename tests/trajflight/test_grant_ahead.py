@@ -43,6 +43,13 @@ def _drain(client: trajflight.Client, job: str, n: int) -> None:
         assert len(batch.partitions) == n
 
 
+def _close_and_drain(cluster: trajflight.LocalCluster, writer: trajflight.Writer, job: str, n: int) -> None:
+    """Close the writer, lease and commit its ``n`` groups: the job's usage is then back to zero."""
+    writer.close()
+    _drain(cluster.client(), job, n)
+    assert cluster.wait_idle(job) == (0, 0)
+
+
 def test_a_steady_state_put_makes_one_controller_call(cluster, job):
     client = cluster.client()
     client.open_job(job, 1)
@@ -54,9 +61,7 @@ def test_a_steady_state_put_makes_one_controller_call(cluster, job):
     assert allocate.call_count == 1  # the first put only; the others used the grant held ahead
     assert publish.call_count == 4
     assert len({m.partition for m in metas}) == 4
-    writer.close()
-    _drain(client, job, 4)
-    assert cluster.wait_idle(job) == (0, 0)
+    _close_and_drain(cluster, writer, job, 4)
 
 
 def test_the_grant_held_ahead_is_charged_until_close_gives_it_back(cluster, job):
@@ -96,9 +101,7 @@ def test_a_grant_held_ahead_too_small_for_the_group_is_kept_and_the_put_allocate
     assert client.controller.group(meta.partition).nbytes == meta.nbytes
     writer.put(small)
     assert allocate.call_count == 1  # the kept grant served the next small group
-    writer.close()
-    _drain(client, job, 3)
-    assert cluster.wait_idle(job) == (0, 0)
+    _close_and_drain(cluster, writer, job, 3)
 
 
 def test_a_stale_grant_held_ahead_is_not_used(cluster, job):
@@ -111,9 +114,7 @@ def test_a_stale_grant_held_ahead_is_not_used(cluster, job):
     (meta,) = put_groups(writer, 1, first=1)
     assert allocate.call_count == 1
     assert client.controller.group(meta.partition).state.value == "READY"
-    writer.close()
-    _drain(client, job, 2)
-    assert cluster.wait_idle(job) == (0, 0)
+    _close_and_drain(cluster, writer, job, 2)
 
 
 def test_a_new_epoch_drops_the_grant_held_ahead_and_the_fenced_writer_is_refused(cluster, job):
