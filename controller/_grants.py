@@ -300,9 +300,12 @@ class Grants:
             check_int(size, f"ahead[{i}]", minimum=1)
         groups = self.publish_many(items)
         grants: list[PutGrant] = []
-        if ahead and all(size <= job.config.max_group_bytes for size in ahead):
-            # No room, or a strict on-policy hold: no grant, and the writer allocates when it puts.
-            with contextlib.suppress(CapacityExceededError, InvalidStateError):
+        cfg = job.config
+        # Under strict on-policy, a grant held ahead would let a put skip allocate's check that the
+        # writer acknowledged the current policy: none is made ahead there.
+        if ahead and not cfg.strict_on_policy and all(size <= cfg.max_group_bytes for size in ahead):
+            # No room: no grant, and the writer allocates when it puts.
+            with contextlib.suppress(CapacityExceededError):
                 grants = self.allocate_many(job_id, epoch, writer_id, ahead, now)
         return Published(tuple(groups), tuple(grants), now)
 

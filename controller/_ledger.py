@@ -373,8 +373,10 @@ class Ledger:
         are exactly those :meth:`allocate_many` would make at the same ``now`` right after it, charged
         and expiring like any grant (an unpublished grant expires after ``grant_ttl`` and its partition
         is garbage-collected; a new epoch drops it), with one difference: asking ahead never makes the
-        call fail. Where the grants do not fit (capacity, a strict on-policy hold, a size over
-        ``max_group_bytes``) the answer has none and the writer allocates when it puts. A repeat of a
+        call fail. Where the grants do not fit (capacity, a size over ``max_group_bytes``) the answer
+        has none and the writer allocates when it puts. A job with ``strict_on_policy`` gets none ahead
+        either: a held grant would let a put skip :meth:`allocate`'s check that the writer acknowledged
+        the current policy version. A repeat of a
         successful call publishes nothing new but grants again: a holder gives back grants it will not
         use with :meth:`abandon`.
 

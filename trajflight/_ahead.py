@@ -10,7 +10,9 @@ lifetime has passed by this process's clock (the rest is left to the put: a put 
 find the grant expired at publish, as a slow put with a fresh grant does); a grant too small for a group
 stays held for a later one, and one past its half-life is dropped (it expires on the controller, which
 garbage-collects its partition). A new epoch drops the held grants on the controller: a put with one is
-refused with ``StaleFenceError``, as any put of a fenced writer is. It keeps no grant across processes.
+refused with ``StaleFenceError``, as any put of a fenced writer is. A job with ``strict_on_policy`` gets
+no grant ahead (the controller's rule), so its writers allocate every put. It keeps no grant across
+processes.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import pytest
 from trajflight.controller import GroupState, Publication, PutGrant
 from trajflight.errors import (
     InvalidRequestError,
+    InvalidStateError,
     LeaseExpiredError,
     NotFoundError,
     StaleFenceError,
@@ -102,13 +103,25 @@ def test_no_grant_ahead_when_capacity_is_full_and_the_publication_still_succeeds
     assert world.ledger.usage("j") == (1600, 2)
 
 
-def test_no_grant_ahead_over_max_group_bytes_or_under_a_strict_on_policy_hold(world_factory):
-    world = world_factory(dataclasses.replace(CONFIG, strict_on_policy=True))
+def test_no_grant_ahead_over_max_group_bytes(world):
     grant = world.ledger.allocate("j", 1, "w0", nbytes=1000, now=world.now)
     assert _ahead(world, [_item(grant)], [CONFIG.max_group_bytes + 1]).grants == ()
-    world.ledger.announce_policy("j", 1, now=world.now)  # w0 has not acknowledged it
-    assert _ahead(world, [_item(grant)], [1000]).grants == ()
     assert world.ledger.usage("j") == (600, 1)
+
+
+def test_no_grant_ahead_for_a_strict_on_policy_job_even_to_a_writer_that_acknowledged(world_factory):
+    """A held grant would let a put skip allocate's check that the writer acknowledged the policy."""
+    world = world_factory(dataclasses.replace(CONFIG, strict_on_policy=True))
+    grant = world.ledger.allocate("j", 1, "w0", nbytes=1000, now=world.now)
+    assert _ahead(world, [_item(grant)], [1000]).grants == ()  # w0 is up to date
+    second = world.ledger.allocate("j", 1, "w0", nbytes=1000, now=world.now)
+    world.ledger.announce_policy("j", 1, now=world.now)  # w0 has not acknowledged it
+    with pytest.raises(InvalidStateError):
+        world.ledger.allocate("j", 1, "w0", nbytes=1000, now=world.now)
+    got = _ahead(world, [_item(second)], [1000])  # its put already granted still publishes
+    assert got.grants == ()
+    assert got.groups[0].state is GroupState.READY
+    assert world.ledger.usage("j") == (1200, 2)
 
 
 @pytest.mark.parametrize("ahead", [[0], [-5], [1.5], [True], ["100"], [100, 2**70], "100", 5, None])
