@@ -14,7 +14,12 @@ Every writer is made with ``grant_ahead=True`` where the tree has the setting.
 * ``handoff``: a writer process's put to a trainer process already waiting in ``lease``, holding the
   group as torch tensors (``bench/_handoff.py``, as ``trajflight bench`` measures it).
 
+``--ray`` instead runs, on ``RayCluster(servers=1, shm=True)`` (a local Ray runtime on loopback, the
+controller an actor), one writer with ``grant_ahead`` off and one with it on, interleaved round by round
+in this process (this tree only): ``put`` of one group, and the small-group round trip.
+
     python bench/bench_grant_ahead.py [--iters 60] [--handoff 60] [--json out.json]
+    python bench/bench_grant_ahead.py --ray [--iters 60] [--json out.json]
 """
 
 from __future__ import annotations
@@ -38,13 +43,54 @@ def _stats(xs: list[float]) -> dict[str, float]:
     return {"p50": percentile(xs, 50), "p99": percentile(xs, 99), "min": min(xs), "max": max(xs)}
 
 
+def _ray(iters: int) -> dict[str, Any]:
+    """Grant ahead off and on, interleaved, on a Ray data plane (see the module docstring)."""
+    import ray
+
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=4)
+    groups = make_workload(64, 8, seed=0)
+    times: dict[str, dict[str, list[float]]] = {s: {"put": [], "small": []} for s in ("off", "on")}
+    try:
+        with trajflight.RayCluster(servers=1, capacity="8GiB", shm=True) as cluster:
+            client = cluster.client()
+            client.open_job("ga-ray", 1)
+            batches = [encode_with_users(g, "ga-ray", 1, user_columns(g)) for g in groups]
+            writers = {s: client.writer("ga-ray", 1, grant_ahead=(s == "on")) for s in ("off", "on")}
+            trainer = client.trainer("ga-ray", owner="ga-ray-trainer", ttl=300.0)
+            for i in range(iters + 5):
+                for state in ("off", "on") if i % 2 == 0 else ("on", "off"):
+                    t0 = time.perf_counter()
+                    writers[state].put(batches[i % 64])
+                    put = time.perf_counter() - t0
+                    lease = trainer.lease(1, wait=10.0, renew=False)
+                    lease.fetch()
+                    lease.commit()
+                    if i >= 5:
+                        times[state]["put"].append(put)
+                        times[state]["small"].append(time.perf_counter() - t0)
+            client.close()
+    finally:
+        ray.shutdown()
+    return {s: {k: _stats(v) for k, v in d.items()} for s, d in times.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Measure and print one JSON line (and write ``--json``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=60)
     parser.add_argument("--handoff", type=int, default=60)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--ray", action="store_true")
     args = parser.parse_args(argv)
+    if args.ray:
+        load = os.getloadavg()
+        report = {"load_before": load, "ray": _ray(args.iters), "load_after": os.getloadavg()}
+        print(json.dumps(report))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=1)
+        return 0
     groups = make_workload(64, 8, seed=0)
     load = os.getloadavg()
     out: dict[str, Any] = {"tree": os.path.dirname(trajflight.__file__), "load_before": load}
