@@ -4,7 +4,8 @@
   :class:`~trajflight.flight_server.StorageServer` on its node's IP address;
 * :class:`FlightStorage`: the controller actor's deletes, fences and archive reads, straight to the
   storage servers over Flight;
-* :class:`ArchiveFactory`: makes the controller actor's archive in the actor's process.
+* :class:`ArchiveFactory`: makes the controller actor's archive in the actor's process;
+* :class:`NodeMetrics`: makes the controller actor's Prometheus endpoint on the actor's node.
 
 Each is picklable (Ray ships it by reference to this module); connections, threads and servers are made
 in the process that runs them, never pickled. Ray is imported only when an actor is constructed.
@@ -18,9 +19,11 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+from prometheus_client import CollectorRegistry
 
 from trajflight import logs
 from trajflight._archive import Archive
@@ -28,10 +31,37 @@ from trajflight._archive_worker import ArchiveWorker
 from trajflight._storage import StoragePool
 from trajflight.auth import Secret, minted
 from trajflight.controller import DeleteWork, FenceWork, import_ray
-from trajflight.flight_server import TlsConfig
+from trajflight.flight_server import MetricsEndpoint, TlsConfig
 from trajflight.keys import Partition
 
-__all__ = ["ArchiveFactory", "FlightStorage", "StorageServerActor"]
+__all__ = ["ArchiveFactory", "FlightStorage", "NodeMetrics", "StorageServerActor", "node_address"]
+
+
+def node_address() -> str:
+    """The IP address of this process's Ray node, as Ray knows it (loopback on a local Ray started by
+    :class:`~trajflight._ray_plane.RayCluster`): where an actor's endpoints listen."""
+    return str(import_ray().util.get_node_ip_address())
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMetrics:
+    """The controller actor's ``metrics`` factory: a :class:`~trajflight.flight_server.MetricsEndpoint`
+    serving the actor's registry on its node's address (picklable: Ray ships it; the endpoint is made,
+    and its port bound, in the actor's process, again when Ray restarts the actor).
+
+    Attributes:
+        port: TCP port; 0 picks a free one.
+    """
+
+    port: int = 0
+
+    def __call__(self, registry: CollectorRegistry) -> MetricsEndpoint:
+        """Serve ``registry`` on ``node_address():port``.
+
+        Raises:
+            InvalidRequestError: the port cannot be bound (in use).
+        """
+        return MetricsEndpoint(registry, node_address(), self.port)
 
 
 class FlightStorage:
@@ -136,6 +166,8 @@ class StorageServerActor:
         tls: Serve ``grpc+tls://`` with this material (see :class:`RayCluster`); ``None``: plaintext.
         secret: The deployment secret: the server then authenticates every call.
         insecure: Serve a non-loopback node address without a secret (refused otherwise).
+        metrics: Serve the server's Prometheus metrics on a free port of ``host`` (:meth:`describe`
+            names the URL).
     """
 
     def __init__(
@@ -147,13 +179,13 @@ class StorageServerActor:
         tls: TlsConfig | None = None,
         secret: Secret | None = None,
         insecure: bool = False,
+        metrics: bool = False,
     ) -> None:
         from trajflight.flight_server import ShmArena, StorageServer, StoreLimits
 
         logs.setup_from_env()  # the actor's entry: RayCluster(log_level=) sets the environment
-        ray = import_ray()
-        self.node_id: str = ray.get_runtime_context().get_node_id()
-        self.host = host or ray.util.get_node_ip_address()
+        self.node_id: str = import_ray().get_runtime_context().get_node_id()
+        self.host = host or node_address()
         limits = StoreLimits(capacity_bytes=capacity_bytes, capacity_groups=capacity_groups)
         arena = ShmArena() if shm else None
         try:
@@ -165,6 +197,8 @@ class StorageServerActor:
                 tls=tls,
                 keyring=None if secret is None else secret.keyring(),
                 insecure=insecure,
+                metrics_port=0 if metrics else None,
+                metrics_host=self.host,
             )
         except BaseException:
             if arena is not None:
@@ -172,8 +206,9 @@ class StorageServerActor:
             raise
 
     def describe(self) -> dict[str, Any]:
-        """``{"location", "node_id", "host", "pid", "shm_dir"}`` of this server (``shm_dir``: its
-        arena's directory, None without one)."""
+        """``{"location", "node_id", "host", "pid", "shm_dir", "metrics"}`` of this server (``shm_dir``:
+        its arena's directory, None without one; ``metrics``: its Prometheus endpoint's URL, None without
+        one)."""
         arena = self.server.arena
         return {
             "location": self.server.location,
@@ -181,6 +216,7 @@ class StorageServerActor:
             "host": self.host,
             "pid": os.getpid(),
             "shm_dir": None if arena is None else arena.directory,
+            "metrics": self.server.metrics_url,
         }
 
     def close(self, timeout: float = 5.0) -> bool:

@@ -13,6 +13,10 @@
   shared-memory arena on its node's tmpfs: a client on the same host takes the same-host path to it (by
   host identity, as on an embedded plane), any other client Flight.
 
+With ``metrics_port`` the controller actor and every storage server actor serve their Prometheus metrics
+(the embedded plane's families, ``docs/operations.md``) over HTTP on their node's address, which
+:attr:`RayCluster.metrics_urls` names.
+
 Flight or shared memory carries the data; Ray only places and supervises. Other processes reach the plane with
 ``trajflight.connect(cluster.address)``; in a process where Ray is not initialised,
 :func:`~trajflight._ray_connect.connect_ray_plane` joins the running Ray cluster first (``RAY_ADDRESS``,
@@ -47,7 +51,7 @@ from typing import Any
 
 from trajflight import logs
 from trajflight._client import Client
-from trajflight._ray_actors import ArchiveFactory, FlightStorage, StorageServerActor
+from trajflight._ray_actors import ArchiveFactory, FlightStorage, NodeMetrics, StorageServerActor
 from trajflight._ray_connect import SCHEME, current_node_id, loopback_addresses, parse_ray_address
 from trajflight._storage import check_tls_pair
 from trajflight.auth import Credential, Role, Secret, deployment_secret, mint_for_client, minted
@@ -80,6 +84,7 @@ class RayServer:
         location: Its Flight location.
         actor_name: Its Ray actor's name in the plane's namespace.
         shm_dir: Its shared-memory arena's directory on its node (None: Flight only).
+        metrics_url: Its Prometheus endpoint (None without ``metrics_port``).
     """
 
     server_id: str
@@ -87,6 +92,7 @@ class RayServer:
     location: str
     actor_name: str
     shm_dir: str | None = None
+    metrics_url: str | None = None
 
 
 # ---------------------------------------------------------------------------------------- the plane
@@ -129,6 +135,11 @@ class RayCluster:
             ``TRAJFLIGHT_SECRET``; without either the storage servers authenticate nothing, and a server on a
             non-loopback node address refuses to start unless ``insecure``.
         insecure: Serve storage servers on non-loopback node addresses without a secret.
+        metrics_port: Serve Prometheus metrics, as :class:`~trajflight.LocalCluster` does: the
+            controller actor's on this port of its node (0: a free one), each storage server actor's on
+            a free port of its own, each on the address its node's endpoints use (the node's IP address
+            as Ray knows it; loopback on a local Ray); :attr:`metrics_urls` names them. The endpoints
+            have no authentication and serve no credentials. None (the default): no metrics endpoint.
 
     Raises:
         ConfigError: a bad setting, naming it.
@@ -155,8 +166,18 @@ class RayCluster:
         client_tls: TlsConfig | None = None,
         secret: Secret | bytes | str | None = None,
         insecure: bool = False,
+        metrics_port: int | None = None,
     ) -> None:
         check_tls_pair(tls, client_tls)
+        if metrics_port is not None and (
+            isinstance(metrics_port, bool)
+            or not isinstance(metrics_port, int)
+            or not 0 <= metrics_port < 65536
+        ):
+            raise ConfigError(
+                f"metrics_port: need a TCP port in 0..65535 (0: a free one) or None, got {metrics_port!r}",
+                setting="metrics_port",
+            )
         if servers is not None and (isinstance(servers, bool) or not isinstance(servers, int) or servers < 1):
             raise ConfigError(
                 f"servers: need at least one storage server (or None: one per node), got {servers!r}",
@@ -188,6 +209,8 @@ class RayCluster:
         self._secret = deployment_secret(secret)
         self.keyring = None if self._secret is None else self._secret.keyring()
         self.insecure = insecure
+        self.metrics_port = metrics_port
+        self._controller_metrics: str | None = None
         self.servers: list[RayServer] = []
         self._server_actors: list[Any] = []
         self._controller_actor: Any = None
@@ -202,7 +225,8 @@ class RayCluster:
 
         Raises:
             UnavailableError: Ray is missing, or an actor did not start within ``timeout`` (a node lacks
-                resources or died). AlreadyExistsError: a controller of this name runs in this namespace.
+                resources or died), or failed to (its cause in the message: ``metrics_port`` in use,
+                say). AlreadyExistsError: a controller of this name runs in this namespace.
         """
         if self._started:
             return self
@@ -261,6 +285,7 @@ class RayCluster:
                 fencer=storage.fence,
                 options={"scheduling_strategy": strategy, **self._runtime_env()},
                 batch_deleter=archive,
+                metrics=None if self.metrics_port is None else NodeMetrics(self.metrics_port),
             )
         except ValueError as exc:  # Ray: the name is already taken
             raise AlreadyExistsError(
@@ -268,9 +293,9 @@ class RayCluster:
                 f"connect to it with trajflight.connect('{self.address}') or pick another namespace"
             ) from None
         self._controller_actor = actor
-        transport = RayTransport(actor)
-        self._controller = ControllerClient(transport, timeout=self.timeout)
-        transport.info(self.timeout)  # up and answering
+        self._controller = ControllerClient(RayTransport(actor), timeout=self.timeout)
+        (info,) = self._first_answers(ray, [actor.info.remote()], "the controller actor", [here])
+        self._controller_metrics = info["metrics"]
 
     def _runtime_env(self) -> dict[str, Any]:
         """Actor options that carry the logging set-up (``log_level``) to the actors' processes."""
@@ -308,25 +333,42 @@ class RayCluster:
                     tls=self.tls,
                     secret=self._secret,
                     insecure=self.insecure,
+                    metrics=self.metrics_port is not None,
                 )
             )
         refs = [a.describe.remote() for a in self._server_actors]
-        try:
-            described = ray.get(refs, timeout=self.timeout)
-        except ray.exceptions.GetTimeoutError:
-            raise UnavailableError(
-                f"storage server actors did not start within {self.timeout:g}s on nodes "
-                f"{sorted(set(nodes))}; check `ray status` (a node may be gone) or raise timeout"
-            ) from None
-        except ray.exceptions.RayActorError as exc:
-            raise UnavailableError(f"a storage server actor failed to start: {exc}") from None
+        described = self._first_answers(ray, refs, "storage server actors", nodes)
         for i, (info, actor_name) in enumerate(zip(described, names, strict=True)):
             node_id = info["node_id"]
             self.servers.append(
                 RayServer(
-                    f"{node_id[:12]}/server-{i}", node_id, info["location"], actor_name, info.get("shm_dir")
+                    f"{node_id[:12]}/server-{i}",
+                    node_id,
+                    info["location"],
+                    actor_name,
+                    info["shm_dir"],
+                    info["metrics"],
                 )
             )
+
+    def _first_answers(self, ray: Any, refs: list[Any], what: str, nodes: list[str]) -> list[Any]:
+        """The answers of the first calls to just created actors (``refs``), once they have started.
+
+        Raises:
+            UnavailableError: they did not start within ``timeout``, or one failed to (its constructor
+                raised: the cause, a metrics port in use say, is in the message).
+        """
+        try:
+            return list(ray.get(refs, timeout=self.timeout))
+        except ray.exceptions.GetTimeoutError:
+            raise UnavailableError(
+                f"{what} did not start within {self.timeout:g}s on nodes {sorted(set(nodes))}; check "
+                "`ray status` (a node may be gone) or raise timeout"
+            ) from None
+        except ray.exceptions.RayActorError as exc:
+            # Ray keeps only the text of a creation task's error: its last line names the exception.
+            lines = [line for line in str(exc).splitlines() if line.strip()]
+            raise UnavailableError(f"{what} failed to start: {lines[-1] if lines else exc}") from None
 
     def _register_servers(self) -> None:
         controller = self._require_controller()
@@ -366,6 +408,7 @@ class RayCluster:
                     f"the controller actor did not restart within {self.timeout:g}s; check `ray status`"
                 )
             time.sleep(0.1)
+        self._controller_metrics = transport.info(self.timeout)["metrics"]  # a new free port, with 0
         self._register_servers()
 
     def close(self) -> None:
@@ -389,6 +432,7 @@ class RayCluster:
         self.servers.clear()
         self._controller_actor = None
         self._controller = None
+        self._controller_metrics = None
         if self._set_ray_address:
             os.environ.pop("RAY_ADDRESS", None)
             self._set_ray_address = False
@@ -417,6 +461,21 @@ class RayCluster:
     def address(self) -> str:
         """``ray://NAMESPACE/NAME``: ``trajflight.connect(address)`` from any process of the Ray cluster."""
         return f"{SCHEME}{self.namespace}/{self.name}"
+
+    @property
+    def metrics_urls(self) -> dict[str, str]:
+        """What Prometheus scrapes: ``{"controller": url, "server-<i>": url, ...}``, as
+        :attr:`LocalCluster.metrics_urls <trajflight.LocalCluster.metrics_urls>` (empty without
+        ``metrics_port``, or when the plane is not running). The controller's is that of its actor's
+        latest start here or in :meth:`restart_controller`; with port 0, an actor Ray restarted by itself
+        serves on another free port (its ``info`` names it)."""
+        out: dict[str, str] = {}
+        if self._controller_metrics is not None:
+            out["controller"] = self._controller_metrics
+        for i, server in enumerate(self.servers):
+            if server.metrics_url is not None:
+                out[f"server-{i}"] = server.metrics_url
+        return out
 
     @property
     def server_locations(self) -> list[str]:
