@@ -230,12 +230,12 @@ class ControllerActor:
         """Answer every parked acquire with UnavailableError and stop serving metrics (call it before
         killing the actor)."""
         self._closing = True
-        if self._metrics is not None:
-            self._metrics.close()
         event = self._ensure_started()
         event.set()
         self._changed = asyncio.Event()
         await asyncio.sleep(0)  # let the woken acquires answer
+        if self._metrics is not None:  # off the loop: a scrape in flight waits on it for the ledger
+            await asyncio.to_thread(self._metrics.close)
 
     async def checkpoint(self, job_id: str, path: str | None) -> Reply:
         """Take a job checkpoint; write it (atomically, on the actor's node) to ``path`` when given, and

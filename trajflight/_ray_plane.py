@@ -399,7 +399,8 @@ class RayCluster:
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                if transport.info(max(0.1, deadline - time.monotonic()))["pid"] != before:
+                info = transport.info(max(0.1, deadline - time.monotonic()))
+                if info["pid"] != before:
                     break
             except UnavailableError:
                 pass  # restarting
@@ -408,7 +409,7 @@ class RayCluster:
                     f"the controller actor did not restart within {self.timeout:g}s; check `ray status`"
                 )
             time.sleep(0.1)
-        self._controller_metrics = transport.info(self.timeout)["metrics"]  # a new free port, with 0
+        self._controller_metrics = info["metrics"]  # with port 0, the new actor's free port
         self._register_servers()
 
     def close(self) -> None:
