@@ -51,7 +51,9 @@ def _trainer_main(conn: Any, address: str, job: str, transport: str, iters: int)
         conn.close()
 
 
-def _writer_main(conn: Any, address: str, job: str, transport: str, groups: list[SyntheticGroup]) -> None:
+def _writer_main(
+    conn: Any, address: str, job: str, transport: str, groups: list[SyntheticGroup], grant_ahead: bool
+) -> None:
     """The writer process: encode the groups (user columns too), then on ``i`` put group ``i`` and send
     the time just before the put, until ``None``."""
     import trajflight
@@ -61,7 +63,7 @@ def _writer_main(conn: Any, address: str, job: str, transport: str, groups: list
     batches = [encode_with_users(g, job, 1) for g in groups]
     client = trajflight.connect(address, transport=transport, timeout=30.0)
     try:
-        writer = client.writer(job, 1, writer_id=f"handoff-{os.getpid()}")
+        writer = client.writer(job, 1, writer_id=f"handoff-{os.getpid()}", grant_ahead=grant_ahead)
         writer.put(batches[0])  # first use: connections, the transport's setup
         conn.send("ready")
         while (i := conn.recv()) is not None:
@@ -88,7 +90,14 @@ def _stop(proc: Any, conn: Any) -> None:
 
 
 def trajflight_handoff(
-    address: str, job: str, transport: str, groups: Sequence[SyntheticGroup], iters: int, warmup: int = 3
+    address: str,
+    job: str,
+    transport: str,
+    groups: Sequence[SyntheticGroup],
+    iters: int,
+    warmup: int = 3,
+    *,
+    grant_ahead: bool = False,
 ) -> list[float]:
     """Seconds from a writer process starting ``Writer.put`` of one group to a trainer process holding it
     as torch tensors, ``iters`` times after ``warmup`` untimed ones.
@@ -101,6 +110,7 @@ def trajflight_handoff(
             first, untimed, round).
         iters: Timed handoffs.
         warmup: Untimed handoffs first.
+        grant_ahead: The writer's ``grant_ahead`` (its puts then make one controller call each).
     """
     ctx = multiprocessing.get_context("spawn")  # gRPC is not fork-safe
     tconn, tchild = ctx.Pipe()
@@ -110,7 +120,7 @@ def trajflight_handoff(
         target=_trainer_main, args=(tchild, address, job, transport, rounds + 1), daemon=True
     )
     writer = ctx.Process(
-        target=_writer_main, args=(wchild, address, job, transport, list(groups)), daemon=True
+        target=_writer_main, args=(wchild, address, job, transport, list(groups), grant_ahead), daemon=True
     )
     trainer.start()
     writer.start()

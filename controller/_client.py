@@ -26,6 +26,7 @@ from trajflight.errors import NotFoundError
 
 from ._checkpoint import checkpoint_seq
 from ._commands import (
+    Abandon,
     AckPolicy,
     Acquire,
     Allocate,
@@ -44,6 +45,7 @@ from ._commands import (
     OpenJob,
     Prepare,
     Publish,
+    PublishAhead,
     PublishMany,
     RegisterServer,
     RegisterWriter,
@@ -72,6 +74,7 @@ from ._records import (
     Partition,
     PolicyStatus,
     Publication,
+    Published,
     PutGrant,
     ServerInfo,
 )
@@ -301,6 +304,38 @@ class ControllerClient:
                 nothing was published.
         """
         return self._run(PublishMany(items=items), timeout)
+
+    def publish_ahead(
+        self,
+        items: Sequence[Publication],
+        *,
+        job_id: str,
+        epoch: int,
+        writer_id: str,
+        ahead: Sequence[int] = (),
+        timeout: float | None = None,
+    ) -> Published:
+        """Publish stored groups and grant the writer's next partitions in one controller operation
+        (``Ledger.publish_ahead``).
+
+        The publication is :meth:`publish_many`'s (all or nothing); the grants are those
+        :meth:`allocate_many` would make for ``ahead`` right after it, or none where they do not fit:
+        asking ahead never makes the publication fail. Each grant stays valid for
+        ``expires_at - granted_at`` seconds from when the answer arrived (ledger time is the host's).
+
+        Raises:
+            StaleFenceError, NotFoundError, InvalidRequestError, LeaseExpiredError, AlreadyExistsError: as
+                :meth:`publish_many` (or the writer is not registered, or ``ahead`` is not a list of
+                positive ints); nothing was published.
+        """
+        return self._run(
+            PublishAhead(items=items, job_id=job_id, epoch=epoch, writer_id=writer_id, ahead=ahead), timeout
+        )
+
+    def abandon(self, partition: Partition, *, token: int, timeout: float | None = None) -> bool:
+        """Give up an unpublished grant now rather than at its expiry (``Ledger.abandon``): ``True`` when
+        it was abandoned, ``False`` when it was already published or dropped."""
+        return self._run(Abandon(partition=partition, token=token), timeout)
 
     def group(self, partition: Partition, *, timeout: float | None = None) -> GroupInfo:
         """What the controller knows of one group (``Ledger.group``)."""

@@ -43,6 +43,7 @@ from ._records import (
     OldReady,
     Partition,
     Publication,
+    Published,
     PutGrant,
     ResolveAction,
     ServerInfo,
@@ -257,6 +258,32 @@ class PublishMany(Command[list[GroupInfo]]):
 
     def apply(self, ledger: Ledger, now: float) -> list[GroupInfo]:
         return ledger.publish_many(self.items, now=now)
+
+
+@_declare(M, CALL)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PublishAhead(Command[Published]):
+    items: Sequence[Publication]
+    job_id: str
+    epoch: int
+    writer_id: str
+    ahead: Sequence[int] = ()
+
+    def apply(self, ledger: Ledger, now: float) -> Published:
+        return ledger.publish_ahead(
+            self.items, job_id=self.job_id, epoch=self.epoch, writer_id=self.writer_id, ahead=self.ahead,
+            now=now,
+        )  # fmt: skip
+
+
+@_declare(M, CALL)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Abandon(Command[bool]):
+    partition: Partition | Sequence[Any]
+    token: int
+
+    def apply(self, ledger: Ledger, now: float) -> bool:
+        return ledger.abandon(self.partition, token=self.token, now=now)
 
 
 @_declare(Q, CALL)
@@ -604,6 +631,8 @@ ROLES: Mapping[str, tuple[Role, ...]] = MappingProxyType(
         "allocate_many": (_W,),
         "publish": (_W,),
         "publish_many": (_W,),
+        "publish_ahead": (_W,),
+        "abandon": (_W,),
         "group": _ANY,
         "acquire": (_T,),
         "renew": (_T,),

@@ -1,8 +1,10 @@
 """Put grants and publishing: placement and capacity for new groups, and making stored groups READY.
 
 ``allocate`` gives a writer the job's next partition on a storage server with room and reserves its bytes
-under a grant token; ``publish`` makes the stored group READY and gives back what it did not use. An
-unpublished grant expires after the job's ``grant_ttl`` and its partition is garbage-collected.
+under a grant token; ``publish`` makes the stored group READY and gives back what it did not use;
+``publish_ahead`` publishes and grants the writer's next partitions in the same operation. An unpublished
+grant expires after the job's ``grant_ttl`` (or when its holder abandons it) and its partition is
+garbage-collected.
 
 It does not check that a published group is really stored: the storage server refuses puts without the
 grant's token, and the writer publishes only after its put succeeded. It reads no clock.
@@ -10,6 +12,7 @@ grant's token, and the writer publishes only after its put succeeded. It reads n
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -39,7 +42,7 @@ from ._entries import (
 )
 from ._groups import Groups
 from ._jobs import Jobs
-from ._records import GroupInfo, Partition, Publication, PutGrant
+from ._records import GroupInfo, Partition, Publication, Published, PutGrant
 from ._servers import Servers
 from ._tokens import Tokens
 
@@ -275,6 +278,45 @@ class Grants:
         for job, g, sizes, colset, names in apply:
             self._make_published(job, g, sizes, colset, names)
         return [self._groups.info(g) for g in groups]
+
+    # ------------------------------------------------------------------ grant ahead
+    def publish_ahead(
+        self,
+        items: Sequence[Publication],
+        job_id: str,
+        epoch: int,
+        writer_id: str,
+        ahead: Sequence[int],
+        now: float,
+    ) -> Published:
+        """See :meth:`~._ledger.Ledger.publish_ahead`."""
+        job, _ = self._allocating_writer(job_id, epoch, writer_id)
+        if isinstance(ahead, str | bytes) or not isinstance(ahead, Sequence):
+            raise InvalidRequestError(
+                f"ahead must be a list of group sizes (one int per grant asked for ahead), got "
+                f"{type(ahead).__name__}; pass [] to ask for none"
+            )
+        for i, size in enumerate(ahead):
+            check_int(size, f"ahead[{i}]", minimum=1)
+        groups = self.publish_many(items)
+        grants: list[PutGrant] = []
+        cfg = job.config
+        # Under strict on-policy, a grant held ahead would let a put skip allocate's check that the
+        # writer acknowledged the current policy: none is made ahead there.
+        if ahead and not cfg.strict_on_policy and all(size <= cfg.max_group_bytes for size in ahead):
+            # No room: no grant, and the writer allocates when it puts.
+            with contextlib.suppress(CapacityExceededError):
+                grants = self.allocate_many(job_id, epoch, writer_id, ahead, now)
+        return Published(tuple(groups), tuple(grants), now)
+
+    def abandon(self, partition: Partition | Sequence[Any], token: int, now: float) -> bool:
+        """See :meth:`~._ledger.Ledger.abandon`."""
+        key = check_partition(partition)
+        g = self._granted(key, token)
+        if g.state is not ALLOCATED:
+            return False
+        self._groups.to_gc(g, DROPPED, now)
+        return True
 
     def _granted(self, key: Partition, token: int) -> _Group:
         """The group of ``key`` if ``token`` is its grant's token; else raise."""

@@ -57,6 +57,7 @@ from ._records import (
     Partition,
     PolicyStatus,
     Publication,
+    Published,
     PutGrant,
     ResolveAction,
     ServerInfo,
@@ -354,6 +355,61 @@ class Ledger:
         """
         self._advance(now)
         return self._grants.publish_many(items)
+
+    def publish_ahead(
+        self,
+        items: Sequence[Publication],
+        *,
+        job_id: str,
+        epoch: int,
+        writer_id: str,
+        ahead: Sequence[int] = (),
+        now: float,
+    ) -> Published:
+        """:meth:`publish_many` of ``items``, then :meth:`allocate_many` of ``ahead`` for the writer, in one
+        operation: a writer's put gets its next grants with the publication of its last (grant ahead).
+
+        The publication is exactly :meth:`publish_many`'s (the same checks, all or nothing). The grants
+        are exactly those :meth:`allocate_many` would make at the same ``now`` right after it, charged
+        and expiring like any grant (an unpublished grant expires after ``grant_ttl`` and its partition
+        is garbage-collected; a new epoch drops it), with one difference: asking ahead never makes the
+        call fail. Where the grants do not fit (capacity, a size over ``max_group_bytes``) the answer
+        has none and the writer allocates when it puts. A job with ``strict_on_policy`` gets none ahead
+        either: a held grant would let a put skip :meth:`allocate`'s check that the writer acknowledged
+        the current policy version. A repeat of a
+        successful call publishes nothing new but grants again: a holder gives back grants it will not
+        use with :meth:`abandon`.
+
+        Args:
+            items: The stored groups to publish, as for :meth:`publish_many`.
+            job_id, epoch, writer_id: The registered writer the grants are for.
+            ahead: Bytes to reserve for each grant asked for ahead (``[]``: none).
+
+        Returns:
+            The published groups, in the order of ``items``; the grants made, a prefix of ``ahead``.
+
+        Raises:
+            StaleFenceError: ``epoch`` is fenced; nothing was published.
+            NotFoundError: the writer is not registered for the job's epoch; nothing was published.
+            InvalidRequestError: ``ahead`` is not a list of positive ints, or as :meth:`publish_many`.
+            LeaseExpiredError, AlreadyExistsError: as :meth:`publish_many`; nothing was published.
+        """
+        return self._grants.publish_ahead(items, job_id, epoch, writer_id, ahead, self._advance(now))
+
+    def abandon(self, partition: Partition | Sequence[Any], *, token: int, now: float) -> bool:
+        """Give up an unpublished grant before it expires: its partition is dropped and garbage-collected
+        at once, as when it expires, and its reservation is refunded when the delete is confirmed.
+
+        Returns:
+            Whether the grant was abandoned now; ``False`` for a group already published or dropped
+            (nothing to give back: repeating the call is harmless).
+
+        Raises:
+            NotFoundError: the partition was never allocated (or is deleted).
+            StaleFenceError: ``token`` is not the partition's grant token.
+            InvalidRequestError: a malformed partition or token.
+        """
+        return self._grants.abandon(partition, token, self._advance(now))
 
     def group(self, partition: Partition | Sequence[Any]) -> GroupInfo:
         """What the ledger knows of one group.

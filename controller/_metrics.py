@@ -244,12 +244,19 @@ class ControllerMetrics:
                 if result is not None:
                     self.granted += 1
                     self.leased += len(result.groups)  # type: ignore[attr-defined]
+            elif kind == "publish_ahead":
+                self.published += len(result.groups)  # type: ignore[attr-defined]
             else:
                 self.published += 1 if kind == "publish" else len(result)  # type: ignore[arg-type]
         return result
 
 
-_COUNTED = {"acquire": "acquire", "publish": "publish", "publish_many": "publish_many"}
+_COUNTED = {
+    "acquire": "acquire",
+    "publish": "publish",
+    "publish_many": "publish_many",
+    "publish_ahead": "publish_ahead",
+}
 
 
 class _CallCollector(Collector):

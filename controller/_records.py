@@ -33,6 +33,7 @@ __all__ = [
     "Partition",
     "PolicyStatus",
     "Publication",
+    "Published",
     "PutGrant",
     "ResolveAction",
     "ServerInfo",
@@ -312,6 +313,23 @@ class Publication:
     tokens: int
     policy_version: int
     columns: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """The answer of ``publish_ahead``: the groups it published and the grants it made ahead.
+
+    Attributes:
+        groups: One :class:`GroupInfo` per publication, in order (what ``publish_many`` returns).
+        grants: The grants asked for ahead that fit, a prefix of the sizes asked for (possibly none:
+            asking ahead never makes the publication fail).
+        granted_at: Ledger time of the grants, so that a holder on another clock can tell how long
+            each stays valid (``expires_at - granted_at`` seconds from when it received them).
+    """
+
+    groups: tuple[GroupInfo, ...]
+    grants: tuple[PutGrant, ...]
+    granted_at: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,7 +43,8 @@ last deletes completed in a process that then died (it is kept, harmless, and lo
 **Threads.** Calls are synchronous and one at a time: ``LocalCluster`` runs them on an
 :class:`~trajflight._archive_worker.ArchiveWorker` thread, off the controller's sweeper. Within a call,
 files are written on a small pool (:data:`WORKERS` threads; Parquet and zstd release the GIL) while the
-next file's groups are read, and a durable file's deletes run in parallel slices. Parquet is written with
+next file's groups are read, and a durable file's groups are deleted in one batched call per server
+(``delete_groups``: a stale token on one group fails that group only). Parquet is written with
 zstd level :data:`ZSTD_LEVEL` and dictionary encoding for string columns only (the profile and the
 figures are in BENCHMARKS.md, "The archive").
 """
@@ -68,11 +69,11 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from trajflight.controller import DeleteWork, run_deletes
+from trajflight.controller import DeleteWork
 from trajflight.errors import ArchiveError, NotFoundError, brief
 from trajflight.keys import Partition
 
-__all__ = ["FACT_COLUMNS", "TIMELINE_KEY", "Archive", "open_filesystem"]
+__all__ = ["FACT_COLUMNS", "TIMELINE_KEY", "Archive", "open_filesystem", "parquet_options"]
 
 log = logging.getLogger("trajflight.archive")
 
@@ -83,10 +84,10 @@ _MANIFESTS = "_manifests"
 TIMELINE_KEY = b"trajflight.timeline"
 """The Parquet footer key of each data file's copy of the controller's timeline (JSON: ``v``, ``run``,
 ``samples``), as it was when the file was written."""
-WORKERS = 4
-"""Threads of the archive's pool: files being written (Parquet and zstd release the GIL) and deletes."""
 FILES_IN_FLIGHT = 2
 """Files of one flush written at once while the next file's groups are read."""
+WORKERS = FILES_IN_FLIGHT
+"""Threads of the archive's pool: files being written (Parquet and zstd release the GIL)."""
 READ_GROUPS = 64
 """Groups read from a server in one stream (bounds the memory of a read beyond one file's groups)."""
 ZSTD_LEVEL = 1
@@ -166,7 +167,9 @@ class Archive:
         read: Reads groups tokenlessly from the server at a location: ``read(location, partitions)``
             returns their rows in one table, raising :class:`~trajflight.errors.NotFoundError` when one
             is missing.
-        delete: Deletes one group from its server (``StoragePool.delete``); raises on failure.
+        delete_groups: Deletes many groups from their servers in as few calls as it can
+            (``StoragePool.delete_groups``): returns each item's ``(work, ok, error)`` in order (a
+            group its server no longer has is deleted: ok); raising fails every item of the call.
         filesystem: The filesystem ``location`` is a path on (an ``S3FileSystem`` with an
             ``endpoint_override``, say); None resolves it from ``location``.
         max_groups: Groups per file at most; this many waiting groups are written at once.
@@ -177,8 +180,13 @@ class Archive:
         archive_dropped: Archive dropped groups too (an operator's ``resolve(..., "drop")`` of
             ``UNKNOWN`` groups, a new epoch's dropped READY groups, a restore's purges), marked
             ``outcome = "dropped"`` and without lease facts; by default they are deleted unarchived.
+        pressure: A count that rises whenever a writer is refused for capacity (the controller's
+            capacity refusals); a rise since the last pass writes the held groups at once rather than
+            at ``flush_after``, since their deletes free what the writers wait for. None: timer and
+            count only.
 
     Attributes:
+        clock: The ``clock`` it was given (a host that queues deletes for it reads the time there).
         timeline: The controller's timeline of job counts (``LocalController.timeline``), set by the
             host once the controller exists; every data file carries it as it was when the file was
             written, in its Parquet footer under :data:`TIMELINE_KEY` (a report over the archive alone
@@ -193,23 +201,26 @@ class Archive:
         location: str | os.PathLike[str],
         *,
         read: Callable[[str, list[Partition]], pa.Table],
-        delete: Callable[[DeleteWork], None],
+        delete_groups: Callable[[Sequence[DeleteWork]], list[Outcome]],
         filesystem: pafs.FileSystem | None = None,
         max_groups: int = 1024,
         max_bytes: int = 64 << 20,
         flush_after: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         archive_dropped: bool = False,
+        pressure: Callable[[], int] | None = None,
     ) -> None:
         self.location = os.fspath(location)
         self.fs, self.root = open_filesystem(location, filesystem)
         self._read = read
-        self._delete = delete
+        self._delete_groups = delete_groups
         self.max_groups = max_groups
         self.max_bytes = max_bytes
         self.flush_after = flush_after
-        self._clock = clock
+        self.clock = clock
         self.reasons = frozenset({"committed", "dropped"} if archive_dropped else {"committed"})
+        self._pressure = pressure
+        self._pressed = 0 if pressure is None else pressure()
         self._held: dict[Partition, DeleteWork] = {}
         self._oldest: float | None = None
         self._batches: dict[str, _Batch] = {}
@@ -260,21 +271,32 @@ class Archive:
         """Groups waiting for their file."""
         return len(self._held)
 
-    def __call__(self, work: list[DeleteWork]) -> list[Outcome]:
+    def __call__(self, work: list[DeleteWork], *, since: float | None = None) -> list[Outcome]:
         """Run one sweeper pass's deletes; returns the outcome of every delete finished now (some of an
-        earlier pass's, held for their file), never raises. Held deletes are not reported yet."""
+        earlier pass's, held for their file), never raises. Held deletes are not reported yet.
+
+        ``since``: when the oldest of ``work`` was handed out, on :attr:`clock` (default now): time it
+        spent queued for the archive counts towards ``flush_after``, so a group that waited behind a
+        file being written is not held for a whole ``flush_after`` more."""
         kept = self.reasons
-        out: list[Outcome] = run_deletes([w for w in work if w.reason not in kept], self._delete)
-        now = self._clock()
+        out = self._deletes([w for w in work if w.reason not in kept])
+        now = self.clock()
         for w in work:
             if w.reason in kept:
                 self._held[_key(w)] = w  # a repeat hand-out replaces the older one (its token may be newer)
                 if self._oldest is None:
-                    self._oldest = now
+                    self._oldest = now if since is None else min(now, since)
         due = self._oldest is not None and now - self._oldest >= self.flush_after
-        if self._held and (due or len(self._held) >= self.max_groups):
+        if self._held and (due or len(self._held) >= self.max_groups or self._writers_wait()):
             out.extend(self.flush())
         return out
+
+    def _writers_wait(self) -> bool:
+        """Whether a writer was refused for capacity since the last look."""
+        if self._pressure is None:
+            return False
+        seen, self._pressed = self._pressed, self._pressure()
+        return self._pressed > seen
 
     def flush(self) -> list[Outcome]:
         """Archive and delete every held group now; returns their outcomes (never raises)."""
@@ -331,7 +353,7 @@ class Archive:
                     out.extend(self._failed(part, f"reading from {location}", exc, _READ_HINT))
                     continue
                 # Not stored any more: deleted after their archiving (a late report), or lost.
-                out.extend(run_deletes([w for w, t in read if t is None], self._delete))
+                out.extend(self._deletes([w for w, t in read if t is None]))
                 for w, t in read:
                     if t is None:
                         continue
@@ -384,7 +406,7 @@ class Archive:
         return self._delete_members(batch, batch.members)
 
     def _executor(self) -> ThreadPoolExecutor:
-        """The pool that writes files and runs deletes (made on first use, ended by :meth:`close`)."""
+        """The pool that writes files (made on first use, ended by :meth:`close`)."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="trajflight-archive")
         return self._pool
@@ -416,13 +438,7 @@ class Archive:
         if timeline:
             table = table.replace_schema_metadata({**(table.schema.metadata or {}), **timeline})
         sink = pa.BufferOutputStream()
-        pq.write_table(
-            table,
-            sink,
-            compression="zstd",
-            compression_level=ZSTD_LEVEL,
-            use_dictionary=_dictionary_columns(table.schema),
-        )
+        pq.write_table(table, sink, **parquet_options(table.schema))
         data = sink.getvalue()
         self._put(self._file(batch), data)
         with self._lock:
@@ -456,7 +472,7 @@ class Archive:
 
     # ------------------------------------------------------------------ deleting
     def _delete_members(self, batch: _Batch, items: list[DeleteWork]) -> list[Outcome]:
-        out = self._run_deletes(items)
+        out = self._deletes(items)
         batch.deleted.update(_key(w) for w, ok, _ in out if ok)
         if len(batch.deleted) >= len(batch.members):
             with contextlib.suppress(OSError):  # a manifest left behind is harmless (module docstring)
@@ -466,24 +482,16 @@ class Archive:
                 self._index.pop(_key(w), None)
         return out
 
-    def _run_deletes(self, items: list[DeleteWork]) -> list[Outcome]:
-        """Run deletes on the pool, a slice per worker (they wait on their servers, not on this process);
-        never raises."""
-        if len(items) < 2 * WORKERS:
-            few: list[Outcome] = run_deletes(items, self._delete)
-            return few
-        step = -(-len(items) // WORKERS)
-        slices = [items[i : i + step] for i in range(0, len(items), step)]
-        delete = self._delete
-
-        def run(ws: list[DeleteWork]) -> list[Outcome]:
-            done: list[Outcome] = run_deletes(ws, delete)
-            return done
-
-        out: list[Outcome] = []
-        for done in self._executor().map(run, slices):
-            out.extend(done)
-        return out
+    def _deletes(self, items: list[DeleteWork]) -> list[Outcome]:
+        """Delete ``items`` in one batched call (per server); each item's outcome, in order. Never
+        raises: a deleter that raises fails every item (they stay on the GC list and are retried)."""
+        if not items:
+            return []
+        try:
+            return self._delete_groups(items)
+        except Exception as exc:  # the batch as a whole did not reach its servers
+            text = f"{type(exc).__name__}: {exc}"
+            return [(w, False, text) for w in items]
 
     def _failed(
         self, items: list[DeleteWork], doing: str, exc: Exception, hint: str = _WRITE_HINT
@@ -526,6 +534,38 @@ def _by_location(items: Iterable[DeleteWork]) -> dict[str, list[DeleteWork]]:
     for w in items:
         out.setdefault(w.location, []).append(w)
     return out
+
+
+def parquet_options(schema: pa.Schema) -> dict[str, Any]:
+    """The ``pyarrow.parquet.write_table`` options of an archive file of ``schema`` (measured against
+    the alternatives in BENCHMARKS.md, "The archive"):
+
+    * zstd at :data:`ZSTD_LEVEL`, but at level -1 for the values of float lists (log-probabilities:
+      level 1 saves about a tenth of their bytes, at most of their write time);
+    * byte-stream-split encoding of the values of ``list<int32>`` columns (token ids: their high bytes,
+      split apart, compress to almost nothing; smaller files in less time);
+    * dictionary encoding for top-level strings only (see :func:`_dictionary_columns`);
+    * statistics (min/max) for top-level scalar columns only (the keys and rewards readers filter on;
+      nobody filters on a token list's minimum).
+
+    Every such file is read by pyarrow, DuckDB and Polars (``tests/analytics``).
+    """
+    floats, ints = [], []
+    for f in schema:
+        if pa.types.is_list(f.type) or pa.types.is_large_list(f.type):
+            values = f.type.value_type
+            if pa.types.is_floating(values):
+                floats.append(f"{f.name}.list.element")
+            elif values == pa.int32():
+                ints.append(f"{f.name}.list.element")
+    return {
+        "compression": "zstd",
+        # Per column: a column not named gets Arrow's default zstd level, 1 (ZSTD_LEVEL).
+        "compression_level": {**{c: ZSTD_LEVEL for c in ints}, **{c: -1 for c in floats}} or ZSTD_LEVEL,
+        "use_dictionary": _dictionary_columns(schema),
+        "use_byte_stream_split": ints or False,
+        "write_statistics": [f.name for f in schema if not pa.types.is_nested(f.type)],
+    }
 
 
 def _dictionary_columns(schema: pa.Schema) -> list[str]:

@@ -41,6 +41,7 @@ class ArchiveWorker:
     def __init__(self, archive: Archive) -> None:
         self.archive = archive
         self._queue: list[DeleteWork] = []
+        self._queued_at: float | None = None  # the archive's clock when the oldest queued delete came
         self._outcomes: list[Outcome] = []
         self._working = 0  # groups inside the archive's current call (held ones included)
         self._cond = threading.Condition(threading.Lock())
@@ -60,6 +61,8 @@ class ArchiveWorker:
         raises, never waits for a file)."""
         with self._cond:
             if work:
+                if not self._queue:
+                    self._queued_at = self.archive.clock()
                 self._queue.extend(work)
                 self._cond.notify()
             out, self._outcomes = self._outcomes, []
@@ -75,9 +78,10 @@ class ArchiveWorker:
                 if not self._queue:  # groups held for their file: wait for more, or for the timer
                     self._cond.wait(POLL)
                 work, self._queue = self._queue, []
+                since, self._queued_at = self._queued_at, None
                 self._working = self.archive.pending + len(work)
             try:
-                out = self.archive(work)
+                out = self.archive(work, since=since)
             except Exception:  # it never raises; if it does, its work is handed out again after the timeout
                 log.exception("the archive failed a pass; its deletes are handed out again after the timeout")
                 out = []
@@ -97,7 +101,7 @@ class ArchiveWorker:
         what was queued or held stays on the GC list and is handed out again."""
         with self._cond:
             self._stop = True
-            self._queue = []
+            self._queue, self._queued_at = [], None
             self._cond.notify_all()
         self._thread.join(timeout)
         if self._thread.is_alive():

@@ -12,8 +12,10 @@ It does not own the plane: closing a client closes its connections, never a serv
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,7 +34,7 @@ from trajflight.controller import (
     LostGroup,
     OldReady,
 )
-from trajflight.errors import InvalidRequestError
+from trajflight.errors import InvalidRequestError, TrajflightError
 from trajflight.flight_server import CredentialSource, TlsConfig, host_id
 from trajflight.keys import Partition
 
@@ -141,6 +143,7 @@ class Client:
         self.session = Session(controller, pool, Renewals(), timeout)
         self.address = address
         self.node = host_id() if node is None else node
+        self._writers: weakref.WeakSet[Writer] = weakref.WeakSet()
 
     @property
     def controller(self) -> ControllerClient:
@@ -158,7 +161,11 @@ class Client:
         return self.session.timeout
 
     def close(self) -> None:
-        """Close storage connections and the controller transport."""
+        """Close the client's writers (giving back the grants they hold ahead), then storage connections
+        and the controller transport."""
+        for writer in list(self._writers):
+            with contextlib.suppress(TrajflightError):  # best effort: unreturned grants expire anyway
+                writer.close()
         self.storage.close()
         close = getattr(self.controller.transport, "close", None)
         if close is not None:
@@ -276,11 +283,15 @@ class Client:
         policy_version: int = 0,
         put_timeout: float = 60.0,
         node: str | None = None,
+        grant_ahead: bool = False,
     ) -> Writer:
         """Register a rollout worker of ``job_id`` at ``epoch`` and return its :class:`Writer`.
 
-        ``node`` is where it runs, for same-node placement (default: the client's, see :class:`Writer`)."""
-        return Writer(
+        ``node`` is where it runs, for same-node placement (default: the client's, see :class:`Writer`);
+        ``grant_ahead``: each put gets the next one's grant with its publication (one controller call
+        a steady-state put; the held grant is charged until :meth:`close` or its expiry, see
+        :class:`Writer`)."""
+        writer = Writer(
             self.session,
             job_id,
             epoch,
@@ -288,7 +299,10 @@ class Client:
             writer_id=writer_id,
             policy_version=policy_version,
             put_timeout=put_timeout,
+            grant_ahead=grant_ahead,
         )
+        self._writers.add(writer)
+        return writer
 
     def trainer(
         self,

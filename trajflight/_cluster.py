@@ -229,11 +229,17 @@ class LocalCluster:
         return Archive(
             self.archive_location,
             read=lambda location, keys: pool.client(location).get(keys, timeout=timeout),
-            delete=pool.delete,
+            delete_groups=pool.delete_groups,
             filesystem=self.archive_filesystem,
             flush_after=self.archive_flush,
             archive_dropped=self.archive_dropped,
+            pressure=self._capacity_refusals,
         )
+
+    def _capacity_refusals(self) -> int:
+        """Writers refused for capacity so far (the archive's cue to write its held groups at once)."""
+        controller = self.controller
+        return 0 if controller is None else controller.metrics.refusals()["capacity"]
 
     def _close_archive(self) -> None:
         """Stop the archive's worker and pool (what it held stays on the GC list: a successor archives

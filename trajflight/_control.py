@@ -125,6 +125,7 @@ _RESTORE_KWARGS = frozenset(COMMANDS["restore"].argument_names) - {"data"}  # th
 _COUNTED = {
     "publish": "groups_published",
     "publish_many": "groups_published",
+    "publish_ahead": "groups_published",
     "commit": "commits",
     "release": "releases",
     "resolve": "resolves",
@@ -414,15 +415,17 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
         return command
 
     def _jobs_of(self, command: Command[Any]) -> list[str]:
-        """The jobs a command acts on: its ``job_id``, its partitions' jobs, or its lease's job."""
+        """The jobs a command acts on: its ``job_id`` and its items' jobs (``publish_ahead`` names both:
+        a credential must cover each), its partition's job, or its lease's job."""
         args = command.arguments()
-        if args.get("job_id") is not None:
-            return [_job_id(args["job_id"])]
-        if "partition" in args:
-            return [_job_of(args["partition"])]
+        jobs = [] if args.get("job_id") is None else [_job_id(args["job_id"])]
         if "items" in args:
             items = args["items"] if isinstance(args["items"], list | tuple) else [args["items"]]
-            return [_job_of(getattr(item, "partition", item)) for item in items]
+            jobs += [_job_of(getattr(item, "partition", item)) for item in items]
+        if jobs:
+            return jobs
+        if "partition" in args:
+            return [_job_of(args["partition"])]
         if "token" in args:
             return [self.controller.call("lease_job", {"token": args["token"]}, timeout=None)]
         return []
@@ -433,12 +436,13 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
     def _run(self, command: Command[Any], timeout: float | None) -> Any:
         method = command.name
         result = self.controller.run(command, timeout=timeout)
+        published = result.groups if method == "publish_ahead" else result
         if method in _COUNTED:
-            self._count(_COUNTED[method], len(result) if isinstance(result, tuple | list) else 1)
+            self._count(_COUNTED[method], len(published) if isinstance(published, tuple | list) else 1)
         if method == "publish":
             self._count("bytes_published", result.nbytes)
-        elif method == "publish_many":
-            self._count("bytes_published", sum(info.nbytes for info in result))
+        elif method in ("publish_many", "publish_ahead"):
+            self._count("bytes_published", sum(info.nbytes for info in published))
         return result
 
 

@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from trajflight import logs
 from trajflight._archive import Archive
 from trajflight._archive_worker import ArchiveWorker
-from trajflight._storage import StoragePool
+from trajflight._storage import DeleteOutcome, StoragePool
 from trajflight.auth import Secret, minted
 from trajflight.controller import DeleteWork, FenceWork, import_ray
 from trajflight.flight_server import MetricsEndpoint, TlsConfig
@@ -65,8 +65,9 @@ class NodeMetrics:
 
 
 class FlightStorage:
-    """The controller actor's hands on the storage servers: its ``deleter`` (:meth:`delete`) and its
-    ``fencer`` (:meth:`fence`), straight to the servers over Flight.
+    """The controller actor's hands on the storage servers: its ``deleter`` (:meth:`delete`), its
+    ``fencer`` (:meth:`fence`) and its archive's reads and batched deletes (:meth:`read`,
+    :meth:`delete_groups`), straight to the servers over Flight.
 
     Picklable (Ray ships it, or a bound method of it, to the controller actor); the connections are made
     on first use in the process that calls it, and are not pickled. Thread-safe.
@@ -110,6 +111,11 @@ class FlightStorage:
         and the controller keeps it on its GC list and retries."""
         self._storage().delete(work)
 
+    def delete_groups(self, work: Sequence[DeleteWork]) -> list[DeleteOutcome]:
+        """Delete many groups in one call per server (the archive's deletes, see
+        :meth:`StoragePool.delete_groups`): each item's ``(work, ok, error)`` in order; never raises."""
+        return self._storage().delete_groups(work)
+
     def read(self, location: str, keys: list[Partition]) -> pa.Table:
         """Read groups from the server at ``location`` without a token (the archive's reads: no lease,
         generation or state is touched)."""
@@ -143,7 +149,7 @@ class ArchiveFactory:
         archive = Archive(
             self.location,
             read=storage.read,
-            delete=storage.delete,
+            delete_groups=storage.delete_groups,
             filesystem=self.filesystem,
             flush_after=self.flush_after,
         )

@@ -28,7 +28,14 @@ import pyarrow as pa
 from trajflight._handles import BatchHandle
 from trajflight.auth import Credential
 from trajflight.controller import DeleteWork, FenceWork
-from trajflight.errors import ConfigError, DeadlineExceededError, InvalidRequestError, NotFoundError
+from trajflight.errors import (
+    ConfigError,
+    DeadlineExceededError,
+    InvalidRequestError,
+    NotFoundError,
+    PermissionDeniedError,
+    StaleFenceError,
+)
 from trajflight.flight_server import (
     CredentialSource,
     GroupRead,
@@ -43,8 +50,19 @@ from trajflight.keys import Partition
 
 T = TypeVar("T")
 
+DeleteOutcome = tuple[DeleteWork, bool, str | None]
+"""One delete's outcome, as the controller host takes it: the work, whether it succeeded, why not."""
+DELETE_BATCH = 1024
+"""Groups named in one ``delete`` call at most (a call's body stays well under the wire's bound)."""
+_ITEM_REFUSALS = (StaleFenceError, PermissionDeniedError, InvalidRequestError)
+"""Refusals of a ``delete`` that may concern one of its groups only (a stale token, a job outside the
+token's scope, a malformed key): the server checked every group before deleting any, so the call is
+split to find the groups refused; any other failure (the server down, a deadline) fails the whole call."""
+
 __all__ = [
+    "DELETE_BATCH",
     "TRANSPORTS",
+    "DeleteOutcome",
     "StoragePool",
     "Transport",
     "check_tls_pair",
@@ -243,8 +261,48 @@ class StoragePool:
         A group the server no longer has counts as deleted. Raises on failure: the controller keeps the
         group on its GC list and retries.
         """
-        read = GroupRead(Partition(*work.partition), LeaseToken(work.token))
-        self.client(work.location).delete([read])
+        self.client(work.location).delete(_delete_reads([work]))
+
+    def delete_groups(self, work: Sequence[DeleteWork]) -> list[DeleteOutcome]:
+        """Carry out many deletes of the controller's GC list in as few calls as it can: one ``delete``
+        action per server for up to :data:`DELETE_BATCH` groups (the servers called at once); over the
+        same-host socket once this pool has chosen shared memory for the server (as every action of its
+        clients), else Flight.
+
+        The server checks every group of a call before it deletes any. A refusal that may concern one
+        group (a stale token: :data:`_ITEM_REFUSALS`) splits the call in halves, again and again, so
+        that only the refused groups fail; a failure of the call itself (the server down, a deadline)
+        fails each of its groups. A group the server no longer has counts as deleted.
+
+        Returns:
+            ``(work, ok, error)`` per item, in ``work``'s order (``error``: ``"Type: message"`` of a
+            failed one, as :func:`~trajflight.controller.run_deletes` reports). Never raises.
+        """
+        at: dict[str, list[int]] = {}  # location -> positions in work
+        for i, w in enumerate(work):
+            at.setdefault(w.location, []).append(i)
+        slices = [p[i : i + DELETE_BATCH] for p in at.values() for i in range(0, len(p), DELETE_BATCH)]
+        calls = [functools.partial(self._delete_split, [work[i] for i in s]) for s in slices]
+        out: list[DeleteOutcome] = [(w, False, None) for w in work]  # every position is set below
+        for positions, done in zip(slices, run_parallel(calls), strict=True):
+            for i, outcome in zip(positions, done, strict=True):
+                out[i] = outcome
+        return out
+
+    def _delete_split(self, work: Sequence[DeleteWork]) -> list[DeleteOutcome]:
+        """Delete ``work`` (one location) in one call, or in halves when the call is refused (see
+        :meth:`delete_groups`); never raises."""
+        try:
+            self.client(work[0].location).delete(_delete_reads(work))
+        except _ITEM_REFUSALS as exc:
+            if len(work) == 1:
+                return [(work[0], False, _failure(exc))]
+            half = len(work) // 2
+            return self._delete_split(work[:half]) + self._delete_split(work[half:])
+        except Exception as exc:  # the call failed as a whole: every group stays on the GC list
+            text = _failure(exc)
+            return [(w, False, text) for w in work]
+        return [(w, True, None) for w in work]
 
     def fence_groups(self, work: Sequence[FenceWork]) -> None:
         """Carry out fences of the controller's fence list on one server (the controller host's
@@ -321,6 +379,16 @@ class StoragePool:
                 f"e.g. {example!r:.160}"
             )
         return None
+
+
+def _delete_reads(work: Sequence[DeleteWork]) -> list[GroupRead]:
+    """The ``delete`` action's reads of GC work items, each under its token."""
+    return [GroupRead(Partition(*w.partition), LeaseToken(w.token)) for w in work]
+
+
+def _failure(exc: Exception) -> str:
+    """A failed delete's error text, as :func:`~trajflight.controller.run_deletes` writes it."""
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _open_and_lock(client: StorageClient, reads: Sequence[GroupRead], timeout: float | None) -> ShmOpened:

@@ -5,7 +5,9 @@ in one controller operation and one storage call per server. Every put takes the
 controller grants the groups' partitions for reservations bounded from the inputs
 (:mod:`trajflight._sizing`); each group is encoded once, under its partition (its real key, the default
 sample ids of that partition), or, given encoded, keyed with ``codec.with_partitions``; the storage
-servers store the groups; one controller operation publishes them, charged what they take. When capacity
+servers store the groups; one controller operation publishes them, charged what they take (for ``put``
+of a writer made with ``grant_ahead=True``, the same operation grants its next partition ahead,
+:mod:`trajflight._ahead`, so that a steady-state put makes one controller call). When capacity
 is full the put waits up to its deadline, then raises :class:`~trajflight.errors.CapacityExceededError`
 (backpressure, never an unbounded queue).
 
@@ -16,6 +18,7 @@ It does not retry: a put that fails after its partitions were granted leaves the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -24,11 +27,18 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from trajflight._ahead import Ahead
 from trajflight._session import Session
 from trajflight._sizing import keyed_bound, keyed_bounds, reservations
 from trajflight.codec import EncodedGroups, encode_group, encode_groups, with_partitions
 from trajflight.controller import GroupInfo, Publication, PutGrant
-from trajflight.errors import CapacityExceededError, DeadlineExceededError, InvalidRequestError
+from trajflight.errors import (
+    CapacityExceededError,
+    DeadlineExceededError,
+    InvalidRequestError,
+    NotFoundError,
+    StaleFenceError,
+)
 from trajflight.keys import Partition
 
 __all__ = ["Writer"]
@@ -78,6 +88,11 @@ class Writer:
         writer_id: Stable id (default: a random one).
         policy_version: Weights version its groups are generated with (updated by :meth:`ack_policy`).
         put_timeout: Default deadline of a put, including waits for capacity.
+        grant_ahead: Each ``put`` asks, with its publication, for the grant of the next one and holds it
+            (:mod:`trajflight._ahead`): a steady-state put makes one controller call instead of two. The
+            held grant is charged to the job's capacity (bytes and one group) until a put uses it, it
+            expires (the job's ``grant_ttl``) or :meth:`close` gives it back, so a job's usage is back to
+            zero only once its writers are closed. Off by default.
         node: The node it runs on; the controller places its groups on a storage server of that node
             when one has room (``Client.writer`` passes the client's: this process's Ray node id on a Ray
             data plane, else this host's ``host_id``: hostname and boot id, as storage
@@ -94,6 +109,7 @@ class Writer:
         writer_id: str | None = None,
         policy_version: int = 0,
         put_timeout: float = 60.0,
+        grant_ahead: bool = False,
     ) -> None:
         self.session = session
         self.job_id = job_id
@@ -102,6 +118,7 @@ class Writer:
         self.policy_version = policy_version
         self.put_timeout = put_timeout
         self.node = node
+        self._ahead = Ahead() if grant_ahead else None
         session.controller.register_writer(
             job_id, epoch, self.writer_id, node=self.node, policy_version=policy_version
         )
@@ -117,8 +134,11 @@ class Writer:
         """Store one finished group and make it READY; returns its metadata.
 
         The partition is granted first, for a reservation bounded from the inputs
-        (:mod:`trajflight._sizing`), and the group is then encoded once, under its partition; publishing
-        charges the encoded group's bytes and gives the rest of the reservation back.
+        (:mod:`trajflight._sizing`): with ``grant_ahead``, a grant this writer holds where one is large
+        enough and fresh (:mod:`trajflight._ahead`), else one asked of the controller; the group is then
+        encoded once, under its partition. Publishing charges the encoded group's bytes and gives the
+        rest of the reservation back; with ``grant_ahead`` the same controller operation grants the
+        writer's next partition ahead (held until a later put uses it, or :meth:`close` gives it back).
 
         Args:
             batch: A record batch of the group (its key columns are set to the granted partition), or
@@ -145,13 +165,13 @@ class Writer:
             if group:
                 raise InvalidRequestError("pass either a record batch or the group's columns, not both")
             reserved = keyed_bound(_stored_bytes(batch), batch.num_rows, self.job_id)
-            grant = self._allocate(reserved, deadline)
+            grant = self._held(reserved) or self._allocate(reserved, deadline)
             key = grant.partition
             stored: pa.RecordBatch = with_partitions(batch, [key])
         else:
             columns = self._group_columns(group)
             (reserved,) = reservations([columns], job_id=self.job_id, epoch=self.epoch)
-            grant = self._allocate(reserved, deadline)
+            grant = self._held(reserved) or self._allocate(reserved, deadline)
             key = grant.partition
             stored = encode_group(job_id=key.job_id, epoch=key.epoch, group_id=key.group_id, **columns)
         nbytes = _charged(_stored_bytes(stored), reserved)
@@ -161,9 +181,39 @@ class Writer:
             writer=self.writer_id,
             timeout=max(0.001, deadline - time.monotonic()),
         )
-        publication = self._publication(grant, stored, nbytes, tuple(stored.schema.names))
-        info: GroupInfo = self.session.controller.publish(grant.partition, **publication)
-        return info
+        arguments = self._publication(grant, stored, nbytes, tuple(stored.schema.names))
+        if self._ahead is None:
+            info: GroupInfo = self.session.controller.publish(grant.partition, **arguments)
+            return info
+        published = self.session.controller.publish_ahead(
+            [Publication(grant.partition, **arguments)],
+            job_id=self.job_id,
+            epoch=self.epoch,
+            writer_id=self.writer_id,
+            ahead=self._ahead.request(reserved),
+            timeout=max(0.001, deadline - time.monotonic()),
+        )
+        self._ahead.hold(published.grants, published.granted_at)
+        return published.groups[0]
+
+    def close(self) -> None:
+        """Give back the grants this writer holds ahead (:mod:`trajflight._ahead`), so that their capacity
+        is refunded once their partitions' deletes are confirmed rather than when they expire. The writer
+        stays usable (a later put allocates). Grants the controller already dropped (a new epoch, a
+        deleted partition) are skipped. Without ``grant_ahead`` it does nothing."""
+        for grant in self._ahead.release() if self._ahead is not None else ():
+            with contextlib.suppress(NotFoundError, StaleFenceError):  # dropped already: nothing to give
+                self.session.controller.abandon(grant.partition, token=grant.token)
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _held(self, nbytes: int) -> PutGrant | None:
+        """A grant held ahead for a group of ``nbytes`` (``None``: allocate one)."""
+        return None if self._ahead is None else self._ahead.take(nbytes)
 
     def _group_columns(self, group: Mapping[str, Any]) -> dict[str, Any]:
         """A group's columns as given to :meth:`put`, checked, with the writer's policy version by default."""

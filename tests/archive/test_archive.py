@@ -11,7 +11,7 @@ import pyarrow.fs as pafs
 import trajflight
 from trajflight.analytics import scan
 
-from .conftest import commit_all, put_groups, written
+from .conftest import commit_all, group_columns, put_groups, written
 
 
 def _sorted(table: pa.Table) -> pa.Table:
@@ -75,3 +75,25 @@ def test_round_trip_through_a_real_s3_api(s3, job):
     _check_round_trip(scan(root, job=job, filesystem=fs).to_table(), job, 5)
     keys = [i.path for i in fs.get_file_info(pafs.FileSelector(root, recursive=True))]
     assert [k for k in keys if "/.tmp-" in k or "/_manifests/" in k] == [], keys
+
+
+def test_a_full_plane_s_writer_gets_room_without_waiting_for_the_flush_timer(tmp_path, job):
+    """Issue 17: on a plane holding fewer groups than an archive file, committed groups sat held for
+    ``archive_flush`` while writers were refused for capacity; the refusal now has them written and
+    deleted at once, so the waiting put succeeds long before the timer (and its own deadline)."""
+    with (
+        trajflight.LocalCluster(
+            servers=1, processes=False, archive=tmp_path, archive_flush=600.0, max_groups=4
+        ) as cluster,
+        cluster.client() as client,
+    ):
+        put_groups(client, job, 4)
+        commit_all(client, job, 4)
+        writer = client.writer(job, epoch=1)
+        assert cluster.archive is not None
+        assert cluster.archive.counters["groups"] == 0  # held for the timer
+        assert cluster.controller is not None
+        writer.put(**group_columns(4, seed=1), timeout=30.0)  # 600 s timer: only the refusal frees room
+        assert cluster.controller.metrics.refusals()["capacity"] >= 1  # it was refused, then got room
+        assert cluster.archive.counters["groups"] == 4
+    assert sorted(set(scan(tmp_path, job=job).to_table().column("group_id").to_pylist())) == [0, 1, 2, 3]

@@ -44,19 +44,20 @@ def _status(cluster: trajflight.LocalCluster) -> dict[str, Any]:
 
 
 class FailingDeletes:
-    """Wraps a deleter: fails every delete while ``failing`` is set (the crash window after a rename)."""
+    """Wraps the archive's batched deleter: fails every call while ``failing`` is set (the crash window
+    after a rename); ``failed`` counts the groups of the failed calls."""
 
-    def __init__(self, delete: Any) -> None:
-        self.delete = delete
+    def __init__(self, delete_groups: Any) -> None:
+        self.delete_groups = delete_groups
         self.failing = threading.Event()
         self.failing.set()
         self.failed = 0
 
-    def __call__(self, work: Any) -> None:
+    def __call__(self, work: Any) -> Any:
         if self.failing.is_set():
-            self.failed += 1
+            self.failed += len(work)
             raise ConnectionError("injected: the delete did not reach the server")
-        self.delete(work)
+        return self.delete_groups(work)
 
 
 def test_failed_deletes_after_the_rename_are_retried_without_a_second_file(tmp_path, job):
@@ -64,8 +65,8 @@ def test_failed_deletes_after_the_rename_are_retried_without_a_second_file(tmp_p
     the retry must only delete it, never archive it into a second file (rows counted by sample_id)."""
     with trajflight.LocalCluster(servers=2, processes=False, archive=tmp_path, archive_flush=0.2) as cluster:
         assert cluster.archive is not None
-        deletes = FailingDeletes(cluster.archive._delete)
-        cluster.archive._delete = deletes
+        deletes = FailingDeletes(cluster.archive._delete_groups)
+        cluster.archive._delete_groups = deletes
         with cluster.client() as client:
             put_groups(client, job, GROUPS)
             commit_all(client, job, GROUPS)
@@ -93,8 +94,8 @@ def test_a_controller_restart_mid_archive_loses_and_duplicates_nothing(tmp_path,
     ) as cluster:
         archive = cluster.archive
         assert archive is not None
-        deletes = FailingDeletes(archive._delete)
-        archive._delete = deletes
+        deletes = FailingDeletes(archive._delete_groups)
+        archive._delete_groups = deletes
         if window == "before-rename":
 
             def no_file(*_: Any) -> None:

@@ -32,7 +32,9 @@ def test_outcomes_come_back_on_later_passes_and_pending_covers_every_stage(tmp_p
         gate.wait(30.0)
         return read(location, keys)
 
-    archive = Archive(tmp_path, read=slow_read, delete=servers.delete, max_groups=4, clock=Clock())
+    archive = Archive(
+        tmp_path, read=slow_read, delete_groups=servers.delete_groups, max_groups=4, clock=Clock()
+    )
     worker = ArchiveWorker(archive)
     try:
         assert worker([_work(g) for g in range(4)]) == []  # queued: the sweeper does not wait
@@ -50,7 +52,9 @@ def test_outcomes_come_back_on_later_passes_and_pending_covers_every_stage(tmp_p
 def test_close_leaves_queued_deletes_unreported(tmp_path):
     """Closing drops the queue: those groups stay on the GC list (handed out again after its timeout)."""
     servers = FakeServers()
-    archive = Archive(tmp_path, read=servers.read, delete=servers.delete, flush_after=3600.0, clock=Clock())
+    archive = Archive(
+        tmp_path, read=servers.read, delete_groups=servers.delete_groups, flush_after=3600.0, clock=Clock()
+    )
     worker = ArchiveWorker(archive)
     worker([_work(0), _work(1)])
     worker.close()

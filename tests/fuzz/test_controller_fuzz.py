@@ -157,6 +157,11 @@ TEMPLATES: dict[str, Callable[[Facts], dict[str, Any]]] = {
     "publish_many": lambda f: {
         "items": [Publication(f.partition, f.grant_token, f.rows, f.nbytes, f.tokens, 0, ("prompt_ids",))]
     },
+    "publish_ahead": lambda f: {
+        "items": [Publication(f.partition, f.grant_token, f.rows, f.nbytes, f.tokens, 0, ("prompt_ids",))],
+        "job_id": "j", "epoch": 1, "writer_id": "w", "ahead": [100],
+    },
+    "abandon": lambda f: {"partition": f.partition, "token": f.grant_token},
     "group": lambda f: {"partition": f.partition},
     "renew": lambda f: {"token": f.token, "ttl": 5.0},
     "prepare": lambda f: {"token": f.token, "batch_id": "b", "partitions": None},
@@ -188,7 +193,7 @@ KINDS: dict[str, str] = {
     "policy_version": "int", "version": "int", "token": "int", "rows": "int", "tokens": "int",
     "nbytes": "int", "config": "config", "old_ready": "choice", "action": "choice", "ttl": "seconds",
     "partition": "partition", "partitions": "partitions", "columns": "columns", "items": "items",
-    "seq": "int", "missing": "partitions", "unreachable": "names",
+    "seq": "int", "missing": "partitions", "unreachable": "names", "ahead": "int",
 }  # fmt: skip
 LIST_NBYTES = ([], "100", [0], [1.5], [BIG], [True], [100, -1], {"a": 1})
 BAD: dict[str, tuple[Any, ...]] = {
@@ -210,6 +215,8 @@ BAD: dict[str, tuple[Any, ...]] = {
 def _bad_values(op: str, name: str) -> tuple[Any, ...]:
     if op == "allocate_many" and name == "nbytes":
         return LIST_NBYTES
+    if op == "publish_ahead" and name == "ahead":  # [] is valid there: ask for no grant ahead
+        return tuple(v for v in LIST_NBYTES if v != [])
     return BAD[KINDS[name]]
 
 
@@ -468,7 +475,9 @@ _ARGUMENTS = sorted(
     (op, name)
     for op in CALLS
     for name in TEMPLATES[op](_PLACEHOLDER)
-    if not (op == "gc_list" and name == "job_id") and not (op == "allocate_many" and name == "nbytes")
+    if not (op == "gc_list" and name == "job_id")
+    and not (op == "allocate_many" and name == "nbytes")
+    and not (op == "publish_ahead" and name == "ahead")  # a list of sizes: cased in _bad_values
 )
 FUZZ_SETTINGS = settings(
     max_examples=HYPOTHESIS_EXAMPLES,

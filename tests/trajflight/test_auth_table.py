@@ -28,6 +28,7 @@ from trajflight.auth import Credential, Keyring, Role
 from trajflight.controller import COMMANDS, ROLES, LocalController, Publication, Route
 from trajflight.errors import AuthenticationError, ConfigError, PermissionDeniedError, TrajflightError
 from trajflight.flight_server._errors import translate_errors
+from trajflight.keys import Partition
 
 SECRET = "k1:controller-table-secret-0123456789"
 T0 = 1_000_000.0
@@ -124,6 +125,8 @@ def requests(w: World) -> dict[str, tuple[str, dict[str, Any]]]:
             "columns": ["response_ids"],
         },
         "publish_many": {"items": [publication]},
+        "publish_ahead": {"items": [publication], **job, "epoch": 1, "writer_id": "w", "ahead": [100]},
+        "abandon": {"partition": w.grant.partition, "token": w.grant.token},
         "group": {"partition": w.ready},
         "renew": {**lease, "ttl": 900},
         "prepare": {**lease, "batch_id": "b"},
@@ -191,6 +194,18 @@ def test_every_controller_call_with_a_wrong_credential_is_refused_and_changes_no
     with pytest.raises(case.error) as refused:
         _send(world.server, kind, body, value)
     check_refusal(refused.value, case, value)
+    assert world.controller._core.ledger.snapshot() == before
+
+
+def test_publish_ahead_naming_the_credential_s_job_cannot_publish_another_job_s_groups(world):
+    """issue 16: ``publish_ahead`` names the writer's job beside its items; a writer credential of
+    ``job-a`` is refused for an item of ``job-b`` even when ``job_id`` says ``job-a``."""
+    foreign = Publication(Partition("job-b", 1, 0), 1, 1, 100, 5, 0, ("response_ids",))
+    kwargs = {"items": [foreign], "job_id": "job-a", "epoch": 1, "writer_id": "w", "ahead": [100]}
+    before = world.controller._core.ledger.snapshot()
+    with pytest.raises(PermissionDeniedError, match="job-b"):
+        _send(world.server, "call", {"method": "publish_ahead", "kwargs": kwargs},
+              "Bearer " + world.ring.mint("w", "writer", ["job-a"]).reveal())  # fmt: skip
     assert world.controller._core.ledger.snapshot() == before
 
 

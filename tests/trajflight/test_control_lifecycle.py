@@ -240,16 +240,12 @@ def test_a_lease_whose_reply_was_not_delivered_is_released():
             server.shutdown()
 
 
-@pytest.mark.timeout(60)
-def test_a_trainer_parked_in_lease_over_the_control_rpc_is_woken_by_the_publish(plane, monkeypatch):
-    """The handoff's wake: a trainer parked in ``lease`` through the control server gets the group put by
-    another client because the publish notifies the host's condition, not because a poll ran out: the
-    parked wait that precedes the grant returns notified (``Condition.wait`` gives True), with the
-    abandonment check's interval raised far beyond the test."""
+def _record_waits(host: Any, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """From now on, whether each wait of the host's condition returned notified (``True``) or timed out;
+    the abandonment check's interval raised far beyond the test."""
     from trajflight.controller import _host
 
     monkeypatch.setattr(_host, "POLL_CHECK", 1000.0)
-    host = plane.controller
     cond = host._cond
     waits: list[bool] = []
     real_wait = cond.wait
@@ -260,6 +256,17 @@ def test_a_trainer_parked_in_lease_over_the_control_rpc_is_woken_by_the_publish(
         return notified
 
     monkeypatch.setattr(cond, "wait", recording_wait)
+    return waits
+
+
+@pytest.mark.timeout(60)
+def test_a_trainer_parked_in_lease_over_the_control_rpc_is_woken_by_the_publish(plane, monkeypatch):
+    """The handoff's wake: a trainer parked in ``lease`` through the control server gets the group put by
+    another client because the publish notifies the host's condition, not because a poll ran out: the
+    parked wait that precedes the grant returns notified (``Condition.wait`` gives True), with the
+    abandonment check's interval raised far beyond the test."""
+    host = plane.controller
+    waits = _record_waits(host, monkeypatch)
     writer_client = trajflight.connect(plane.address, timeout=20.0)
     trainer_client = trajflight.connect(plane.address, timeout=20.0)
     try:
@@ -273,6 +280,40 @@ def test_a_trainer_parked_in_lease_over_the_control_rpc_is_woken_by_the_publish(
         (meta,) = put_groups(writer, 1)
         thread.join(30.0)
         assert not thread.is_alive()
+        assert got["batch"].partitions == (meta.partition,)
+        assert waits
+        assert waits[-1] is True  # woken by notify_all, not by a timeout
+        got["batch"].commit()
+    finally:
+        writer_client.close()
+        trainer_client.close()
+
+
+def test_a_put_with_a_grant_held_ahead_wakes_a_trainer_parked_over_the_control_rpc(plane, monkeypatch):
+    """issue 16: with ``grant_ahead`` a steady-state put is one ``publish_ahead`` call (no allocate), and
+    that publication wakes the parked trainer through the host's condition as ``publish`` does."""
+    host = plane.controller
+
+    writer_client = trajflight.connect(plane.address, timeout=20.0)
+    trainer_client = trajflight.connect(plane.address, timeout=20.0)
+    try:
+        writer_client.open_job("wake-ahead", 1)
+        writer = writer_client.writer("wake-ahead", 1, grant_ahead=True)
+        trainer = trainer_client.trainer("wake-ahead")
+        put_groups(writer, 1)  # the first put allocates, and holds the next grant
+        trainer.lease(1, wait=5.0, renew=False).commit()
+        waits = _record_waits(host, monkeypatch)
+        sent: list[str] = []
+        run = writer_client.controller._run
+        monkeypatch.setattr(writer_client.controller, "_run", lambda c, t: sent.append(c.name) or run(c, t))
+        got: dict[str, Any] = {}
+        thread = threading.Thread(target=lambda: got.update(batch=trainer.lease(1, wait=30.0, renew=False)))
+        thread.start()
+        _wait_until(lambda: host.waiting == 1, "the trainer to park")
+        (meta,) = put_groups(writer, 1, first=1)
+        thread.join(30.0)
+        assert not thread.is_alive()
+        assert sent == ["publish_ahead"]
         assert got["batch"].partitions == (meta.partition,)
         assert waits
         assert waits[-1] is True  # woken by notify_all, not by a timeout

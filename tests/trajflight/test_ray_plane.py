@@ -321,6 +321,33 @@ def test_a_client_on_a_server_s_host_takes_its_shared_memory_arena(plane, ray_ru
     assert plane.wait_idle(job, timeout=15.0) == (0, 0)
 
 
+@pytest.mark.ray
+def test_a_writer_with_grant_ahead_puts_with_one_controller_actor_call(plane, ray_runtime):
+    """issue 16: on the Ray plane each controller call is an actor call (about 2 ms here); with
+    ``grant_ahead`` a put after the first is one ``publish_ahead`` call, and ``close`` gives the held grant
+    back, so the job's usage returns to zero after the commit."""
+    from unittest import mock
+
+    from trajflight.workload import make_workload
+
+    job = _job()
+    client = plane.client()
+    client.open_job(job, 1)
+    writer = client.writer(job, 1, grant_ahead=True)
+    batches = [g.encode(job, 1) for g in make_workload(3, 4, seed=5, response_median=64)]
+    batches.sort(key=lambda b: b.get_total_buffer_size(), reverse=True)  # each fits the one before's grant
+    sent: list[str] = []
+    run = client.controller._run
+    with mock.patch.object(client.controller, "_run", lambda c, t: sent.append(c.name) or run(c, t)):
+        for batch in batches:
+            writer.put(batch)
+    assert sent == ["allocate", "publish_ahead", "publish_ahead", "publish_ahead"]
+    with client.trainer(job).lease(3, wait=10) as leased:
+        assert len(leased.partitions) == 3
+    writer.close()
+    assert plane.wait_idle(job, timeout=15.0) == (0, 0)
+
+
 def _rows_of(handle):
     import trajflight
 

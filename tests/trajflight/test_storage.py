@@ -13,8 +13,9 @@ import pytest
 
 from trajflight._storage import StoragePool
 from trajflight.codec import EncodedGroups, encode_groups, validate_group, with_partitions
+from trajflight.controller import DeleteWork
 from trajflight.errors import InvalidRequestError
-from trajflight.flight_server import GroupRead, ShmArena, StorageServer
+from trajflight.flight_server import GroupRead, LeaseToken, ShmArena, StorageServer
 from trajflight.keys import Partition
 from trajflight.workload import make_workload
 
@@ -66,3 +67,56 @@ def test_groups_of_other_schemas_or_a_joined_batch_of_other_rows_are_refused(poo
     with pytest.raises(InvalidRequestError, match="joined batch has"):
         pool.put_groups(location, [(keys[0], keyed[0])], writer="w", timeout=20, joined=keyed.joined)
     assert pool.client(location).list_groups("job") == []  # nothing of a refused put was stored
+
+
+def _gc_work(key: Partition, location: str, token: int = 1) -> DeleteWork:
+    return DeleteWork(key, "s0", location, token, 1, None, "committed")
+
+
+def test_delete_groups_deletes_a_batch_in_one_call_and_a_stale_token_fails_only_its_group(
+    pool_and_location, monkeypatch
+):
+    """Issue 17: the archive's deletes go one call per server, and a stale fence on one group neither
+    drops the others nor deletes it (the call is split until the refused group stands alone)."""
+    pool, location = pool_and_location
+    keys, keyed = _encoded(6)
+    pool.put_groups(location, list(zip(keys, keyed, strict=True)), writer="w", timeout=20)
+    client = pool.client(location)
+    client.advance_generation([GroupRead(keys[3], LeaseToken(5))])  # a newer lease holds group 43
+    calls: list[int] = []
+    delete = client.delete
+
+    def counted(groups, **kwargs):
+        calls.append(len(groups))
+        return delete(groups, **kwargs)
+
+    monkeypatch.setattr(client, "delete", counted)
+    work = [_gc_work(k, location) for k in keys]
+    out = pool.delete_groups(work)
+    assert [w for w, _, _ in out] == work  # in work's order
+    assert [ok for _, ok, _ in out] == [True, True, True, False, True, True]
+    assert str(out[3][2]).startswith("StaleFenceError: ")
+    assert [info.key for info in client.list_groups("job")] == [keys[3]]  # only the refused one stays
+    assert calls[0] == 6  # the whole batch first, then its halves
+    assert len(calls) > 1
+
+    calls.clear()
+    again = pool.delete_groups(work[:3] + work[4:])  # already deleted: still a success, in one call
+    assert [ok for _, ok, _ in again] == [True] * 5
+    assert calls == [5]
+
+
+def test_delete_groups_reports_every_group_of_an_unreachable_server_failed(pool_and_location):
+    """A server that cannot be reached fails each of its groups (they stay on the GC list), and the
+    groups of the other server are deleted all the same."""
+    pool, location = pool_and_location
+    keys, keyed = _encoded(2)
+    pool.put_groups(location, list(zip(keys, keyed, strict=True)), writer="w", timeout=20)
+    with StorageServer() as gone:
+        dead = gone.location
+    pool.timeout = 2.0
+    work = [_gc_work(keys[0], location), _gc_work(Partition("job", 1, 7), dead), _gc_work(keys[1], location)]
+    out = pool.delete_groups(work)
+    assert [(w, ok) for w, ok, _ in out] == [(work[0], True), (work[1], False), (work[2], True)]
+    assert str(out[1][2]).startswith(("UnavailableError: ", "DeadlineExceededError: "))
+    assert pool.client(location).list_groups("job") == []
