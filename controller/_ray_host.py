@@ -7,6 +7,10 @@ to it; the client polls again). :meth:`ControllerActor.close` answers parked acq
 UnavailableError before the actor is killed. A sweeper task applies expiries as they fall due and runs
 deletes and fences through the injected ``deleter`` and ``fencer`` in a worker thread.
 
+Metrics: the actor keeps the controller's Prometheus registry (``controller._metrics``) as the in-process
+host does, and serves it through the endpoint the injected ``metrics`` factory makes (``info`` names its
+URL). A scrape reads the ledger on the actor's event loop, which serialises it with every call.
+
 Crash recovery: with ``state_dir`` the actor journals every state-changing call (see :mod:`._durable`);
 Ray restarts it up to ``max_restarts`` times and the constructor, which Ray re-runs, reloads the snapshot,
 replays the journal, persists a new incarnation (so tokens keep increasing) and ends the leases that were
@@ -27,7 +31,9 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
+
+from prometheus_client import CollectorRegistry
 
 from trajflight import logs
 from trajflight.errors import TrajflightError, UnavailableError
@@ -39,6 +45,7 @@ from ._commands import (
     ConfirmCheckpoint,
     DeleteDone,
     FenceDone,
+    Figures,
     TakeDeletes,
     TakeFences,
     Tick,
@@ -56,6 +63,7 @@ __all__ = [
     "DEFAULT_NAME",
     "DEFAULT_NAMESPACE",
     "ControllerActor",
+    "MetricsServer",
     "import_ray",
     "ray_actor_class",
     "start_ray_actor",
@@ -66,6 +74,22 @@ DEFAULT_NAMESPACE = "trajflight"
 
 Reply = tuple[str, Any]
 R = TypeVar("R")
+
+SCRAPE_TIMEOUT = 10.0
+"""Longest a scrape waits for the actor's event loop to read the ledger, seconds."""
+
+
+class MetricsServer(Protocol):
+    """What the actor's ``metrics`` factory makes: an endpoint serving the registry it was given."""
+
+    @property
+    def url(self) -> str:
+        """What Prometheus scrapes (``http://host:port/metrics``)."""
+        ...
+
+    def close(self) -> None:
+        """Stop serving and free the port (idempotent)."""
+        ...
 
 
 def import_ray() -> Any:
@@ -93,6 +117,10 @@ class ControllerActor:
         batch_deleter: Picklable factory, called once in the actor, of a
             :class:`~._durable.BatchDeleter` that runs every pass's deletes instead of ``deleter`` (an
             archive); made again when Ray restarts the actor.
+        metrics: Picklable factory, called once in the actor with its Prometheus registry, of the
+            endpoint that serves it (made again when Ray restarts the actor; a fixed port is bound
+            again). ``None``: the metrics are kept, not served. Its errors (a port in use) fail the
+            actor's start.
     """
 
     def __init__(
@@ -104,9 +132,12 @@ class ControllerActor:
         journal_fsync: bool = False,
         fencer: Callable[[Sequence[FenceWork]], None] | None = None,
         batch_deleter: Callable[[], BatchDeleter] | None = None,
+        metrics: Callable[[CollectorRegistry], MetricsServer] | None = None,
     ) -> None:
         logs.setup_from_env()  # the actor's entry: RayCluster(log_level=) sets the environment
         self._core = HostCore(clock=time.time, state_dir=state_dir, fsync=journal_fsync)
+        self._loop = _running_loop()  # Ray runs an async actor's constructor on its loop; else the first call
+        self._core.metrics.watch(self._figures)
         self._deleter = deleter
         self._batch_deleter = None if batch_deleter is None else batch_deleter()
         self._fencer = fencer
@@ -115,8 +146,11 @@ class ControllerActor:
         self._delete_batch = delete_batch
         self._changed: asyncio.Event | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self._metrics = None if metrics is None else metrics(self._core.metrics.registry)
 
     def _ensure_started(self) -> asyncio.Event:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
         if self._changed is None:
             self._changed = asyncio.Event()
         if self._sweeper is None or self._sweeper.done():
@@ -132,6 +166,19 @@ class ControllerActor:
             if self._core.ledger.ready_version != before:
                 event.set()
                 self._changed = asyncio.Event()
+
+    def _figures(self) -> dict[str, Any]:
+        """The ledger's figures for a scrape: read on the actor's event loop, where every ledger call
+        runs (from the endpoint's thread, waiting at most :data:`SCRAPE_TIMEOUT`); directly on the loop's
+        own thread (registering the collector describes it in the constructor) or before any loop is
+        known (an actor used outside Ray, before its first call)."""
+        loop = self._loop
+        if loop is None or _running_loop() is loop:
+            return self._core.run(Figures())
+        return asyncio.run_coroutine_threadsafe(self._read_figures(), loop).result(SCRAPE_TIMEOUT)
+
+    async def _read_figures(self) -> dict[str, Any]:
+        return self._core.run(Figures())
 
     async def invoke(self, method: str, kwargs: dict[str, Any]) -> Reply:
         """Run one client operation (a command of route ``CALL``); reply ``("ok", result)`` or
@@ -180,12 +227,15 @@ class ControllerActor:
                 await asyncio.wait_for(event.wait(), remaining)
 
     async def close(self) -> None:
-        """Answer every parked acquire with UnavailableError (call it before killing the actor)."""
+        """Answer every parked acquire with UnavailableError and stop serving metrics (call it before
+        killing the actor)."""
         self._closing = True
         event = self._ensure_started()
         event.set()
         self._changed = asyncio.Event()
         await asyncio.sleep(0)  # let the woken acquires answer
+        if self._metrics is not None:  # off the loop: a scrape in flight waits on it for the ledger
+            await asyncio.to_thread(self._metrics.close)
 
     async def checkpoint(self, job_id: str, path: str | None) -> Reply:
         """Take a job checkpoint; write it (atomically, on the actor's node) to ``path`` when given, and
@@ -208,12 +258,14 @@ class ControllerActor:
             return ("err", exc)
 
     async def info(self) -> dict[str, Any]:
-        """Incarnation, pid, how many leases the last recovery ended, and the timeline of every job's counts
-        (``controller._timeline``), for operators, tests and reports."""
+        """Incarnation, pid, how many leases the last recovery ended, the metrics endpoint's URL (None
+        without one), and the timeline of every job's counts (``controller._timeline``), for operators,
+        tests and reports."""
         self._ensure_started()
         return {
             "incarnation": self._core.incarnation,
             "pid": os.getpid(),
+            "metrics": None if self._metrics is None else self._metrics.url,
             "recovered_leases": self._core.recovered_leases,
             "timeline": self._core.timeline.samples(),
             **self._archive_info(),
@@ -267,6 +319,14 @@ class ControllerActor:
             await asyncio.sleep(delay)
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop running in this thread, or None."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 def ray_actor_class() -> Any:
     """The Ray actor class wrapping :class:`ControllerActor` (imports ray)."""
     ray = import_ray()
@@ -287,6 +347,7 @@ def start_ray_actor(
     get_if_exists: bool = False,
     options: dict[str, Any] | None = None,
     batch_deleter: Callable[[], BatchDeleter] | None = None,
+    metrics: Callable[[CollectorRegistry], MetricsServer] | None = None,
 ) -> Any:
     """Create the named controller actor and return its handle (Ray must be initialised).
 
@@ -304,6 +365,7 @@ def start_ray_actor(
         options: Further ``ActorClass.options`` (e.g. ``scheduling_strategy``).
         batch_deleter: Picklable factory of the actor's batch deleter (an archive), see
             :class:`ControllerActor`.
+        metrics: Picklable factory of the actor's metrics endpoint, see :class:`ControllerActor`.
     """
     cls = ray_actor_class()
     opts: dict[str, Any] = {
@@ -326,4 +388,5 @@ def start_ray_actor(
         journal_fsync,
         fencer,
         batch_deleter,
+        metrics,
     )

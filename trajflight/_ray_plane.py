@@ -4,14 +4,18 @@
 
 * the controller is the named async actor of :func:`trajflight.controller._ray_host.start_ray_actor`
   (``ray://NAMESPACE/NAME`` is the plane's address), restarted by Ray when it dies; its sweeper deletes
-  committed groups through :class:`FlightStorage`, straight from the storage servers over Flight, and
-  fences the groups of leases that ended without their holder through it too;
-* storage servers are :class:`StorageServerActor` actors pinned to their nodes
+  committed groups through :class:`~trajflight._ray_actors.FlightStorage`, straight from the storage
+  servers over Flight, and fences the groups of leases that ended without their holder through it too;
+* storage servers are :class:`~trajflight._ray_actors.StorageServerActor` actors pinned to their nodes
   (``NodeAffinitySchedulingStrategy(node_id, soft=False)``), one per node by default, each running a
   :class:`~trajflight.flight_server.StorageServer` on its node's IP address, port 0, registered with the
   controller under its Ray node id, so that writers on a node put to that node's server, with a
   shared-memory arena on its node's tmpfs: a client on the same host takes the same-host path to it (by
   host identity, as on an embedded plane), any other client Flight.
+
+With ``metrics_port`` the controller actor and every storage server actor serve their Prometheus metrics
+(the embedded plane's families, ``docs/operations.md``) over HTTP on their node's address, which
+:attr:`RayCluster.metrics_urls` names.
 
 Flight or shared memory carries the data; Ray only places and supervises. Other processes reach the plane with
 ``trajflight.connect(cluster.address)``; in a process where Ray is not initialised,
@@ -39,28 +43,21 @@ import contextlib
 import logging
 import os
 import sys
-import threading
 import time
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-import pyarrow as pa
-
 from trajflight import logs
-from trajflight._archive import Archive
-from trajflight._archive_worker import ArchiveWorker
 from trajflight._client import Client
+from trajflight._ray_actors import ArchiveFactory, FlightStorage, NodeMetrics, StorageServerActor
 from trajflight._ray_connect import SCHEME, current_node_id, loopback_addresses, parse_ray_address
-from trajflight._storage import DeleteOutcome, StoragePool, check_tls_pair
+from trajflight._storage import check_tls_pair
 from trajflight.auth import Credential, Role, Secret, deployment_secret, mint_for_client, minted
 from trajflight.controller import (
     DEFAULT_NAME,
     ControllerClient,
-    DeleteWork,
-    FenceWork,
     RayTransport,
     import_ray,
     start_ray_actor,
@@ -72,172 +69,9 @@ from trajflight.errors import (
     UnavailableError,
 )
 from trajflight.flight_server import TlsConfig, remove_dead_arena
-from trajflight.keys import Partition
 from trajflight.units import parse_size
 
-__all__ = ["ArchiveFactory", "FlightStorage", "RayCluster", "RayServer", "StorageServerActor"]
-
-# ---------------------------------------------------------------------------------------- actors
-
-
-class FlightStorage:
-    """The controller actor's hands on the storage servers: its ``deleter`` (:meth:`delete`), its
-    ``fencer`` (:meth:`fence`) and its archive's reads and batched deletes (:meth:`read`,
-    :meth:`delete_groups`), straight to the servers over Flight.
-
-    Picklable (Ray ships it, or a bound method of it, to the controller actor); the connections are made
-    on first use in the process that calls it, and are not pickled. Thread-safe.
-
-    Args:
-        timeout: Deadline of each call to a storage server, seconds.
-        tls: What the controller actor presents to ``grpc+tls://`` storage servers (see
-            :class:`RayCluster`'s ``client_tls``).
-        secret: The deployment secret: each call then carries an admin token minted from it.
-    """
-
-    def __init__(
-        self, timeout: float = 10.0, tls: TlsConfig | None = None, secret: Secret | None = None
-    ) -> None:
-        self.timeout = timeout
-        self.tls = tls
-        self.secret = secret
-        self._pool: StoragePool | None = None
-        self._lock = threading.Lock()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"timeout": self.timeout, "tls": self.tls, "secret": self.secret}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["timeout"], state.get("tls"), state.get("secret"))  # type: ignore[misc]
-
-    def _storage(self) -> StoragePool:
-        with self._lock:
-            if self._pool is None:
-                self._pool = StoragePool(
-                    timeout=self.timeout,
-                    tls=self.tls,
-                    credential=minted(
-                        None if self.secret is None else self.secret.keyring(), "trajflight-controller"
-                    ),
-                )
-            return self._pool
-
-    def delete(self, work: DeleteWork) -> None:
-        """Delete ``work``'s group (a group the server no longer has counts as deleted); raise on failure,
-        and the controller keeps it on its GC list and retries."""
-        self._storage().delete(work)
-
-    def delete_groups(self, work: Sequence[DeleteWork]) -> list[DeleteOutcome]:
-        """Delete many groups in one call per server (the archive's deletes, see
-        :meth:`StoragePool.delete_groups`): each item's ``(work, ok, error)`` in order; never raises."""
-        return self._storage().delete_groups(work)
-
-    def read(self, location: str, keys: list[Partition]) -> pa.Table:
-        """Read groups from the server at ``location`` without a token (the archive's reads: no lease,
-        generation or state is touched)."""
-        return self._storage().client(location).get(keys, timeout=self.timeout)
-
-    def fence(self, work: Sequence[FenceWork]) -> None:
-        """Raise the generation of ``work``'s groups (the fences of one location) on their server (see
-        :meth:`StoragePool.fence_groups`); raise on failure (the controller retries)."""
-        self._storage().fence_groups(work)
-
-
-class ArchiveFactory:
-    """Makes the controller actor's :class:`~trajflight._archive.Archive`, run by an ``ArchiveWorker``,
-    in the actor's process (picklable: Ray ships it; the archive's filesystem, connections and thread
-    are made where it runs).
-
-    Args:
-        location, filesystem, flush_after: As :class:`~trajflight._archive.Archive` takes them.
-        storage: The actor's hands on the storage servers (reads and deletes).
-    """
-
-    def __init__(self, location: str, filesystem: Any, flush_after: float, storage: FlightStorage) -> None:
-        self.location = location
-        self.filesystem = filesystem
-        self.flush_after = flush_after
-        self.storage = storage
-
-    def __call__(self) -> ArchiveWorker:
-        """The archive, on a worker thread of its own (the actor's sweeper only queues its deletes)."""
-        storage = self.storage
-        archive = Archive(
-            self.location,
-            read=storage.read,
-            delete_groups=storage.delete_groups,
-            filesystem=self.filesystem,
-            flush_after=self.flush_after,
-        )
-        return ArchiveWorker(archive)
-
-
-class StorageServerActor:
-    """The body of a storage server actor: a :class:`~trajflight.flight_server.StorageServer` serving on
-    its node's IP address (``host``), port 0, from the actor's process, with a shared-memory arena on its
-    node's tmpfs unless ``shm`` is false (so that writers and trainers on its node take the same-host path,
-    chosen by host identity as on an embedded plane; others reach it over Flight).
-
-    Args:
-        capacity_bytes: Bytes the server may hold.
-        capacity_groups: Groups the server may hold.
-        host: Interface to bind; default the node's IP address as Ray knows it (loopback on a local Ray
-            started by :class:`RayCluster`).
-        shm: Give the server a fresh auto-named arena (``/dev/shm/trajflight-<uuid>``); making one also
-            sweeps the arenas killed servers left on the node.
-        tls: Serve ``grpc+tls://`` with this material (see :class:`RayCluster`); ``None``: plaintext.
-        secret: The deployment secret: the server then authenticates every call.
-        insecure: Serve a non-loopback node address without a secret (refused otherwise).
-    """
-
-    def __init__(
-        self,
-        capacity_bytes: int,
-        capacity_groups: int,
-        host: str | None = None,
-        shm: bool = True,
-        tls: TlsConfig | None = None,
-        secret: Secret | None = None,
-        insecure: bool = False,
-    ) -> None:
-        from trajflight.flight_server import ShmArena, StorageServer, StoreLimits
-
-        logs.setup_from_env()  # the actor's entry: RayCluster(log_level=) sets the environment
-        ray = import_ray()
-        self.node_id: str = ray.get_runtime_context().get_node_id()
-        self.host = host or ray.util.get_node_ip_address()
-        limits = StoreLimits(capacity_bytes=capacity_bytes, capacity_groups=capacity_groups)
-        arena = ShmArena() if shm else None
-        try:
-            self.server = StorageServer(
-                self.host,
-                0,
-                limits=limits,
-                arena=arena,
-                tls=tls,
-                keyring=None if secret is None else secret.keyring(),
-                insecure=insecure,
-            )
-        except BaseException:
-            if arena is not None:
-                arena.close()
-            raise
-
-    def describe(self) -> dict[str, Any]:
-        """``{"location", "node_id", "host", "pid", "shm_dir"}`` of this server (``shm_dir``: its
-        arena's directory, None without one)."""
-        arena = self.server.arena
-        return {
-            "location": self.server.location,
-            "node_id": self.node_id,
-            "host": self.host,
-            "pid": os.getpid(),
-            "shm_dir": None if arena is None else arena.directory,
-        }
-
-    def close(self, timeout: float = 5.0) -> bool:
-        """Stop serving (see :meth:`StorageServer.close`); True when it stopped within ``timeout``."""
-        return bool(self.server.close(timeout))
+__all__ = ["RayCluster", "RayServer"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +84,7 @@ class RayServer:
         location: Its Flight location.
         actor_name: Its Ray actor's name in the plane's namespace.
         shm_dir: Its shared-memory arena's directory on its node (None: Flight only).
+        metrics_url: Its Prometheus endpoint (None without ``metrics_port``).
     """
 
     server_id: str
@@ -257,6 +92,7 @@ class RayServer:
     location: str
     actor_name: str
     shm_dir: str | None = None
+    metrics_url: str | None = None
 
 
 # ---------------------------------------------------------------------------------------- the plane
@@ -299,6 +135,11 @@ class RayCluster:
             ``TRAJFLIGHT_SECRET``; without either the storage servers authenticate nothing, and a server on a
             non-loopback node address refuses to start unless ``insecure``.
         insecure: Serve storage servers on non-loopback node addresses without a secret.
+        metrics_port: Serve Prometheus metrics, as :class:`~trajflight.LocalCluster` does: the
+            controller actor's on this port of its node (0: a free one), each storage server actor's on
+            a free port of its own, each on the address its node's endpoints use (the node's IP address
+            as Ray knows it; loopback on a local Ray); :attr:`metrics_urls` names them. The endpoints
+            have no authentication and serve no credentials. None (the default): no metrics endpoint.
 
     Raises:
         ConfigError: a bad setting, naming it.
@@ -325,8 +166,18 @@ class RayCluster:
         client_tls: TlsConfig | None = None,
         secret: Secret | bytes | str | None = None,
         insecure: bool = False,
+        metrics_port: int | None = None,
     ) -> None:
         check_tls_pair(tls, client_tls)
+        if metrics_port is not None and (
+            isinstance(metrics_port, bool)
+            or not isinstance(metrics_port, int)
+            or not 0 <= metrics_port < 65536
+        ):
+            raise ConfigError(
+                f"metrics_port: need a TCP port in 0..65535 (0: a free one) or None, got {metrics_port!r}",
+                setting="metrics_port",
+            )
         if servers is not None and (isinstance(servers, bool) or not isinstance(servers, int) or servers < 1):
             raise ConfigError(
                 f"servers: need at least one storage server (or None: one per node), got {servers!r}",
@@ -358,6 +209,8 @@ class RayCluster:
         self._secret = deployment_secret(secret)
         self.keyring = None if self._secret is None else self._secret.keyring()
         self.insecure = insecure
+        self.metrics_port = metrics_port
+        self._controller_metrics: str | None = None
         self.servers: list[RayServer] = []
         self._server_actors: list[Any] = []
         self._controller_actor: Any = None
@@ -372,7 +225,8 @@ class RayCluster:
 
         Raises:
             UnavailableError: Ray is missing, or an actor did not start within ``timeout`` (a node lacks
-                resources or died). AlreadyExistsError: a controller of this name runs in this namespace.
+                resources or died), or failed to (its cause in the message: ``metrics_port`` in use,
+                say). AlreadyExistsError: a controller of this name runs in this namespace.
         """
         if self._started:
             return self
@@ -431,6 +285,7 @@ class RayCluster:
                 fencer=storage.fence,
                 options={"scheduling_strategy": strategy, **self._runtime_env()},
                 batch_deleter=archive,
+                metrics=None if self.metrics_port is None else NodeMetrics(self.metrics_port),
             )
         except ValueError as exc:  # Ray: the name is already taken
             raise AlreadyExistsError(
@@ -438,9 +293,9 @@ class RayCluster:
                 f"connect to it with trajflight.connect('{self.address}') or pick another namespace"
             ) from None
         self._controller_actor = actor
-        transport = RayTransport(actor)
-        self._controller = ControllerClient(transport, timeout=self.timeout)
-        transport.info(self.timeout)  # up and answering
+        self._controller = ControllerClient(RayTransport(actor), timeout=self.timeout)
+        (info,) = self._first_answers(ray, [actor.info.remote()], "the controller actor", [here])
+        self._controller_metrics = info["metrics"]
 
     def _runtime_env(self) -> dict[str, Any]:
         """Actor options that carry the logging set-up (``log_level``) to the actors' processes."""
@@ -478,25 +333,42 @@ class RayCluster:
                     tls=self.tls,
                     secret=self._secret,
                     insecure=self.insecure,
+                    metrics=self.metrics_port is not None,
                 )
             )
         refs = [a.describe.remote() for a in self._server_actors]
-        try:
-            described = ray.get(refs, timeout=self.timeout)
-        except ray.exceptions.GetTimeoutError:
-            raise UnavailableError(
-                f"storage server actors did not start within {self.timeout:g}s on nodes "
-                f"{sorted(set(nodes))}; check `ray status` (a node may be gone) or raise timeout"
-            ) from None
-        except ray.exceptions.RayActorError as exc:
-            raise UnavailableError(f"a storage server actor failed to start: {exc}") from None
+        described = self._first_answers(ray, refs, "storage server actors", nodes)
         for i, (info, actor_name) in enumerate(zip(described, names, strict=True)):
             node_id = info["node_id"]
             self.servers.append(
                 RayServer(
-                    f"{node_id[:12]}/server-{i}", node_id, info["location"], actor_name, info.get("shm_dir")
+                    f"{node_id[:12]}/server-{i}",
+                    node_id,
+                    info["location"],
+                    actor_name,
+                    info["shm_dir"],
+                    info["metrics"],
                 )
             )
+
+    def _first_answers(self, ray: Any, refs: list[Any], what: str, nodes: list[str]) -> list[Any]:
+        """The answers of the first calls to just created actors (``refs``), once they have started.
+
+        Raises:
+            UnavailableError: they did not start within ``timeout``, or one failed to (its constructor
+                raised: the cause, a metrics port in use say, is in the message).
+        """
+        try:
+            return list(ray.get(refs, timeout=self.timeout))
+        except ray.exceptions.GetTimeoutError:
+            raise UnavailableError(
+                f"{what} did not start within {self.timeout:g}s on nodes {sorted(set(nodes))}; check "
+                "`ray status` (a node may be gone) or raise timeout"
+            ) from None
+        except ray.exceptions.RayActorError as exc:
+            # Ray keeps only the text of a creation task's error: its last line names the exception.
+            lines = [line for line in str(exc).splitlines() if line.strip()]
+            raise UnavailableError(f"{what} failed to start: {lines[-1] if lines else exc}") from None
 
     def _register_servers(self) -> None:
         controller = self._require_controller()
@@ -527,7 +399,8 @@ class RayCluster:
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                if transport.info(max(0.1, deadline - time.monotonic()))["pid"] != before:
+                info = transport.info(max(0.1, deadline - time.monotonic()))
+                if info["pid"] != before:
                     break
             except UnavailableError:
                 pass  # restarting
@@ -536,6 +409,7 @@ class RayCluster:
                     f"the controller actor did not restart within {self.timeout:g}s; check `ray status`"
                 )
             time.sleep(0.1)
+        self._controller_metrics = info["metrics"]  # with port 0, the new actor's free port
         self._register_servers()
 
     def close(self) -> None:
@@ -559,6 +433,7 @@ class RayCluster:
         self.servers.clear()
         self._controller_actor = None
         self._controller = None
+        self._controller_metrics = None
         if self._set_ray_address:
             os.environ.pop("RAY_ADDRESS", None)
             self._set_ray_address = False
@@ -587,6 +462,21 @@ class RayCluster:
     def address(self) -> str:
         """``ray://NAMESPACE/NAME``: ``trajflight.connect(address)`` from any process of the Ray cluster."""
         return f"{SCHEME}{self.namespace}/{self.name}"
+
+    @property
+    def metrics_urls(self) -> dict[str, str]:
+        """What Prometheus scrapes: ``{"controller": url, "server-<i>": url, ...}``, as
+        :attr:`LocalCluster.metrics_urls <trajflight.LocalCluster.metrics_urls>` (empty without
+        ``metrics_port``, or when the plane is not running). The controller's is that of its actor's
+        latest start here or in :meth:`restart_controller`; with port 0, an actor Ray restarted by itself
+        serves on another free port (its ``info`` names it)."""
+        out: dict[str, str] = {}
+        if self._controller_metrics is not None:
+            out["controller"] = self._controller_metrics
+        for i, server in enumerate(self.servers):
+            if server.metrics_url is not None:
+                out[f"server-{i}"] = server.metrics_url
+        return out
 
     @property
     def server_locations(self) -> list[str]:

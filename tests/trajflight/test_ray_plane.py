@@ -6,7 +6,7 @@ tensors from servers in parallel, commits, and capacity returns to zero once the
 sweeper has deleted the groups over Flight. The module's plane runs twice (issue 18): plain, and secure
 (a deployment secret and mutual TLS on every storage server, see ``conftest.plane``); there the Ray tasks
 connect with short-lived tokens scoped to their role and job, given as arguments or in their
-``runtime_env``.
+``runtime_env``. It serves its metrics (``metrics_port=0``), and a test scrapes them against ``stats``.
 """
 
 from __future__ import annotations
@@ -17,11 +17,14 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 import uuid
 from typing import Any
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 import trajflight
 from trajflight._ray_connect import parse_ray_address
@@ -34,12 +37,14 @@ from trajflight.errors import (
     InvalidRequestError,
     NotFoundError,
     StaleFenceError,
+    UnavailableError,
 )
 from trajflight.flight_server import GroupRead, LeaseToken
 from trajflight.keys import Partition
 
-from .conftest import PLANES
+from .conftest import PLANES, SECRET
 from .conftest import plane as started_plane
+from .test_metrics import HELD_STATES, one, scrape, total
 
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1"}
 
@@ -133,7 +138,14 @@ def test_a_ray_client_address_gets_a_hint():
 
 @pytest.mark.parametrize(
     ("kwargs", "setting"),
-    [({"servers": 0}, "servers"), ({"namespace": "a/b"}, "namespace"), ({"capacity": "lots"}, "capacity")],
+    [
+        ({"servers": 0}, "servers"),
+        ({"namespace": "a/b"}, "namespace"),
+        ({"capacity": "lots"}, "capacity"),
+        ({"metrics_port": -1}, "metrics_port"),
+        ({"metrics_port": True}, "metrics_port"),
+        ({"metrics_port": "9100"}, "metrics_port"),
+    ],
 )
 def test_bad_settings_are_config_errors_naming_the_setting(kwargs, setting):
     with pytest.raises(ConfigError) as info:
@@ -183,10 +195,16 @@ def test_mint_has_local_cluster_s_contract_and_needs_no_running_plane(monkeypatc
 
 @pytest.fixture(scope="module", params=PLANES)
 def plane(request, ray_runtime, tmp_path_factory):
-    """Two storage server actors and the controller actor, in a fresh namespace, for the whole module;
-    once plain and once secure (tokens and mutual TLS)."""
+    """Two storage server actors and the controller actor, in a fresh namespace, for the whole module,
+    each serving its metrics on a free port; once plain and once secure (tokens and mutual TLS)."""
     with started_plane(
-        request.param, tmp_path_factory, RayCluster, servers=2, capacity="256MiB", timeout=20.0
+        request.param,
+        tmp_path_factory,
+        RayCluster,
+        servers=2,
+        capacity="256MiB",
+        timeout=20.0,
+        metrics_port=0,
     ) as p:
         yield p
 
@@ -392,6 +410,121 @@ def test_an_expired_lease_is_fenced_on_its_storage_server_by_the_controller_acto
         storage.append_columns(read.key, pa.table({"z": pa.array([0.0] * group.rows)}), read.token)
 
 
+def _text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.read().decode()
+
+
+@pytest.mark.ray
+def test_metrics_endpoints_of_the_controller_and_servers_agree_with_stats(plane, ray_runtime):
+    """Issue 18: the controller actor and every storage server actor serve Prometheus metrics on their
+    node's address (loopback here), named by ``metrics_urls``; after a put, a lease and its commit the
+    counters agree with ``stats`` (groups put = committed + held), and no credential shows in them."""
+    from trajflight.workload import make_workload
+
+    urls = plane.metrics_urls
+    assert sorted(urls) == ["controller", "server-0", "server-1"]
+    assert urls["controller"] == plane.client().controller.transport.info(10.0)["metrics"]
+    assert urlsplit(urls["controller"]).hostname == "127.0.0.1"
+    for i, server in enumerate(plane.servers):
+        assert urls[f"server-{i}"] == server.metrics_url
+        assert urlsplit(server.metrics_url).hostname == urlsplit(server.location).hostname == "127.0.0.1"
+    names = ["controller", "server-0", "server-1"]
+    before = {n: scrape(urls[n]) for n in names}  # the module's plane: other tests' figures are in there
+
+    job, put, leased = _job(), 6, 4
+    client = plane.client()
+    client.open_job(job, 1, {"default_lease_ttl": "20s"})
+    client.writer(job, 1).put_many([g.encode(job, 1) for g in make_workload(put, 4, seed=5)])
+    with client.trainer(job).lease(leased, wait=10) as batch:
+        assert len(batch) == leased
+        assert batch.fetch(["reward"]).num_rows == 4 * leased
+    deadline = time.monotonic() + 15.0
+    while (counts := client.controller.counts(job))["deleted"] < leased:  # the commits' deletes
+        assert time.monotonic() < deadline, counts
+        time.sleep(0.05)
+    stats = client.stats(job)
+    after = {n: scrape(urls[n]) for n in names}
+
+    def delta(name: str, source: str = "controller", **labels: str) -> float:
+        return one(after[source], name, **labels) - one(before[source], name, **labels)
+
+    ctl = after["controller"]
+    counts = stats["counts"]
+    held = sum(one(ctl, "trajflight_groups", job=job, state=s) for s in HELD_STATES)
+    committed = one(ctl, "trajflight_groups_committed_total", job=job)
+    assert delta("trajflight_groups_published_total") == put
+    assert committed == leased == counts["committed_total"]
+    assert put == committed + held  # groups put = groups committed + held
+    for state in (*HELD_STATES, "COMMITTED"):
+        assert one(ctl, "trajflight_groups", job=job, state=state) == counts[state], state
+    assert one(ctl, "trajflight_groups_deleted_total", job=job) == counts["deleted"] == leased
+    assert one(ctl, "trajflight_job_bytes", job=job) == stats["usage_bytes"] > 0
+    assert one(ctl, "trajflight_job_held_groups", job=job) == stats["usage_groups"] == held
+    assert (
+        delta("trajflight_leases_granted_total") == 1 == delta("trajflight_leases_ended_total", reason="done")
+    )
+    assert delta("trajflight_groups_leased_total") == leased
+
+    servers = [after[f"server-{i}"] for i in range(2)]
+    assert sum(delta("trajflight_server_groups_put_total", f"server-{i}") for i in range(2)) == put
+    assert sum(delta("trajflight_server_groups_deleted_total", f"server-{i}") for i in range(2)) == leased
+    assert sum(one(s, "trajflight_server_job_groups", job=job) for s in servers) == held
+    assert sum(one(s, "trajflight_server_job_bytes", job=job) for s in servers) == sum(
+        s["jobs"][job]["bytes"] for s in stats["servers"].values()
+    )
+    assert sum(total(s, "trajflight_server_groups") for s in servers) == sum(
+        s["groups"] for s in stats["servers"].values()
+    )
+
+    texts = [_text(url) for url in urls.values()]
+    secrets = [SECRET, SECRET.split(":", 1)[1]] if plane.keyring is not None else []
+    token = os.environ.get("TRAJFLIGHT_TOKEN") if plane.keyring is not None else None
+    for text in texts:
+        assert f'job="{job}"' in text
+        assert "eyJ" not in text  # no bearer token (a JWT's header) in any sample or label
+        for secret in [*secrets, *([token] if token else [])]:
+            assert secret not in text
+
+
+@pytest.mark.ray
+def test_the_ray_plane_exports_the_embedded_plane_s_metric_families(plane):
+    """The same families as ``LocalCluster(metrics_port=)``'s: docs/operations.md and the dashboard
+    describe both planes' endpoints. (``_created`` names are left out: the text parser makes them a
+    family of their own only once a labelled series exists, which depends on the requests served.)"""
+
+    def families(urls: dict[str, str]) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {"controller": set(), "server": set()}
+        for name, url in urls.items():
+            kind = "controller" if name == "controller" else "server"
+            found = text_string_to_metric_families(_text(url))
+            out[kind] |= {f.name for f in found if not f.name.endswith("_created")}
+        return out
+
+    with trajflight.LocalCluster(servers=1, capacity="64MiB", processes=False, metrics_port=0) as local:
+        embedded = families(local.metrics_urls)
+    on_ray = families(plane.metrics_urls)
+    assert len(embedded["controller"]) > 20
+    assert len(embedded["server"]) > 15
+    assert on_ray == embedded
+
+
+@pytest.mark.ray
+def test_a_metrics_port_in_use_fails_the_start_naming_it(ray_runtime):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        plane = RayCluster(servers=1, capacity="16MiB", metrics_port=port, timeout=20.0)
+        with pytest.raises(
+            UnavailableError, match=rf"metrics endpoint could not listen on 127\.0\.0\.1:{port}"
+        ):
+            plane.start()
+    assert plane.metrics_urls == {}
+
+
 @pytest.mark.ray
 def test_unknown_controller_and_taken_name(plane, ray_runtime):
     with pytest.raises(NotFoundError, match="no trajflight controller"):
@@ -404,10 +537,11 @@ def test_unknown_controller_and_taken_name(plane, ray_runtime):
 @pytest.mark.ray
 @pytest.mark.parametrize("mode", PLANES)
 def test_restart_controller_keeps_address_servers_and_clients(ray_runtime, mode, tmp_path_factory):
-    """Secure, the restarted actor (its constructor re-run by Ray) still deletes with a minted token."""
+    """Secure, the restarted actor (its constructor re-run by Ray) still deletes with a minted token; its
+    metrics endpoint comes back (on a new free port with ``metrics_port=0``) and ``metrics_urls`` names it."""
     job = _job()
     with started_plane(
-        mode, tmp_path_factory, RayCluster, servers=1, capacity="64MiB", timeout=20.0
+        mode, tmp_path_factory, RayCluster, servers=1, capacity="64MiB", timeout=20.0, metrics_port=0
     ) as plane:
         client = plane.client()
         config = {"default_lease_ttl": "20s"}
@@ -427,6 +561,10 @@ def test_restart_controller_keeps_address_servers_and_clients(ray_runtime, mode,
         client.restore(
             checkpoint, job_id=job, epoch=2, config=config
         )  # the same client works after the restart
+        url = plane.metrics_urls["controller"]
+        assert url == client.controller.transport.info(10.0)["metrics"]
+        ready = client.controller.counts(job)["READY"]
+        assert one(scrape(url), "trajflight_groups", job=job, state="READY") == ready == 3
         with pytest.raises(StaleFenceError):
             writer.put(
                 prompt_ids=[[1]], response_ids=[[3]], response_logprobs=[[-0.5]], reward=[0.0]

@@ -83,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="serve Prometheus metrics while it runs: the controller's on this port (0: a free one), each "
-        "storage server's on a free port; stderr names them (not with --ray). Default: off",
+        "storage server's on a free port (with --ray: on their Ray nodes); stderr names them. Default: off",
     )
     logs.add_arguments(parser)
 
@@ -139,8 +139,6 @@ def _check(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     """Run the demo; returns 0 when every check holds, 1 when one fails, 2 on bad options."""
     problem = _check(args)
-    if problem is None and args.ray and args.metrics_port is not None:
-        problem = "--metrics-port serves the embedded data plane's metrics; drop it with --ray"
     if problem is None:
         try:
             logs.setup_from_args(args)
@@ -163,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
             archive=args.archive,
             log_level=args.log_level,
             log_json=args.log_json,
+            metrics_port=args.metrics_port,
         )
     else:
         plane = trajflight.LocalCluster(
@@ -176,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
     failure: TrajflightError | None = None
     try:
         with plane:
-            for name, url in getattr(plane, "metrics_urls", {}).items():
+            for name, url in plane.metrics_urls.items():
                 print(f"trajflight demo: metrics of {name} at {url}", file=sys.stderr, flush=True)
             demo = DemoRun(args, plane, state, progress.note)
             demo.tally.started_at = started
