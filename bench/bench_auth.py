@@ -15,6 +15,8 @@ Same run, same machine, interleaved:
   (``trajflight.devcerts``), no tokens on either; one ``put_groups`` of the standard workload (64 groups x
   8 samples, about 10 MB of payload) then one ``get`` of all of it, alternating servers per repeat;
   payload GB/s, median and spread.
+* the reference for TLS: the same bytes over one loopback TCP socket, plain and through Python's ``ssl``
+  (OpenSSL, no gRPC), both ends in this process: what TLS costs this machine before Flight adds anything.
 
 Targets (printed beside the figures, never decided here): tokens add at most 5% to the round trip's p50;
 TLS costs at most 30% of Flight put and get throughput.
@@ -28,14 +30,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
+import ssl
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
 import trajflight
-from trajflight.devcerts import make_dev_certs
+from trajflight.devcerts import DevCerts, make_dev_certs
 from trajflight.flight_server import GroupRead, StorageClient, StorageServer, StoreLimits
 from trajflight.keys import Partition
 from trajflight.workload import make_workload
@@ -141,6 +146,49 @@ def flight_throughput(repeats: int, folder: str) -> dict[str, dict[str, float]]:
     }
 
 
+def _socket_server(listener: socket.socket, context: ssl.SSLContext | None, rounds: int, nbytes: int) -> None:
+    conn, _ = listener.accept()
+    with conn if context is None else context.wrap_socket(conn, server_side=True) as stream:
+        payload = memoryview(bytes(nbytes))
+        for _ in range(rounds):
+            stream.recv(1)
+            stream.sendall(payload)
+
+
+def socket_ceiling(repeats: int, certs: DevCerts, nbytes: int) -> dict[str, float]:
+    """GB/s of ``nbytes`` sent over one loopback TCP socket, plain and through OpenSSL (Python's ``ssl``,
+    TLS 1.3, the same certificates), both ends in this process: the machine's own TLS cost, with no gRPC
+    or Flight in it, the reference the TLS figures above are read against."""
+    out: dict[str, float] = {}
+    for name in ("plain", "tls"):
+        server_ctx = client_ctx = None
+        if name == "tls":
+            server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            server_ctx.load_cert_chain(certs.directory / "server.pem", certs.directory / "server.key")
+            client_ctx = ssl.create_default_context(cafile=certs.directory / "ca.pem")
+            client_ctx.check_hostname = False  # the dev server certificate names localhost, not the IP
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            port = listener.getsockname()[1]
+            rounds = repeats + 1
+            server = threading.Thread(target=_socket_server, args=(listener, server_ctx, rounds, nbytes))
+            server.start()
+            raw = socket.create_connection(("127.0.0.1", port))
+            rates = []
+            with raw if client_ctx is None else client_ctx.wrap_socket(raw, server_hostname="localhost") as s:
+                buffer = memoryview(bytearray(nbytes))
+                for r in range(rounds):
+                    start, got = time.perf_counter(), 0
+                    s.sendall(b"g")
+                    while got < nbytes:
+                        got += s.recv_into(buffer[got:], nbytes - got)
+                    if r > 0:  # the first warms the connection
+                        rates.append(nbytes / (time.perf_counter() - start) / 1e9)
+            server.join()
+        out[f"{name}_gbps"] = statistics.median(rates)
+    out["tls_over_plain"] = out["tls_gbps"] / out["plain_gbps"]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cycles", type=int, default=40, help="round trips per repeat and plane")
@@ -167,7 +215,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     with tempfile.TemporaryDirectory() as folder:
         tp = flight_throughput(args.repeats, folder)
+        payload = sum(g.payload_bytes for g in make_workload(64, 8, seed=7))
+        ceiling = socket_ceiling(max(3, args.repeats), make_dev_certs(f"{folder}/socket"), payload)
     out["flight_throughput"] = tp
+    out["socket_ceiling"] = ceiling
     for op in ("put", "get"):
         share = tp["tls"][f"{op}_gbps"] / tp["plain"][f"{op}_gbps"]
         out["flight_throughput"][f"tls_over_plain_{op}"] = share
@@ -178,6 +229,11 @@ def main(argv: list[str] | None = None) -> int:
             f"x{share:.3f} of plain (target >= 0.70)",
             flush=True,
         )
+    print(
+        f"reference, one loopback socket: plain {ceiling['plain_gbps']:.2f} GB/s, OpenSSL TLS "
+        f"{ceiling['tls_gbps']:.2f} GB/s: x{ceiling['tls_over_plain']:.3f} of plain (the machine's TLS cost)",
+        flush=True,
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

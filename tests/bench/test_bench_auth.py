@@ -22,6 +22,11 @@ def test_round_trips_with_and_without_tokens_and_flight_with_and_without_tls_rep
     throughput = result["flight_throughput"]
     assert throughput["plain"]["put_gbps"] > 0
     assert throughput["tls"]["get_gbps"] > 0
+    ceiling = result["socket_ceiling"]  # the machine's own TLS cost, the reference for the figures above
+    assert ceiling["plain_gbps"] > 0
+    assert ceiling["tls_gbps"] > 0
+    assert ceiling["tls_over_plain"] == ceiling["tls_gbps"] / ceiling["plain_gbps"]
     printed = capsys.readouterr().out
     assert "(target <= 1.05)" in printed
     assert "(target >= 0.70)" in printed
+    assert "reference, one loopback socket" in printed
