@@ -20,7 +20,7 @@ from __future__ import annotations
 from ._checkpoint import checkpoint_seq
 from ._client import ControllerClient, connect_ray, start_ray_controller
 from ._commands import CALLS, COMMANDS, ROLES, Command, Kind, Route, client_call
-from ._durable import BatchDeleter, run_deletes
+from ._durable import BatchDeleter, GroupDeletes, run_deletes
 from ._entries import check_seconds
 from ._files import read_file as read_checkpoint
 from ._files import write_atomic as write_checkpoint
@@ -61,6 +61,7 @@ __all__ = [
     "ControllerMetrics",
     "DeleteWork",
     "FenceWork",
+    "GroupDeletes",
     "GroupInfo",
     "GroupState",
     "HeldGroup",

@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, TypeVar
 
@@ -44,7 +44,7 @@ from ._metrics import ControllerMetrics
 from ._records import DeleteWork
 from ._timeline import Timeline
 
-__all__ = ["BatchDeleter", "HostCore", "run_deletes"]
+__all__ = ["BatchDeleter", "GroupDeletes", "HostCore", "run_deletes"]
 
 R = TypeVar("R")
 
@@ -241,3 +241,31 @@ class BatchDeleter(Protocol):
         """Run ``work`` (possibly empty); return the outcome of every delete finished now, this pass's or
         an earlier one's; never raises."""
         ...
+
+
+class GroupDeletes:
+    """The batch deleter of a host without an archive: each pass's deletes go at once, all together, to
+    ``delete_groups`` (``StoragePool.delete_groups``: one call per server), rather than one call per
+    group; it holds nothing back.
+
+    Args:
+        delete_groups: Deletes many groups; returns ``(work, ok, error)`` per item in order and never
+            raises (as :func:`run_deletes` reports).
+    """
+
+    pending = 0
+    """It holds no delete back."""
+
+    def __init__(
+        self, delete_groups: Callable[[Sequence[DeleteWork]], list[tuple[DeleteWork, bool, str | None]]]
+    ) -> None:
+        self._delete_groups = delete_groups
+
+    def __call__(self, work: list[DeleteWork]) -> list[tuple[DeleteWork, bool, str | None]]:
+        """Run ``work`` in one batch; never raises (a raising ``delete_groups`` fails every item)."""
+        if not work:
+            return []
+        try:
+            return self._delete_groups(work)
+        except Exception as exc:  # the protocol's promise: the groups stay on the GC list and are retried
+            return [(w, False, f"{type(exc).__name__}: {exc}") for w in work]

@@ -43,7 +43,7 @@ from trajflight._client import Client
 from trajflight._control import ControlServer
 from trajflight._storage import StoragePool, Transport, check_tls_pair
 from trajflight.auth import Credential, Role, Secret, deployment_secret, mint_for_client, minted
-from trajflight.controller import ControllerClient, LocalController, LocalTransport
+from trajflight.controller import ControllerClient, GroupDeletes, LocalController, LocalTransport
 from trajflight.errors import ConfigError, UnavailableError
 from trajflight.flight_server import TlsConfig, host_id, sweep_dead_arenas
 from trajflight.units import parse_size
@@ -191,10 +191,10 @@ class LocalCluster:
         self.archive = self._open_archive()
         self._archive_worker = None if self.archive is None else ArchiveWorker(self.archive)
         self.controller = LocalController(
-            deleter=self._pool.delete,
             fencer=self._pool.fence_groups,
             state_dir=self.state_dir,
-            batch_deleter=self._archive_worker,
+            # Without an archive, each sweeper pass's deletes still go in one call per server.
+            batch_deleter=self._archive_worker or GroupDeletes(self._pool.delete_groups),
         )
         if self.archive is not None:
             self.archive.timeline = self.controller.timeline

@@ -106,14 +106,10 @@ class FlightStorage:
                 )
             return self._pool
 
-    def delete(self, work: DeleteWork) -> None:
-        """Delete ``work``'s group (a group the server no longer has counts as deleted); raise on failure,
-        and the controller keeps it on its GC list and retries."""
-        self._storage().delete(work)
-
     def delete_groups(self, work: Sequence[DeleteWork]) -> list[DeleteOutcome]:
-        """Delete many groups in one call per server (the archive's deletes, see
-        :meth:`StoragePool.delete_groups`): each item's ``(work, ok, error)`` in order; never raises."""
+        """Delete many groups in one call per server (the controller actor's deletes, archived or not,
+        see :meth:`StoragePool.delete_groups`): each item's ``(work, ok, error)`` in order; never
+        raises."""
         return self._storage().delete_groups(work)
 
     def read(self, location: str, keys: list[Partition]) -> pa.Table:

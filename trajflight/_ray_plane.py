@@ -40,11 +40,13 @@ state survives a restart only with ``state_dir`` (journal + snapshots on the con
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -57,7 +59,9 @@ from trajflight._storage import check_tls_pair
 from trajflight.auth import Credential, Role, Secret, deployment_secret, mint_for_client, minted
 from trajflight.controller import (
     DEFAULT_NAME,
+    BatchDeleter,
     ControllerClient,
+    GroupDeletes,
     RayTransport,
     import_ray,
     start_ray_actor,
@@ -273,18 +277,18 @@ class RayCluster:
         here = ray.get_runtime_context().get_node_id()
         strategy = NodeAffinitySchedulingStrategy(here, soft=self.state_dir is None)
         storage = FlightStorage(timeout=self.timeout, tls=self.client_tls, secret=self._secret)
-        archive = None
+        # The actor's batch deleter: the archive's, else each pass's deletes in one call per server.
+        batch: Callable[[], BatchDeleter] = functools.partial(GroupDeletes, storage.delete_groups)
         if self.archive is not None:
-            archive = ArchiveFactory(self.archive, self.archive_filesystem, self.archive_flush, storage)
+            batch = ArchiveFactory(self.archive, self.archive_filesystem, self.archive_flush, storage)
         try:
             actor = start_ray_actor(
                 name=self.name,
                 namespace=self.namespace,
                 state_dir=self.state_dir,
-                deleter=storage.delete,
                 fencer=storage.fence,
                 options={"scheduling_strategy": strategy, **self._runtime_env()},
-                batch_deleter=archive,
+                batch_deleter=batch,
                 metrics=None if self.metrics_port is None else NodeMetrics(self.metrics_port),
             )
         except ValueError as exc:  # Ray: the name is already taken

@@ -7,7 +7,14 @@ import time
 
 import pytest
 
-from trajflight.controller import ControllerClient, GroupState, JobConfig, LocalController, Publication
+from trajflight.controller import (
+    ControllerClient,
+    GroupDeletes,
+    GroupState,
+    JobConfig,
+    LocalController,
+    Publication,
+)
 from trajflight.errors import (
     CapacityExceededError,
     DeadlineExceededError,
@@ -168,6 +175,37 @@ def test_deletes_run_through_the_deleter_and_failures_are_retried():
     assert client.gc_list("j") == ()
     assert client.usage("j") == (0, 0)
     client.allocate("j", 1, "w0", nbytes=1000)
+    host.close()
+
+
+def test_group_deletes_send_a_pass_in_one_batch_and_a_raising_batch_is_retried():
+    """GroupDeletes (the batch deleter of a plane without an archive): a pass's deletes in one call;
+    a call that raises fails every item, which stays on the GC list and comes back after the back-off."""
+    clock = FakeClock()
+    batches, fail = [], {"on": True}
+
+    def delete_groups(work):
+        batches.append([w.partition.group_id for w in work])
+        if fail["on"]:
+            raise ConnectionError("storage server down")
+        return [(w, True, None) for w in work]
+
+    deletes = GroupDeletes(delete_groups)
+    assert deletes([]) == []
+    assert batches == []  # an empty pass calls nothing
+    host = LocalController(batch_deleter=deletes, clock=clock, start=False)
+    client = ControllerClient(host)
+    _setup(client)
+    _put(client, 2)
+    _train(client, client.acquire("j", "t", max_groups=2))
+    assert host.sweep() == 2
+    assert {"storage server down" in e.last_error for e in client.gc_list("j")} == {True}
+    clock.now += 1.0
+    fail["on"] = False
+    assert host.sweep() == 2
+    assert [sorted(b) for b in batches] == [[0, 1], [0, 1]]  # both passes: one call of both groups
+    assert client.gc_list("j") == ()
+    assert client.usage("j") == (0, 0)
     host.close()
 
 

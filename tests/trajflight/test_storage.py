@@ -120,3 +120,30 @@ def test_delete_groups_reports_every_group_of_an_unreachable_server_failed(pool_
     assert [(w, ok) for w, ok, _ in out] == [(work[0], True), (work[1], False), (work[2], True)]
     assert str(out[1][2]).startswith(("UnavailableError: ", "DeadlineExceededError: "))
     assert pool.client(location).list_groups("job") == []
+
+
+def test_a_plane_without_an_archive_deletes_a_commit_s_groups_in_one_call(monkeypatch):
+    """The controller's own GC went one delete call per group where the archive's went one per server;
+    a LocalCluster without an archive now hands each sweeper pass's deletes to ``delete_groups`` too."""
+    import trajflight
+    from trajflight.workload import make_workload
+
+    calls: list[int] = []
+    delete_groups = StoragePool.delete_groups
+
+    def counted(self, work):
+        calls.append(len(work))
+        return delete_groups(self, work)
+
+    monkeypatch.setattr(StoragePool, "delete_groups", counted)
+    monkeypatch.setattr(StoragePool, "delete", lambda self, work: pytest.fail("a delete of one group"))
+    with trajflight.LocalCluster(servers=1, processes=False) as cluster, cluster.client() as client:
+        client.open_job("gc", 1)
+        writer = client.writer("gc", 1)
+        for g in make_workload(8, 4, seed=1, response_median=32):
+            writer.put(**g.columns())
+        with client.trainer("gc").lease(8, wait=10) as batch:
+            batch.fetch_table(["reward"])
+        assert cluster.wait_idle("gc", timeout=20) == (0, 0)
+    assert sum(calls) == 8
+    assert max(calls) == 8  # the commit's groups in one call, not one call each
