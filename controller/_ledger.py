@@ -31,6 +31,7 @@ from trajflight.errors import (
 from trajflight.logs import context as log_context
 
 from . import _checkpoint as _ckpt
+from . import _views
 from ._entries import (
     ALLOCATED,
     DROPPED,
@@ -620,11 +621,7 @@ class Ledger:
     def next_deadline(self) -> float | None:
         """The earliest time at which something may expire, a delete fall due or a storage server's
         back-off end (``None``: nothing)."""
-        times = self._upkeep.next_due()
-        for due in (self._leases.next_due(), self._grants.next_due(), self._upkeep.reach.next_due()):
-            if due is not None:
-                times.append(due)
-        return min(times) if times else None
+        return _views.next_deadline(self._parts)
 
     def take_deletes(self, *, now: float, limit: int = 256) -> list[DeleteWork]:
         """Hand out up to ``limit`` due deletes; each must be reported with :meth:`delete_done`.
@@ -690,22 +687,7 @@ class Ledger:
             {reason: leases ended since this ledger was made or loaded}}`` (reasons ``done``, ``expired``,
             ``fenced``, ``restart``).
         """
-        jobs: dict[str, Any] = {}
-        for job in self._jobs:
-            cfg = job.config
-            jobs[job.job_id] = {
-                "counts": self._jobs.counts(job.job_id),
-                "usage": (job.used_bytes, job.used_groups),
-                "capacity": (cfg.capacity_bytes, cfg.capacity_groups),
-                "gc": len(self._upkeep.gc_list(job.job_id)),
-                "leases": len(self._leases.live_tokens(job.job_id)),
-            }
-        return {
-            "jobs": jobs,
-            "servers": list(self.servers()),
-            "fences": len(self._upkeep.fences),
-            "lease_ends": self._leases.end_counts(),
-        }
+        return _views.figures(self._parts)
 
     def lost(self, job_id: str) -> tuple[LostGroup, ...]:
         """Every group of the job that can never be offered again although it was not trained, with why
