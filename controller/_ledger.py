@@ -25,13 +25,10 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from trajflight.errors import (
-    InvalidRequestError,
-)
 from trajflight.logs import context as log_context
 
 from . import _checkpoint as _ckpt
-from . import _views
+from . import _recovery, _views
 from ._entries import (
     ALLOCATED,
     DROPPED,
@@ -741,11 +738,7 @@ class Ledger:
             NotFoundError: the job is not open.
             InvalidStateError: a group of the job is LEASED..TRAINED; checkpoint between steps.
         """
-        now = self._advance(now)
-        job = self._jobs.checkpointable(job_id)
-        data = _ckpt.job_checkpoint(self._parts, job, job.checkpoints + 1, now)
-        job.checkpoints += 1
-        return data
+        return _recovery.take_checkpoint(self._parts, job_id, self._advance(now))
 
     def confirm_checkpoint(self, job_id: str, seq: int, *, now: float) -> int:
         """Checkpoint ``seq`` of the job is durable: the commits it covers (made before it was taken) go
@@ -846,11 +839,4 @@ class Ledger:
         Raises:
             InvalidRequestError: ``incarnation`` is not larger than the current one.
         """
-        now = self._advance(now)
-        check_int(incarnation, "incarnation")
-        if incarnation <= self._tokens.incarnation:
-            raise InvalidRequestError(
-                f"incarnation {incarnation} must be larger than the current {self._tokens.incarnation}"
-            )
-        self._tokens.restart(incarnation)
-        return self._leases.end_all(now)
+        return _recovery.recover(self._parts, incarnation, self._advance(now))
