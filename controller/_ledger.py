@@ -10,8 +10,10 @@ journal the calls and replay them.
 Each public method checks its arguments, applies expiries and hands the work to the collaborator that owns
 the state: jobs and epochs (:mod:`._jobs`), servers and placement (:mod:`._servers`), the group table
 (:mod:`._groups`), put grants and publishing (:mod:`._grants`), leases (:mod:`._leases`), deletes, fences
-and back-off (:mod:`._upkeep`); checkpoints and snapshots are :mod:`._checkpoint`'s format, restores
-:mod:`._restore`'s rules.
+and back-off (:mod:`._upkeep`). Rules that span several of them are functions over :class:`~._parts.Parts`:
+opening a job and moving it to a new epoch (:mod:`._epochs`), taking a checkpoint and crash recovery
+(:mod:`._recovery`), the metrics' figures and the next deadline (:mod:`._views`); checkpoints and
+snapshots are :mod:`._checkpoint`'s format, restores :mod:`._restore`'s rules.
 
 It does not guarantee anything about the storage servers: it tells the host what to delete
 (``take_deletes``) and to fence (``take_fences``) and believes what the host reports (``delete_done``,
@@ -21,26 +23,12 @@ never replays an UNKNOWN group.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from trajflight.logs import context as log_context
-
 from . import _checkpoint as _ckpt
-from . import _recovery, _views
-from ._entries import (
-    ALLOCATED,
-    DROPPED,
-    PREPARED,
-    READY,
-    TRAINED,
-    TRAINING,
-    check_int,
-    check_name,
-    check_old_ready,
-)
-from ._jobs import job_config
+from . import _epochs, _recovery, _views
+from ._entries import PREPARED, TRAINED, TRAINING, check_int, check_name
 from ._parts import Parts
 from ._records import (
     DeleteWork,
@@ -63,8 +51,6 @@ from ._records import (
 from ._restore import restore
 
 __all__ = ["Ledger"]
-
-log = logging.getLogger("trajflight.controller")
 
 
 class Ledger:
@@ -173,31 +159,7 @@ class Ledger:
             ConfigError: a setting is invalid (named), or the epoch is already open with another setting.
             StaleFenceError: ``epoch`` is smaller than one already opened for the job.
         """
-        now = self._advance(now)
-        check_name(job_id, "job_id")
-        check_int(epoch, "epoch")
-        cfg = job_config(config)
-        drop = check_old_ready(old_ready) is OldReady.DROP
-        job = self._jobs.get(job_id)
-        if job is None:
-            self._jobs.add(self._groups.new_job(job_id, epoch, cfg))
-            log.info("job opened at epoch %d", epoch, extra=log_context(job=job_id, epoch=epoch))
-            return cfg
-        if not self._jobs.is_new_epoch(job, epoch, cfg):
-            return cfg
-        log.info(
-            "job moves to epoch %d: epoch %d and older are fenced",
-            epoch,
-            job.epoch,
-            extra=log_context(job=job_id, epoch=epoch),
-        )
-        self._leases.end_job(job_id, now)
-        for key in list(job.groups):
-            g = self._groups.table[key]
-            if g.state is ALLOCATED or (g.state is READY and drop):
-                self._groups.to_gc(g, DROPPED, now)
-        self._jobs.start_epoch(job, epoch, cfg)
-        return cfg
+        return _epochs.open_job(self._parts, job_id, epoch, config, old_ready, self._advance(now))
 
     def register_writer(
         self,
