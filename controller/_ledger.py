@@ -10,8 +10,10 @@ journal the calls and replay them.
 Each public method checks its arguments, applies expiries and hands the work to the collaborator that owns
 the state: jobs and epochs (:mod:`._jobs`), servers and placement (:mod:`._servers`), the group table
 (:mod:`._groups`), put grants and publishing (:mod:`._grants`), leases (:mod:`._leases`), deletes, fences
-and back-off (:mod:`._upkeep`); checkpoints and snapshots are :mod:`._checkpoint`'s format, restores
-:mod:`._restore`'s rules.
+and back-off (:mod:`._upkeep`). Rules that span several of them are functions over :class:`~._parts.Parts`:
+opening a job and moving it to a new epoch (:mod:`._epochs`), taking a checkpoint and crash recovery
+(:mod:`._recovery`), the metrics' figures and the next deadline (:mod:`._views`); checkpoints and
+snapshots are :mod:`._checkpoint`'s format, restores :mod:`._restore`'s rules.
 
 It does not guarantee anything about the storage servers: it tells the host what to delete
 (``take_deletes``) and to fence (``take_fences``) and believes what the host reports (``delete_done``,
@@ -21,28 +23,12 @@ never replays an UNKNOWN group.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from trajflight.errors import (
-    InvalidRequestError,
-)
-from trajflight.logs import context as log_context
-
 from . import _checkpoint as _ckpt
-from ._entries import (
-    ALLOCATED,
-    DROPPED,
-    PREPARED,
-    READY,
-    TRAINED,
-    TRAINING,
-    check_int,
-    check_name,
-    check_old_ready,
-)
-from ._jobs import job_config
+from . import _epochs, _recovery, _views
+from ._entries import PREPARED, TRAINED, TRAINING, check_int, check_name
 from ._parts import Parts
 from ._records import (
     DeleteWork,
@@ -65,8 +51,6 @@ from ._records import (
 from ._restore import restore
 
 __all__ = ["Ledger"]
-
-log = logging.getLogger("trajflight.controller")
 
 
 class Ledger:
@@ -175,31 +159,7 @@ class Ledger:
             ConfigError: a setting is invalid (named), or the epoch is already open with another setting.
             StaleFenceError: ``epoch`` is smaller than one already opened for the job.
         """
-        now = self._advance(now)
-        check_name(job_id, "job_id")
-        check_int(epoch, "epoch")
-        cfg = job_config(config)
-        drop = check_old_ready(old_ready) is OldReady.DROP
-        job = self._jobs.get(job_id)
-        if job is None:
-            self._jobs.add(self._groups.new_job(job_id, epoch, cfg))
-            log.info("job opened at epoch %d", epoch, extra=log_context(job=job_id, epoch=epoch))
-            return cfg
-        if not self._jobs.is_new_epoch(job, epoch, cfg):
-            return cfg
-        log.info(
-            "job moves to epoch %d: epoch %d and older are fenced",
-            epoch,
-            job.epoch,
-            extra=log_context(job=job_id, epoch=epoch),
-        )
-        self._leases.end_job(job_id, now)
-        for key in list(job.groups):
-            g = self._groups.table[key]
-            if g.state is ALLOCATED or (g.state is READY and drop):
-                self._groups.to_gc(g, DROPPED, now)
-        self._jobs.start_epoch(job, epoch, cfg)
-        return cfg
+        return _epochs.open_job(self._parts, job_id, epoch, config, old_ready, self._advance(now))
 
     def register_writer(
         self,
@@ -620,11 +580,7 @@ class Ledger:
     def next_deadline(self) -> float | None:
         """The earliest time at which something may expire, a delete fall due or a storage server's
         back-off end (``None``: nothing)."""
-        times = self._upkeep.next_due()
-        for due in (self._leases.next_due(), self._grants.next_due(), self._upkeep.reach.next_due()):
-            if due is not None:
-                times.append(due)
-        return min(times) if times else None
+        return _views.next_deadline(self._parts)
 
     def take_deletes(self, *, now: float, limit: int = 256) -> list[DeleteWork]:
         """Hand out up to ``limit`` due deletes; each must be reported with :meth:`delete_done`.
@@ -690,22 +646,7 @@ class Ledger:
             {reason: leases ended since this ledger was made or loaded}}`` (reasons ``done``, ``expired``,
             ``fenced``, ``restart``).
         """
-        jobs: dict[str, Any] = {}
-        for job in self._jobs:
-            cfg = job.config
-            jobs[job.job_id] = {
-                "counts": self._jobs.counts(job.job_id),
-                "usage": (job.used_bytes, job.used_groups),
-                "capacity": (cfg.capacity_bytes, cfg.capacity_groups),
-                "gc": len(self._upkeep.gc_list(job.job_id)),
-                "leases": len(self._leases.live_tokens(job.job_id)),
-            }
-        return {
-            "jobs": jobs,
-            "servers": list(self.servers()),
-            "fences": len(self._upkeep.fences),
-            "lease_ends": self._leases.end_counts(),
-        }
+        return _views.figures(self._parts)
 
     def lost(self, job_id: str) -> tuple[LostGroup, ...]:
         """Every group of the job that can never be offered again although it was not trained, with why
@@ -759,11 +700,7 @@ class Ledger:
             NotFoundError: the job is not open.
             InvalidStateError: a group of the job is LEASED..TRAINED; checkpoint between steps.
         """
-        now = self._advance(now)
-        job = self._jobs.checkpointable(job_id)
-        data = _ckpt.job_checkpoint(self._parts, job, job.checkpoints + 1, now)
-        job.checkpoints += 1
-        return data
+        return _recovery.take_checkpoint(self._parts, job_id, self._advance(now))
 
     def confirm_checkpoint(self, job_id: str, seq: int, *, now: float) -> int:
         """Checkpoint ``seq`` of the job is durable: the commits it covers (made before it was taken) go
@@ -864,11 +801,4 @@ class Ledger:
         Raises:
             InvalidRequestError: ``incarnation`` is not larger than the current one.
         """
-        now = self._advance(now)
-        check_int(incarnation, "incarnation")
-        if incarnation <= self._tokens.incarnation:
-            raise InvalidRequestError(
-                f"incarnation {incarnation} must be larger than the current {self._tokens.incarnation}"
-            )
-        self._tokens.restart(incarnation)
-        return self._leases.end_all(now)
+        return _recovery.recover(self._parts, incarnation, self._advance(now))

@@ -1,7 +1,8 @@
 """The collaborators one ledger is made of, wired together, as one value.
 
-:class:`~._ledger.Ledger` is a thin surface over these; checkpoints, snapshots (:mod:`._checkpoint`) and
-restores (:mod:`._restore`) work on them through their public methods. Each owns its state:
+:class:`~._ledger.Ledger` is a thin surface over these; checkpoints, snapshots (:mod:`._checkpoint`),
+restores (:mod:`._restore`), epochs (:mod:`._epochs`), crash recovery (:mod:`._recovery`) and the views
+across them (:mod:`._views`) work on them through their public methods. Each owns its state:
 
 * :class:`~._tokens.Tokens` — the fencing token counter;
 * :class:`~._servers.Servers` — storage servers, placement, what each holds;
