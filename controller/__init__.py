@@ -20,7 +20,7 @@ from __future__ import annotations
 from ._checkpoint import checkpoint_seq
 from ._client import ControllerClient, connect_ray, start_ray_controller
 from ._commands import CALLS, COMMANDS, ROLES, Command, Kind, Route, client_call
-from ._durable import BatchDeleter, GroupDeletes, run_deletes
+from ._durable import BatchDeleter, DeleteOutcome, GroupDeletes, delete_failure, run_deletes
 from ._entries import check_seconds
 from ._files import read_file as read_checkpoint
 from ._files import write_atomic as write_checkpoint
@@ -59,6 +59,7 @@ __all__ = [
     "Command",
     "ControllerClient",
     "ControllerMetrics",
+    "DeleteOutcome",
     "DeleteWork",
     "FenceWork",
     "GroupDeletes",
@@ -88,6 +89,7 @@ __all__ = [
     "client_call",
     "connect_ray",
     "decode_message",
+    "delete_failure",
     "encode_message",
     "import_ray",
     "read_checkpoint",

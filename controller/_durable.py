@@ -44,9 +44,12 @@ from ._metrics import ControllerMetrics
 from ._records import DeleteWork
 from ._timeline import Timeline
 
-__all__ = ["BatchDeleter", "GroupDeletes", "HostCore", "run_deletes"]
+__all__ = ["BatchDeleter", "DeleteOutcome", "GroupDeletes", "HostCore", "delete_failure", "run_deletes"]
 
 R = TypeVar("R")
+
+DeleteOutcome = tuple[DeleteWork, bool, str | None]
+"""One delete's outcome, as the host takes it: the work, whether it succeeded, and why not."""
 
 
 class HostCore:
@@ -203,14 +206,17 @@ def _latest_seq(state_dir: Path) -> int:
     return max(seqs)
 
 
-def run_deletes(
-    work: list[DeleteWork], deleter: Callable[[DeleteWork], None] | None
-) -> list[tuple[DeleteWork, bool, str | None]]:
+def delete_failure(exc: BaseException) -> str:
+    """The error text of a failed delete, as every deleter reports it: ``"Type: message"``."""
+    return f"{type(exc).__name__}: {exc}"
+
+
+def run_deletes(work: list[DeleteWork], deleter: Callable[[DeleteWork], None] | None) -> list[DeleteOutcome]:
     """Run each delete with ``deleter`` (no deleter: every delete succeeds at once); never raises.
 
     A deleter signals failure by raising; a storage server that no longer has the group must not raise.
     """
-    out: list[tuple[DeleteWork, bool, str | None]] = []
+    out: list[DeleteOutcome] = []
     for item in work:
         if deleter is None:
             out.append((item, True, None))
@@ -218,7 +224,7 @@ def run_deletes(
         try:
             deleter(item)
         except Exception as exc:  # any failure keeps the group on the GC list; it is retried later
-            out.append((item, False, f"{type(exc).__name__}: {exc}"))
+            out.append((item, False, delete_failure(exc)))
         else:
             out.append((item, True, None))
     return out
@@ -237,7 +243,7 @@ class BatchDeleter(Protocol):
         """Deletes held back, not yet reported."""
         ...
 
-    def __call__(self, work: list[DeleteWork]) -> list[tuple[DeleteWork, bool, str | None]]:
+    def __call__(self, work: list[DeleteWork]) -> list[DeleteOutcome]:
         """Run ``work`` (possibly empty); return the outcome of every delete finished now, this pass's or
         an earlier one's; never raises."""
         ...
@@ -256,16 +262,14 @@ class GroupDeletes:
     pending = 0
     """It holds no delete back."""
 
-    def __init__(
-        self, delete_groups: Callable[[Sequence[DeleteWork]], list[tuple[DeleteWork, bool, str | None]]]
-    ) -> None:
+    def __init__(self, delete_groups: Callable[[Sequence[DeleteWork]], list[DeleteOutcome]]) -> None:
         self._delete_groups = delete_groups
 
-    def __call__(self, work: list[DeleteWork]) -> list[tuple[DeleteWork, bool, str | None]]:
+    def __call__(self, work: list[DeleteWork]) -> list[DeleteOutcome]:
         """Run ``work`` in one batch; never raises (a raising ``delete_groups`` fails every item)."""
         if not work:
             return []
         try:
             return self._delete_groups(work)
         except Exception as exc:  # the protocol's promise: the groups stay on the GC list and are retried
-            return [(w, False, f"{type(exc).__name__}: {exc}") for w in work]
+            return [(w, False, delete_failure(exc)) for w in work]

@@ -69,7 +69,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from trajflight.controller import DeleteWork
+from trajflight.controller import DeleteOutcome, DeleteWork, GroupDeletes
 from trajflight.errors import ArchiveError, NotFoundError, brief
 from trajflight.keys import Partition
 
@@ -95,7 +95,6 @@ ZSTD_LEVEL = 1
 default level 3 (BENCHMARKS.md, "The archive"), in less time."""
 _WRITE_HINT = "make the archive writable (space, permissions, credentials)"
 _READ_HINT = "bring the storage server back, or restore the job so that its lost groups are accounted for"
-Outcome = tuple[DeleteWork, bool, str | None]
 
 
 def open_filesystem(
@@ -201,7 +200,7 @@ class Archive:
         location: str | os.PathLike[str],
         *,
         read: Callable[[str, list[Partition]], pa.Table],
-        delete_groups: Callable[[Sequence[DeleteWork]], list[Outcome]],
+        delete_groups: Callable[[Sequence[DeleteWork]], list[DeleteOutcome]],
         filesystem: pafs.FileSystem | None = None,
         max_groups: int = 1024,
         max_bytes: int = 64 << 20,
@@ -271,7 +270,7 @@ class Archive:
         """Groups waiting for their file."""
         return len(self._held)
 
-    def __call__(self, work: list[DeleteWork], *, since: float | None = None) -> list[Outcome]:
+    def __call__(self, work: list[DeleteWork], *, since: float | None = None) -> list[DeleteOutcome]:
         """Run one sweeper pass's deletes; returns the outcome of every delete finished now (some of an
         earlier pass's, held for their file), never raises. Held deletes are not reported yet.
 
@@ -298,10 +297,10 @@ class Archive:
         seen, self._pressed = self._pressed, self._pressure()
         return self._pressed > seen
 
-    def flush(self) -> list[Outcome]:
+    def flush(self) -> list[DeleteOutcome]:
         """Archive and delete every held group now; returns their outcomes (never raises)."""
         held, self._held, self._oldest = list(self._held.values()), {}, None
-        out: list[Outcome] = []
+        out: list[DeleteOutcome] = []
         known: dict[str, list[DeleteWork]] = {}
         fresh: dict[tuple[str, int], list[DeleteWork]] = {}
         for w in held:
@@ -325,12 +324,12 @@ class Archive:
         return {TIMELINE_KEY: json.dumps(body, separators=(",", ":")).encode()}
 
     # ------------------------------------------------------------------ writing
-    def _archive_new(self, job_id: str, epoch: int, items: list[DeleteWork]) -> list[Outcome]:
+    def _archive_new(self, job_id: str, epoch: int, items: list[DeleteWork]) -> list[DeleteOutcome]:
         """Read ``items`` (one job and epoch) a slice at a time, and write a file whenever the groups
         read reach a file's size. Files are written on the archive's pool while the next one's groups
         are read; at most :data:`FILES_IN_FLIGHT` are being written, so at most about that many plus
         one files' groups are held in memory. Each file's deletes start once it is durable."""
-        out: list[Outcome] = []
+        out: list[DeleteOutcome] = []
         chunk: list[tuple[DeleteWork, pa.Table]] = []
         size = 0
         writing: deque[tuple[_Batch, Future[None]]] = deque()
@@ -385,7 +384,7 @@ class Archive:
 
     def _start_batch(
         self, job_id: str, epoch: int, chunk: list[tuple[DeleteWork, pa.Table]]
-    ) -> tuple[_Batch, Future[None]] | list[Outcome]:
+    ) -> tuple[_Batch, Future[None]] | list[DeleteOutcome]:
         """Record a new batch's manifest, then start writing its file on the pool; the failed outcomes
         of its groups when the manifest cannot be written."""
         members = [w for w, _ in chunk]
@@ -397,7 +396,7 @@ class Archive:
         self._remember(batch)
         return batch, self._executor().submit(self._write_file, batch, [t for _, t in chunk])
 
-    def _end_batch(self, batch: _Batch, writing: Future[None]) -> list[Outcome]:
+    def _end_batch(self, batch: _Batch, writing: Future[None]) -> list[DeleteOutcome]:
         """Wait for a batch's file; once it is durable delete its groups, else report them failed."""
         try:
             writing.result()
@@ -411,7 +410,7 @@ class Archive:
             self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="trajflight-archive")
         return self._pool
 
-    def _finish(self, batch: _Batch, items: list[DeleteWork]) -> list[Outcome]:
+    def _finish(self, batch: _Batch, items: list[DeleteWork]) -> list[DeleteOutcome]:
         """Groups handed out again whose batch is recorded: write its file if it is missing, then delete."""
         try:
             if not self.fs.get_file_info(self._file(batch)).is_file:
@@ -471,7 +470,7 @@ class Archive:
                 os.close(fd)
 
     # ------------------------------------------------------------------ deleting
-    def _delete_members(self, batch: _Batch, items: list[DeleteWork]) -> list[Outcome]:
+    def _delete_members(self, batch: _Batch, items: list[DeleteWork]) -> list[DeleteOutcome]:
         out = self._deletes(items)
         batch.deleted.update(_key(w) for w, ok, _ in out if ok)
         if len(batch.deleted) >= len(batch.members):
@@ -482,20 +481,15 @@ class Archive:
                 self._index.pop(_key(w), None)
         return out
 
-    def _deletes(self, items: list[DeleteWork]) -> list[Outcome]:
+    def _deletes(self, items: list[DeleteWork]) -> list[DeleteOutcome]:
         """Delete ``items`` in one batched call (per server); each item's outcome, in order. Never
         raises: a deleter that raises fails every item (they stay on the GC list and are retried)."""
-        if not items:
-            return []
-        try:
-            return self._delete_groups(items)
-        except Exception as exc:  # the batch as a whole did not reach its servers
-            text = f"{type(exc).__name__}: {exc}"
-            return [(w, False, text) for w in items]
+        out: list[DeleteOutcome] = GroupDeletes(self._delete_groups)(items)
+        return out
 
     def _failed(
         self, items: list[DeleteWork], doing: str, exc: Exception, hint: str = _WRITE_HINT
-    ) -> list[Outcome]:
+    ) -> list[DeleteOutcome]:
         error = ArchiveError(
             f"the archive at {brief(self.location)} failed {doing} ({type(exc).__name__}: {str(exc)[:200]}); "
             f"{len(items)} groups stay on their storage servers and are retried: {hint}",

@@ -19,8 +19,8 @@ import logging
 import threading
 from typing import Any
 
-from trajflight._archive import Archive, Outcome
-from trajflight.controller import DeleteWork
+from trajflight._archive import Archive
+from trajflight.controller import DeleteOutcome, DeleteWork
 
 __all__ = ["ArchiveWorker"]
 
@@ -42,7 +42,7 @@ class ArchiveWorker:
         self.archive = archive
         self._queue: list[DeleteWork] = []
         self._queued_at: float | None = None  # the archive's clock when the oldest queued delete came
-        self._outcomes: list[Outcome] = []
+        self._outcomes: list[DeleteOutcome] = []
         self._working = 0  # groups inside the archive's current call (held ones included)
         self._cond = threading.Condition(threading.Lock())
         self._stop = False
@@ -56,7 +56,7 @@ class ArchiveWorker:
         with self._cond:
             return len(self._queue) + len(self._outcomes) + max(self._working, self.archive.pending)
 
-    def __call__(self, work: list[DeleteWork]) -> list[Outcome]:
+    def __call__(self, work: list[DeleteWork]) -> list[DeleteOutcome]:
         """Queue ``work`` for the worker; return the outcomes it finished since the last call (never
         raises, never waits for a file)."""
         with self._cond:

@@ -28,9 +28,9 @@ from prometheus_client import CollectorRegistry
 from trajflight import logs
 from trajflight._archive import Archive
 from trajflight._archive_worker import ArchiveWorker
-from trajflight._storage import DeleteOutcome, StoragePool
+from trajflight._storage import StoragePool
 from trajflight.auth import Secret, minted
-from trajflight.controller import DeleteWork, FenceWork, import_ray
+from trajflight.controller import DeleteOutcome, DeleteWork, FenceWork, import_ray
 from trajflight.flight_server import MetricsEndpoint, TlsConfig
 from trajflight.keys import Partition
 

@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from trajflight._handles import BatchHandle
 from trajflight.auth import Credential
-from trajflight.controller import DeleteWork, FenceWork
+from trajflight.controller import DeleteOutcome, DeleteWork, FenceWork, delete_failure
 from trajflight.errors import (
     ConfigError,
     DeadlineExceededError,
@@ -50,8 +50,6 @@ from trajflight.keys import Partition
 
 T = TypeVar("T")
 
-DeleteOutcome = tuple[DeleteWork, bool, str | None]
-"""One delete's outcome, as the controller host takes it: the work, whether it succeeded, why not."""
 DELETE_BATCH = 1024
 """Groups named in one ``delete`` call at most (a call's body stays well under the wire's bound)."""
 _ITEM_REFUSALS = (StaleFenceError, PermissionDeniedError, InvalidRequestError)
@@ -62,7 +60,6 @@ split to find the groups refused; any other failure (the server down, a deadline
 __all__ = [
     "DELETE_BATCH",
     "TRANSPORTS",
-    "DeleteOutcome",
     "StoragePool",
     "Transport",
     "check_tls_pair",
@@ -296,11 +293,11 @@ class StoragePool:
             self.client(work[0].location).delete(_delete_reads(work))
         except _ITEM_REFUSALS as exc:
             if len(work) == 1:
-                return [(work[0], False, _failure(exc))]
+                return [(work[0], False, delete_failure(exc))]
             half = len(work) // 2
             return self._delete_split(work[:half]) + self._delete_split(work[half:])
         except Exception as exc:  # the call failed as a whole: every group stays on the GC list
-            text = _failure(exc)
+            text = delete_failure(exc)
             return [(w, False, text) for w in work]
         return [(w, True, None) for w in work]
 
@@ -384,11 +381,6 @@ class StoragePool:
 def _delete_reads(work: Sequence[DeleteWork]) -> list[GroupRead]:
     """The ``delete`` action's reads of GC work items, each under its token."""
     return [GroupRead(Partition(*w.partition), LeaseToken(w.token)) for w in work]
-
-
-def _failure(exc: Exception) -> str:
-    """A failed delete's error text, as :func:`~trajflight.controller.run_deletes` writes it."""
-    return f"{type(exc).__name__}: {exc}"
 
 
 def _open_and_lock(client: StorageClient, reads: Sequence[GroupRead], timeout: float | None) -> ShmOpened:
