@@ -259,6 +259,23 @@ def _record_waits(host: Any, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return waits
 
 
+def _parked_lease_woken_by(host: Any, trainer: Any, waits: list[bool], put: Any) -> None:
+    """Park ``trainer`` in ``lease(1)``, run ``put`` (which returns the put groups' metadata), and check
+    that the parked trainer got that group, woken by the host's notify (the last wait returned notified,
+    not timed out); then commit it."""
+    got: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: got.update(batch=trainer.lease(1, wait=30.0, renew=False)))
+    thread.start()
+    _wait_until(lambda: host.waiting == 1, "the trainer to park")
+    (meta,) = put()
+    thread.join(30.0)
+    assert not thread.is_alive()
+    assert got["batch"].partitions == (meta.partition,)
+    assert waits
+    assert waits[-1] is True  # woken by notify_all, not by a timeout
+    got["batch"].commit()
+
+
 @pytest.mark.timeout(60)
 def test_a_trainer_parked_in_lease_over_the_control_rpc_is_woken_by_the_publish(plane, monkeypatch):
     """The handoff's wake: a trainer parked in ``lease`` through the control server gets the group put by
@@ -273,17 +290,7 @@ def test_a_trainer_parked_in_lease_over_the_control_rpc_is_woken_by_the_publish(
         writer_client.open_job("wake", 1)
         writer = writer_client.writer("wake", 1)
         trainer = trainer_client.trainer("wake")
-        got: dict[str, Any] = {}
-        thread = threading.Thread(target=lambda: got.update(batch=trainer.lease(1, wait=30.0, renew=False)))
-        thread.start()
-        _wait_until(lambda: host.waiting == 1, "the trainer to park")
-        (meta,) = put_groups(writer, 1)
-        thread.join(30.0)
-        assert not thread.is_alive()
-        assert got["batch"].partitions == (meta.partition,)
-        assert waits
-        assert waits[-1] is True  # woken by notify_all, not by a timeout
-        got["batch"].commit()
+        _parked_lease_woken_by(host, trainer, waits, lambda: put_groups(writer, 1))
     finally:
         writer_client.close()
         trainer_client.close()
@@ -306,18 +313,8 @@ def test_a_put_with_a_grant_held_ahead_wakes_a_trainer_parked_over_the_control_r
         sent: list[str] = []
         run = writer_client.controller._run
         monkeypatch.setattr(writer_client.controller, "_run", lambda c, t: sent.append(c.name) or run(c, t))
-        got: dict[str, Any] = {}
-        thread = threading.Thread(target=lambda: got.update(batch=trainer.lease(1, wait=30.0, renew=False)))
-        thread.start()
-        _wait_until(lambda: host.waiting == 1, "the trainer to park")
-        (meta,) = put_groups(writer, 1, first=1)
-        thread.join(30.0)
-        assert not thread.is_alive()
-        assert sent == ["publish_ahead"]
-        assert got["batch"].partitions == (meta.partition,)
-        assert waits
-        assert waits[-1] is True  # woken by notify_all, not by a timeout
-        got["batch"].commit()
+        _parked_lease_woken_by(host, trainer, waits, lambda: put_groups(writer, 1, first=1))
+        assert sent == ["publish_ahead"]  # the put's one controller call (the trainer's are not counted)
     finally:
         writer_client.close()
         trainer_client.close()
