@@ -143,7 +143,8 @@ def bench_local(
 
 def bench_flight(groups: int, per_lease: int) -> float:
     """Group transitions per second through the embedded controller's Flight endpoint (loopback)."""
-    from trajflight._control import ControlServer, connect_control
+    from trajflight._control import ControlServer
+    from trajflight._control_client import connect_control
 
     with trajflight.controller.LocalController() as host:
         server = ControlServer(host)

@@ -9,7 +9,8 @@
   :func:`get_parallel` reads from several servers at once (:func:`run_parallel` runs any calls so).
 * The same-host wing lives in :mod:`trajflight.flight_server.shm`: :class:`ShmArena` is a server's
   shared-memory arena, whose segments same-host writers fill and same-host readers map with no copy;
-  :func:`host_id` is what decides "same host".
+  :func:`host_id` is what decides "same host". :class:`LocalChannelServer` and :class:`LocalChannel`
+  carry a server's actions over a same-host Unix socket (the controller's endpoint uses them too).
 * Authentication (``docs/auth.md``): with a keyring every call needs a bearer token; :data:`ROLES` is
   the role of each operation; :func:`auth_middleware`, :func:`call_claims` and :func:`check_bind` serve
   every Flight endpoint of the plane (the controller's too).
@@ -55,7 +56,14 @@ from trajflight.flight_server._wire import (
     ListCriteria,
     PutDescriptor,
 )
-from trajflight.flight_server.shm import ShmArena, host_id, remove_dead_arena, sweep_dead_arenas
+from trajflight.flight_server.shm import (
+    LocalChannel,
+    LocalChannelServer,
+    ShmArena,
+    host_id,
+    remove_dead_arena,
+    sweep_dead_arenas,
+)
 
 __all__ = [
     "ACTIONS",
@@ -69,6 +77,8 @@ __all__ = [
     "GroupRead",
     "LeaseToken",
     "ListCriteria",
+    "LocalChannel",
+    "LocalChannelServer",
     "MetricsEndpoint",
     "PutDescriptor",
     "ServerMetrics",

@@ -19,7 +19,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
-from trajflight._control import FlightTransport
+from trajflight._control_client import FlightTransport
 from trajflight._ray_connect import SCHEME, connect_ray_plane, current_node_id
 from trajflight._renewals import Renewals
 from trajflight._session import Session
@@ -60,6 +60,9 @@ def connect(
         timeout: Default deadline of every call, seconds.
         transport: How group data moves to and from storage servers: ``"auto"`` (shared memory with
             servers on this host that have an arena, Flight otherwise), ``"shm"`` or ``"flight"`` (forced).
+            Controller calls follow: over the control server's same-host socket where the controller
+            runs on this host, except with ``"flight"``, which sends everything over Flight (what a
+            process on another node gets).
         tls: For a plane that serves TLS (a ``grpc+tls://`` address, or a Ray plane started with
             ``tls=``): the CA its servers' certificates chain to, and this client's certificate and key
             where the plane demands mutual TLS (the same material reaches the controller, over Flight,
@@ -79,7 +82,7 @@ def connect(
     if tls is None and address.startswith(("grpc+tls://", SCHEME)):
         tls = env_tls()  # a Ray plane's grpc+tls:// storage servers too (issue 18: it read only the token)
     if address.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
-        transport_ = FlightTransport(address, tls, credential)
+        transport_ = FlightTransport(address, tls, credential, local=transport != "flight")
         storage = (
             None if credential is None else RefreshingCredential(lambda: transport_.storage_token(timeout))
         )

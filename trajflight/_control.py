@@ -1,7 +1,8 @@
 """The controller over Arrow Flight: how other processes reach an embedded (in-process) controller.
 
 :class:`ControlServer` serves a :class:`~trajflight.controller.LocalController` as Flight actions on
-loopback; :class:`FlightTransport` is the matching transport of a
+loopback, and the same actions on a same-host Unix socket (:mod:`trajflight._control_local`);
+:class:`~trajflight._control_client.FlightTransport` is the matching transport of a
 :class:`~trajflight.controller.ControllerClient`. Messages are typed JSON (:mod:`trajflight._rpc`),
 errors travel as the project's error classes (:mod:`trajflight.flight_server._errors`). What is served
 derives from the controller's declared commands (``trajflight.controller.COMMANDS``).
@@ -22,7 +23,8 @@ Actions (``do_action`` type -> JSON body -> one result):
   own credential (only on a controller with a keyring).
 
 Authentication: with a :class:`~trajflight.auth.Keyring` every call needs a bearer token (verified by the
-Flight middleware of the storage servers, :func:`~trajflight.flight_server.auth_middleware`), and every
+Flight middleware of the storage servers, :func:`~trajflight.flight_server.auth_middleware`, or presented
+once per connection on the same-host socket), and every
 operation the role :data:`~trajflight.controller.ROLES` names for it, on jobs in the token's scope (a
 lease's job for the calls that name a lease token). Without one nothing is checked: loopback only, unless
 ``insecure``.
@@ -57,6 +59,7 @@ from typing import Any
 import pyarrow.flight as flight
 
 from trajflight import _rpc
+from trajflight._control_local import ControlSocket, verifying
 from trajflight.auth import (
     DEFAULT_STORAGE_TTL,
     Claims,
@@ -70,7 +73,6 @@ from trajflight.controller import (
     COMMANDS,
     ROLES,
     Command,
-    ControllerClient,
     Lease,
     LocalController,
     Partition,
@@ -87,19 +89,14 @@ from trajflight.errors import (
     brief,
 )
 from trajflight.flight_server import (
-    CredentialSource,
     MetricsEndpoint,
     TlsConfig,
     auth_middleware,
     call_claims,
-    call_headers,
     check_bind,
-    credential_source,
     host_id,
     server_errors,
-    tls_client_kwargs,
     tls_scheme,
-    translate_errors,
 )
 
 __all__ = [
@@ -107,8 +104,6 @@ __all__ = [
     "MAX_REQUEST_BYTES",
     "MAX_RESTORE_BYTES",
     "ControlServer",
-    "FlightTransport",
-    "connect_control",
 ]
 
 MAX_REQUEST_BYTES = 16 << 20
@@ -150,6 +145,8 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
             docstring); None: no authentication (loopback only, unless ``insecure``).
         insecure: Serve a non-loopback ``host`` without a keyring (refused otherwise).
         storage_ttl: Longest life of a storage token the ``token`` action mints, seconds.
+        local_socket: Also serve the same actions on a Unix socket for clients on this host
+            (:mod:`trajflight._control_local`; ``info`` names it). False: Flight only.
     """
 
     def __init__(
@@ -165,6 +162,7 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
         keyring: Keyring | None = None,
         insecure: bool = False,
         storage_ttl: float = DEFAULT_STORAGE_TTL,
+        local_socket: bool = True,
     ) -> None:
         check_bind(host, keyring, insecure=insecure, what="the controller endpoint")
         self.scheme = tls_scheme(tls)
@@ -192,6 +190,14 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
         self._lock = threading.Lock()
         self._closing = False
         self.started_at = time.time()
+        self._socket: ControlSocket | None = None
+        if local_socket:
+            verify = None if keyring is None else verifying(keyring.verify, controller.metrics.count_refusal)
+            try:
+                self._socket = ControlSocket(self._local_action, verify)
+            except BaseException:
+                self.shutdown()
+                raise
 
     def shutdown(self) -> None:
         """Stop serving: parked long-polling acquires are answered with UnavailableError first (so this
@@ -199,6 +205,8 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
         self._closing = True
         self.controller.wake()
         super().shutdown()
+        if self._socket is not None:  # after Flight's calls finished: the woken polls answered meanwhile
+            self._socket.close()
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.close()
 
@@ -232,30 +240,64 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
     def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> Any:
         kind = action.type
         with server_errors(f"controller action {brief(kind)}"):
-            claims = call_claims(context)
-            if kind == "info":  # plain JSON both ways, so that a bare Flight client can ask
-                authorize(claims, "info", _ANY)
-                return [json.dumps(self._info(action.body.to_pybytes())).encode()]
-            try:
-                limit = MAX_RESTORE_BYTES if kind == "restore" else MAX_REQUEST_BYTES
-                body = _rpc.loads(action.body.to_pybytes(), max_bytes=limit) if action.body.size else {}
-                if not isinstance(body, dict):
-                    raise InvalidRequestError(f"controller action {brief(kind)}: the body must be an object")
-                try:
-                    result = self._dispatch(kind, body, context, claims)
-                except TypeError as exc:  # arguments the operation does not take: the caller's mistake
-                    raise InvalidRequestError(
-                        f"controller action {brief(kind)}: bad arguments: {brief(str(exc))}"
-                    ) from exc
-                payload = _rpc.dumps(result)
-            except TrajflightError as exc:
-                raise _bounded(exc) from exc
-        if kind == "acquire" and result is not None:
+            payload, lease = self._respond(
+                kind, action.body.to_pybytes(), call_claims(context), context.is_cancelled
+            )
+        if lease is not None:
             if context.is_cancelled():  # the caller left while it was granted: give the groups back
-                self.controller.release_abandoned(result, timeout=5.0)
+                self.controller.release_abandoned(lease, timeout=5.0)
                 return []
-            return self._deliver(result, payload)
+            return self._deliver(lease, payload)
         return [payload]
+
+    def _local_action(self, kind: str, body: bytearray, payload: bytearray, claims: Claims | None) -> bytes:
+        """An action from the same-host socket: the same answer as :meth:`do_action`'s."""
+        assert self._socket is not None
+        gone = self._socket.caller_gone
+        with server_errors(f"controller action {brief(kind)}"):
+            if self.keyring is not None and claims is None:
+                raise AuthenticationError(
+                    "no credential on the controller's same-host socket: send the bearer token first "
+                    "(the client does when it has one: connect(token=...) or TRAJFLIGHT_TOKEN)",
+                    reason="missing",
+                )
+            if payload:
+                raise InvalidRequestError(
+                    f"controller action {brief(kind)} takes no payload", field="payload"
+                )
+            answer, lease = self._respond(kind, bytes(body), claims, gone)
+        if lease is not None and gone():  # as over Flight: a lease nobody will receive goes back at once
+            self.controller.release_abandoned(lease, timeout=5.0)
+            return _rpc.dumps(None)
+        return answer
+
+    def _respond(
+        self, kind: str, raw: bytes, claims: Claims | None, gone: Callable[[], bool]
+    ) -> tuple[bytes, Lease | None]:
+        """The answer to action ``kind`` with body ``raw`` from a caller holding ``claims`` (``gone``: whether
+        that caller left, for a long poll), and the lease it grants (``acquire``) if any.
+
+        Raises:
+            TrajflightError: bounded (:func:`_bounded`); the endpoint turns it into its wire error.
+        """
+        if kind == "info":  # plain JSON both ways, so that a bare Flight client can ask
+            authorize(claims, "info", _ANY)
+            return json.dumps(self._info(raw)).encode(), None
+        try:
+            limit = MAX_RESTORE_BYTES if kind == "restore" else MAX_REQUEST_BYTES
+            body = _rpc.loads(raw, max_bytes=limit) if raw else {}
+            if not isinstance(body, dict):
+                raise InvalidRequestError(f"controller action {brief(kind)}: the body must be an object")
+            try:
+                result = self._dispatch(kind, body, gone, claims)
+            except TypeError as exc:  # arguments the operation does not take: the caller's mistake
+                raise InvalidRequestError(
+                    f"controller action {brief(kind)}: bad arguments: {brief(str(exc))}"
+                ) from exc
+            payload = _rpc.dumps(result)
+        except TrajflightError as exc:
+            raise _bounded(exc) from exc
+        return payload, result if kind == "acquire" else None
 
     def _deliver(self, lease: Lease, payload: bytes) -> Iterator[bytes]:
         """Send a granted lease; release it at once when the reply cannot be delivered (the caller is gone:
@@ -269,7 +311,7 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
                 self.controller.release_abandoned(lease, timeout=5.0)
 
     def _dispatch(
-        self, kind: str, body: dict[str, Any], context: flight.ServerCallContext, claims: Claims | None
+        self, kind: str, body: dict[str, Any], gone: Callable[[], bool], claims: Claims | None
     ) -> Any:
         timeout = check_timeout(body.get("timeout"))
         for name in ("kwargs",):
@@ -295,7 +337,7 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
                 kwargs,
                 wait=wait,
                 timeout=timeout,
-                abandoned=lambda: self._closing or context.is_cancelled(),
+                abandoned=lambda: self._closing or gone(),
             )
             if lease is None and self._closing:
                 raise UnavailableError(
@@ -364,6 +406,8 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
             "metrics": self.metrics_url,
             "timeline": self.controller.timeline(),
         }
+        if self._socket is not None:
+            out["control_socket"] = self._socket.path
         if self.archive_status is not None:
             out["archive"] = self.archive_status()
         return out
@@ -495,95 +539,3 @@ def _required(body: dict[str, Any], name: str, kind: type | tuple[type, ...]) ->
     if not isinstance(value, kind):
         raise InvalidRequestError(f"controller action: field {name!r} is missing or of the wrong type")
     return value
-
-
-class FlightTransport:
-    """A ``ControllerClient`` transport to a :class:`ControlServer` (every call under a deadline).
-
-    Args:
-        location: The control server's ``grpc://`` (``grpc+tls://``) location.
-        tls: TLS material for a ``grpc+tls://`` location.
-        credential: The bearer token of every call (a credential, or a callable asked per call); None:
-            calls carry none (a plane without a secret).
-    """
-
-    def __init__(
-        self,
-        location: str,
-        tls: TlsConfig | None = None,
-        credential: Credential | CredentialSource | None = None,
-    ) -> None:
-        self.location = location
-        self._credential = credential_source(credential)
-        with translate_errors(f"connect to controller at {location}"):
-            self._client = flight.FlightClient(location, **tls_client_kwargs(location, tls))
-
-    def close(self) -> None:
-        """Close the connection."""
-        self._client.close()
-
-    def _action(self, kind: str, body: dict[str, Any], timeout: float) -> Any:
-        # The server gets a slightly shorter budget than the wire so its own deadline error wins.
-        body = {**body, "timeout": max(0.0, timeout - 0.05)}
-        options = self._options(timeout)
-        with translate_errors(f"controller {kind}"):
-            results = list(self._client.do_action(flight.Action(kind, _rpc.dumps(body)), options=options))
-        if len(results) != 1:
-            raise TrajflightError(f"controller {kind}: expected one result, got {len(results)}")
-        return _rpc.loads(results[0].body.to_pybytes())
-
-    def _options(self, timeout: float) -> flight.FlightCallOptions:
-        return flight.FlightCallOptions(timeout=timeout, headers=call_headers(self._credential))
-
-    @property
-    def authenticated(self) -> bool:
-        """Whether this transport sends a credential."""
-        return self._credential is not None
-
-    def storage_token(self, timeout: float, *, role: str | None = None) -> Credential:
-        """A short-lived storage token from the controller (``token`` action): the caller's role and
-        jobs (or ``role``, for an admin caller)."""
-        body = {} if role is None else {"role": role}
-        token = self._action("token", body, timeout)
-        return Credential(str(token))
-
-    def invoke(self, method: str, kwargs: dict[str, Any], timeout: float) -> Any:
-        return self._action("call", {"method": method, "kwargs": kwargs}, timeout)
-
-    def invoke_many(self, calls: list[tuple[str, dict[str, Any]]], timeout: float) -> list[Any]:
-        """Run several operations in one round trip (stops at the first error, which is raised)."""
-        out: list[Any] = self._action("many", {"calls": [list(c) for c in calls]}, timeout)
-        return out
-
-    def acquire(self, kwargs: dict[str, Any], wait: float, timeout: float) -> Lease | None:
-        lease: Lease | None = self._action("acquire", {"kwargs": kwargs, "wait": wait}, timeout + 0.5)
-        return lease
-
-    def checkpoint(self, job_id: str, path: str | None, timeout: float) -> bytes:
-        data: bytes = self._action("checkpoint", {"job_id": job_id, "path": path}, timeout)
-        return data
-
-    def restore(self, source: bytes | str, kwargs: dict[str, Any], timeout: float) -> dict[str, int]:
-        out: dict[str, int] = self._action("restore", {"source": source, "kwargs": kwargs}, timeout)
-        return out
-
-    def info(self, timeout: float) -> dict[str, Any]:
-        """Deployment facts of the controller host (``info`` action: plain JSON, docs/wire-format.md)."""
-        options = self._options(timeout)
-        with translate_errors("controller info"):
-            results = list(self._client.do_action(flight.Action("info", b'{"v": 1}'), options=options))
-        out: dict[str, Any] = json.loads(results[0].body.to_pybytes())
-        return out
-
-
-def connect_control(
-    location: str,
-    *,
-    timeout: float = 30.0,
-    tls: TlsConfig | None = None,
-    credential: Credential | CredentialSource | None = None,
-) -> ControllerClient:
-    """A :class:`ControllerClient` for the embedded controller served at ``location`` (``tls``: see
-    :class:`~trajflight.flight_server.TlsConfig`, for a ``grpc+tls://`` location; ``credential``: the
-    bearer token of every call, for a plane with a deployment secret)."""
-    return ControllerClient(FlightTransport(location, tls, credential), timeout=timeout)

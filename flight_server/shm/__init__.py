@@ -18,12 +18,15 @@ from __future__ import annotations
 
 from trajflight.flight_server.shm._arena import ShmArena, host_id
 from trajflight.flight_server.shm._client import INLINE_PUT_BYTES, ShmClient
+from trajflight.flight_server.shm._local import LocalChannel, LocalChannelServer
 from trajflight.flight_server.shm._reader import ShmOpened
 from trajflight.flight_server.shm._store import ShmStore
 from trajflight.flight_server.shm._sweep import remove_dead_arena, sweep_dead_arenas
 
 __all__ = [
     "INLINE_PUT_BYTES",
+    "LocalChannel",
+    "LocalChannelServer",
     "ShmArena",
     "ShmClient",
     "ShmOpened",

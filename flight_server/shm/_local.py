@@ -1,4 +1,4 @@
-"""A same-host control channel: the server's actions over a Unix domain socket in its arena directory.
+"""A same-host control channel: a server's actions over a Unix domain socket in a private directory.
 
 A Flight ``do_action`` pays gRPC and its Python shims on both sides; the same-host data path needs a few
 small control messages per put-lease-get cycle (``shm_reserve``, ``shm_publish``, ``shm_open``), so it
@@ -16,10 +16,12 @@ record) then one frame.
 Access control is first the filesystem's: the socket lives in the arena's 0700 directory, so only the
 server's user can connect (as only it can map the segments). Where the server authenticates (a deployment
 secret), a connection must also present a bearer token before anything else: a request named
-:data:`AUTHENTICATE` whose body is the token; the server verifies it once and keeps its claims for the
-connection, re-checking their expiry at every request (an expired connection is refused until it presents
-a fresh token the same way). A client that stalls mid-request holds one server thread until it
-disconnects or the server closes.
+:data:`AUTHENTICATE` whose body is the token; the server keeps it for the connection and verifies it
+again at every request (a lookup in the keyring's cache; expiry by the keyring's clock): an expired
+connection is refused until it presents a fresh token the same way. A client that stalls mid-request
+holds one server thread until it disconnects or the server closes.
+
+The controller's endpoint serves its actions on such a channel too (``trajflight._control_local``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import contextlib
 import json
 import logging
 import os
+import select
 import socket
 import struct
 import threading
@@ -131,6 +134,7 @@ class LocalChannelServer:
         self._closed = False
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
+        self._current = threading.local()  # the connection each serving thread answers
         threading.Thread(target=self._accept, name="trajflight-local-accept", daemon=True).start()
 
     def _accept(self) -> None:
@@ -146,28 +150,49 @@ class LocalChannelServer:
                 self._conns.add(conn)
             threading.Thread(target=self._serve, args=(conn,), name="trajflight-local", daemon=True).start()
 
-    def _present(self, body: bytearray) -> tuple[Claims, bytes]:
-        """Verify a presented token: its claims and the reply (a Flight error when it does not verify)."""
+    def _present(self, body: bytearray) -> tuple[str, bytes]:
+        """Verify a presented token: the token and the reply (a Flight error when it does not verify)."""
         if self._authenticate is None:
             raise to_flight_error(
                 TrajflightError("this server does not authenticate: send no token on its local channel")
             )
+        token = body.decode("utf-8", errors="replace")
         try:
-            claims = self._authenticate(body.decode("utf-8", errors="replace"))
+            claims = self._authenticate(token)
         except TrajflightError as exc:
             raise to_flight_error(exc) from None
-        return claims, json.dumps({"sub": claims.sub, "exp": claims.exp}).encode()
+        return token, json.dumps({"sub": claims.sub, "exp": claims.exp}).encode()
 
-    def _run(self, name: str, body: bytearray, payload: bytearray, claims: Claims | None) -> bytes:
-        if claims is not None:
+    def _run(self, name: str, body: bytearray, payload: bytearray, token: str | None) -> bytes:
+        claims: Claims | None = None
+        if token is not None and self._authenticate is not None:
+            # Verified again at each request: the keyring's cache makes it a lookup, and its clock (not
+            # this process's) decides expiry, as it did when the token was presented.
             try:
-                claims.check_fresh()
+                claims = self._authenticate(token)
             except TrajflightError as exc:
                 raise to_flight_error(exc) from None
         return self._handler(name, body, payload, claims)
 
+    def caller_gone(self) -> bool:
+        """Whether the client of the request this thread is running has closed its connection.
+
+        For a handler that parks (a long poll): a client that gave up or died sends nothing more before
+        its reply, so a readable connection here means it was closed. False outside a request."""
+        conn: socket.socket | None = getattr(self._current, "conn", None)
+        if conn is None:
+            return False
+        try:
+            readable, _, _ = select.select([conn], [], [], 0)
+            return bool(readable) and conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except (OSError, ValueError):
+            return True
+
     def _serve(self, conn: socket.socket) -> None:
-        claims: Claims | None = None
+        token: str | None = None  # the connection's verified bearer token
+        self._current.conn = conn
         try:
             while True:
                 try:
@@ -180,10 +205,10 @@ class LocalChannelServer:
                     return
                 try:
                     if name == AUTHENTICATE:
-                        claims = None  # a refused token leaves the connection unauthenticated
-                        claims, result = self._present(body)
+                        token = None  # a refused token leaves the connection unauthenticated
+                        token, result = self._present(body)
                     else:
-                        result = self._run(name, body, payload, claims)
+                        result = self._run(name, body, payload, token)
                     reply = b"\x00" + _frame(result)
                 except flight.FlightError as exc:
                     extra = (
@@ -227,6 +252,9 @@ class LocalChannel:
             connection presents it again when it changed: refreshed); None presents none.
     """
 
+    max_frame = MAX_FRAME
+    """Largest body or payload a request may carry (the server drops a connection that sends more)."""
+
     def __init__(self, path: str, credential: Callable[[], Credential | None] | None = None) -> None:
         self.path = path
         self._credential = credential
@@ -244,7 +272,8 @@ class LocalChannel:
             sock.connect(self.path)
         except OSError as exc:
             sock.close()
-            raise UnavailableError(f"local channel {self.path}: cannot connect ({exc})") from exc
+            # sent=False: nothing of the request left this process (safe to send it another way).
+            raise UnavailableError(f"local channel {self.path}: cannot connect ({exc})", sent=False) from exc
         return sock
 
     def call(
@@ -257,6 +286,14 @@ class LocalChannel:
             The server's trajflight error; DeadlineExceededError after ``timeout``; UnavailableError when
             the server is gone.
         """
+        result: dict[str, Any] = json.loads(self.call_bytes(name, body, timeout, payload))
+        return result
+
+    def call_bytes(
+        self, name: str, body: bytes, timeout: float, payload: bytes | pa.Buffer = b""
+    ) -> bytearray:
+        """:meth:`call`, returning the result's bytes as the server sent them (for a server whose results
+        are not plain JSON, such as the controller's typed JSON); same errors."""
         sock = self._connect(timeout)
         credential = None if self._credential is None else self._credential()
         if credential is not None and self._presented.get(sock) != credential:
@@ -270,14 +307,14 @@ class LocalChannel:
         with self._lock:
             self._idle.append(sock)
         if status == b"\x00":
-            result: dict[str, Any] = json.loads(reply)
-            return result
+            return reply
         raise _error_of(reply, name)
 
     def _exchange(
         self, sock: socket.socket, name: str, body: bytes, timeout: float, payload: bytes | pa.Buffer = b""
     ) -> tuple[bytes, bytearray]:
         """One request and its reply's status byte and frame; a broken connection is dropped."""
+        sent = False
         try:
             sock.settimeout(timeout)
             head = _frame(name.encode()) + _frame(body) + _LEN.pack(len(payload))
@@ -285,6 +322,7 @@ class LocalChannel:
                 _send_all(sock, [head, memoryview(payload)])
             else:
                 sock.sendall(head)
+            sent = True
             status = bytes(_recv_exact(sock, 1))
             return status, _recv_frame(sock)
         except TimeoutError as exc:
@@ -292,8 +330,10 @@ class LocalChannel:
             raise DeadlineExceededError(f"action {name}: no answer within {timeout:g}s") from exc
         except (OSError, ConnectionError) as exc:
             self._drop(sock)
+            # sent=False: the server had closed the connection before the request was whole (a pooled
+            # connection to a server that restarted), so it cannot have run it.
             raise UnavailableError(
-                f"action {name}: the storage server's local channel broke ({exc})"
+                f"action {name}: the server's same-host channel {self.path} broke ({exc})", sent=sent
             ) from exc
 
     def _drop(self, sock: socket.socket) -> None:

@@ -18,7 +18,7 @@ import pyarrow.flight as flight
 import pytest
 from flight_testkit import make_group, server_process
 
-from trajflight._control import FlightTransport
+from trajflight._control_client import FlightTransport
 from trajflight.errors import TrajflightError, UnavailableError
 from trajflight.flight_server import StorageClient
 from trajflight.flight_server._errors import from_flight_error, translate_errors
@@ -98,10 +98,11 @@ def test_a_call_cancelled_by_a_server_shutting_down_is_unavailable(call):
 
 
 def test_a_controller_call_cancelled_by_its_restart_is_unavailable():
-    """The controller's transport shares the mapping: a restart mid-call is retryable."""
+    """The controller's transport shares the mapping: a restart mid-call is retryable. (Over Flight: this
+    stand-in server has no same-host socket to offer.)"""
     server = ShuttingDownServer()
     closer = _close_once_parked(server)
-    transport = FlightTransport(server.location)
+    transport = FlightTransport(server.location, local=False)
     try:
         with pytest.raises(UnavailableError, match=r"controller call: the call was cancelled"):
             transport.invoke("counts", {"job_id": "j"}, timeout=30)

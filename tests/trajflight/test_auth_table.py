@@ -1,6 +1,7 @@
-"""The refusal table of the controller's Flight endpoint (issue 18): every client operation (and the
-endpoint's own actions) x every way a credential can be wrong is refused with the typed error naming what
-was wrong, and changes nothing (the ledger's snapshot is compared byte for byte after every case).
+"""The refusal table of the controller's Flight endpoint and its same-host socket (issues 18 and 16):
+every client operation (and the endpoint's own actions) x every way a credential can be wrong is refused
+with the typed error naming what was wrong, and changes nothing (the ledger's snapshot is compared byte
+for byte after every case).
 
 One endpoint for the module, with a ledger on a frozen clock (nothing expires between cases) holding a
 server, ``job-a`` at epoch 1, a writer, a READY group, a live lease and an open grant. The storage side of
@@ -23,10 +24,12 @@ from auth_cases import CASES, ROLES_BUT_ADMIN, Case, check_refusal, header
 
 import trajflight
 from trajflight import _rpc
-from trajflight._control import ControlServer, FlightTransport
+from trajflight._control import ControlServer
+from trajflight._control_client import FlightTransport
 from trajflight.auth import Credential, Keyring, Role
 from trajflight.controller import COMMANDS, ROLES, LocalController, Publication, Route
 from trajflight.errors import AuthenticationError, ConfigError, PermissionDeniedError, TrajflightError
+from trajflight.flight_server import LocalChannel
 from trajflight.flight_server._errors import translate_errors
 from trajflight.keys import Partition
 
@@ -186,13 +189,32 @@ def _send(server: ControlServer, kind: str, body: dict[str, Any], value: str | N
         raw.close()
 
 
-@pytest.mark.parametrize(("operation", "case"), TABLE, ids=[f"{o}-{c.name}" for o, c in TABLE])
-def test_every_controller_call_with_a_wrong_credential_is_refused_and_changes_nothing(world, operation, case):
+def _send_local(server: ControlServer, kind: str, body: dict[str, Any], value: str | None) -> None:
+    """The same request over the controller's same-host socket (the token presented on connecting)."""
+    token = None if value is None else Credential(value.split(" ", 1)[-1])
+    channel = LocalChannel(server._info(b"")["control_socket"], lambda: token)
+    try:
+        channel.call_bytes(kind, b'{"v": 1}' if kind == "info" else _rpc.dumps(body), 10)
+    finally:
+        channel.close()
+
+
+# The socket serves the actions; list_actions is a Flight method only.
+LOCAL_TABLE = [(op, case) for op, case in TABLE if op != "list_actions"]
+ROUTED_TABLE = [("flight", op, case) for op, case in TABLE] + [("socket", op, c) for op, c in LOCAL_TABLE]
+
+
+@pytest.mark.parametrize(
+    ("route", "operation", "case"), ROUTED_TABLE, ids=[f"{r}-{o}-{c.name}" for r, o, c in ROUTED_TABLE]
+)
+def test_every_controller_call_with_a_wrong_credential_is_refused_and_changes_nothing(
+    world, route, operation, case
+):
     kind, body = requests(world)[operation]
     value = credential(case, operation, world.ring)
     before = world.controller._core.ledger.snapshot()
     with pytest.raises(case.error) as refused:
-        _send(world.server, kind, body, value)
+        (_send if route == "flight" else _send_local)(world.server, kind, body, value)
     check_refusal(refused.value, case, value)
     assert world.controller._core.ledger.snapshot() == before
 
@@ -211,7 +233,7 @@ def test_publish_ahead_naming_the_credential_s_job_cannot_publish_another_job_s_
 
 def test_a_right_credential_runs_each_role_s_operations_and_mints_storage_tokens(world):
     def connect(role: str) -> Any:
-        return trajflight._control.connect_control(
+        return trajflight._control_client.connect_control(
             world.server.location, timeout=10, credential=world.ring.mint(role, role, ["job-a"])
         )
 

@@ -10,7 +10,8 @@ import pyarrow.flight as flight
 import pytest
 
 from trajflight import _rpc
-from trajflight._control import CALLS, ControlServer, FlightTransport, connect_control
+from trajflight._control import CALLS, ControlServer
+from trajflight._control_client import FlightTransport, connect_control
 from trajflight.controller import (
     ControllerClient,
     GroupInfo,

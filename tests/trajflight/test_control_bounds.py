@@ -14,7 +14,8 @@ import pyarrow.flight as flight
 import pytest
 
 from trajflight import _rpc
-from trajflight._control import MAX_REQUEST_BYTES, ControlServer, connect_control
+from trajflight._control import MAX_REQUEST_BYTES, ControlServer
+from trajflight._control_client import connect_control
 from trajflight.controller import LocalController
 from trajflight.errors import InvalidRequestError
 from trajflight.flight_server._errors import translate_errors

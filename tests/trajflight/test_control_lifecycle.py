@@ -42,8 +42,8 @@ PARKED_TRAINER = textwrap.dedent(
     """
     import json, sys
     import trajflight
-    address, job, wait = sys.argv[1], sys.argv[2], float(sys.argv[3])
-    client = trajflight.connect(address, timeout=10)
+    address, job, wait, transport = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+    client = trajflight.connect(address, timeout=10, transport=transport)
     print(json.dumps({"parking": True}), flush=True)
     try:
         batch = client.trainer(job).try_lease(1, wait=wait)
@@ -95,11 +95,16 @@ def _raw_acquire(location: str, kwargs: dict[str, Any], wait: float, out: dict[s
         client.close()
 
 
+# A client on the controller's host calls over its same-host socket; transport="flight" over Flight.
+ROUTES = ["auto", "flight"]
+
+
 @pytest.mark.timeout(90)
-def test_close_returns_while_a_trainer_process_is_parked_in_lease(plane):
+@pytest.mark.parametrize("transport", ROUTES)
+def test_close_returns_while_a_trainer_process_is_parked_in_lease(plane, transport):
     """``lease(wait=30)`` held ``LocalCluster.close()`` (and ``trajflight up``) for 29.7 s."""
     plane.client().open_job("parked", 1)
-    child = _child(plane.address, "parked", 30)
+    child = _child(plane.address, "parked", 30, transport)
     try:
         assert json.loads(child.stdout.readline())["parking"]
         controller = plane.controller
@@ -172,12 +177,13 @@ def test_a_host_parks_one_poll_for_at_most_max_wait_and_the_client_polls_again()
 
 
 @pytest.mark.timeout(120)
-def test_a_killed_trainers_long_poll_leaves_the_next_group_to_live_trainers(plane):
+@pytest.mark.parametrize("transport", ROUTES)
+def test_a_killed_trainers_long_poll_leaves_the_next_group_to_live_trainers(plane, transport):
     """Item 6: SIGKILL a trainer parked in ``try_lease(wait=20)``, put a group: a live trainer gets it at
     once, instead of waiting out the TTL of a lease granted to the dead poll."""
     client = plane.client()
     client.open_job("abandoned", 1, {"default_lease_ttl": "60s"})
-    child = _child(plane.address, "abandoned", 20)
+    child = _child(plane.address, "abandoned", 20, transport)
     controller = plane.controller
     try:
         assert json.loads(child.stdout.readline())["parking"]
@@ -277,15 +283,18 @@ def _parked_lease_woken_by(host: Any, trainer: Any, waits: list[bool], put: Any)
 
 
 @pytest.mark.timeout(60)
-def test_a_trainer_parked_in_lease_over_the_control_rpc_is_woken_by_the_publish(plane, monkeypatch):
+@pytest.mark.parametrize("transport", ROUTES)
+def test_a_trainer_parked_in_lease_over_the_control_rpc_is_woken_by_the_publish(
+    plane, monkeypatch, transport
+):
     """The handoff's wake: a trainer parked in ``lease`` through the control server gets the group put by
     another client because the publish notifies the host's condition, not because a poll ran out: the
     parked wait that precedes the grant returns notified (``Condition.wait`` gives True), with the
     abandonment check's interval raised far beyond the test."""
     host = plane.controller
     waits = _record_waits(host, monkeypatch)
-    writer_client = trajflight.connect(plane.address, timeout=20.0)
-    trainer_client = trajflight.connect(plane.address, timeout=20.0)
+    writer_client = trajflight.connect(plane.address, timeout=20.0, transport=transport)
+    trainer_client = trajflight.connect(plane.address, timeout=20.0, transport=transport)
     try:
         writer_client.open_job("wake", 1)
         writer = writer_client.writer("wake", 1)
