@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -95,6 +96,15 @@ def cluster(
 def job() -> str:
     """A fresh job id per test (tests share the module's cluster)."""
     return f"job-{next(_JOBS)}"
+
+
+def wait_until(predicate: Callable[[], object], what: str, timeout: float = 30.0) -> None:
+    """Poll ``predicate`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting until {what}")
+        time.sleep(0.02)
 
 
 def put_groups(writer: trajflight.Writer, count: int, *, seed: int = 0, first: int = 0) -> list[Any]:

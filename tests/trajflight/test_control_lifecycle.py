@@ -20,7 +20,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,7 +34,7 @@ from trajflight.controller._host import MAX_WAIT
 from trajflight.errors import TrajflightError, UnavailableError
 from trajflight.flight_server._errors import translate_errors
 
-from .conftest import put_groups
+from .conftest import put_groups, wait_until
 
 # A trainer that long-polls an empty job; prints what its lease call ended with.
 PARKED_TRAINER = textwrap.dedent(
@@ -53,14 +52,6 @@ PARKED_TRAINER = textwrap.dedent(
     print(json.dumps(out), flush=True)
     """
 )
-
-
-def _wait_until(predicate: Any, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting until {what}")
-        time.sleep(0.02)
 
 
 def _child(*args: object) -> subprocess.Popen[str]:
@@ -108,7 +99,7 @@ def test_close_returns_while_a_trainer_process_is_parked_in_lease(plane, transpo
     try:
         assert json.loads(child.stdout.readline())["parking"]
         controller = plane.controller
-        _wait_until(lambda: controller.waiting == 1, "the trainer is parked")
+        wait_until(lambda: controller.waiting == 1, "the trainer is parked")
         plane.close()  # must not wait the poll out
         assert plane.controller is None
         outcome = json.loads(child.stdout.readline() or "{}")
@@ -128,7 +119,7 @@ def test_close_returns_while_a_raw_acquire_waits_a_billion_seconds(plane):
     poll = threading.Thread(target=_raw_acquire, args=(plane.address, kwargs, 1e9, out), daemon=True)
     poll.start()
     controller = plane.controller
-    _wait_until(lambda: controller.waiting == 1, "the acquire is parked")
+    wait_until(lambda: controller.waiting == 1, "the acquire is parked")
     plane.close()
     poll.join(30.0)
     assert not poll.is_alive()
@@ -146,7 +137,7 @@ def test_the_control_servers_own_shutdown_answers_parked_acquires():
         kwargs = {"job_id": "j", "owner": "raw", "max_groups": 1}
         poll = threading.Thread(target=_raw_acquire, args=(server.location, kwargs, 1e9, out), daemon=True)
         poll.start()
-        _wait_until(lambda: controller.waiting == 1, "the acquire is parked")
+        wait_until(lambda: controller.waiting == 1, "the acquire is parked")
         server.shutdown()
         poll.join(30.0)
         assert not poll.is_alive()
@@ -187,14 +178,14 @@ def test_a_killed_trainers_long_poll_leaves_the_next_group_to_live_trainers(plan
     controller = plane.controller
     try:
         assert json.loads(child.stdout.readline())["parking"]
-        _wait_until(lambda: controller.waiting == 1, "the trainer is parked")
+        wait_until(lambda: controller.waiting == 1, "the trainer is parked")
         child.kill()
         child.wait(30)
     finally:
         child.kill()
         child.communicate(timeout=30)
     # The dead poll's handler notices (its call is cancelled) long before its 20 s wait would end.
-    _wait_until(lambda: controller.waiting == 0, "the dead poll gave up", timeout=15.0)
+    wait_until(lambda: controller.waiting == 0, "the dead poll gave up", timeout=15.0)
     put_groups(client.writer("abandoned", 1), 1)
     batch = client.trainer("abandoned").try_lease(1, wait=15)  # well within the dead poll's TTL
     assert batch is not None, client.controller.counts("abandoned")
@@ -272,7 +263,7 @@ def _parked_lease_woken_by(host: Any, trainer: Any, waits: list[bool], put: Any)
     got: dict[str, Any] = {}
     thread = threading.Thread(target=lambda: got.update(batch=trainer.lease(1, wait=30.0, renew=False)))
     thread.start()
-    _wait_until(lambda: host.waiting == 1, "the trainer to park")
+    wait_until(lambda: host.waiting == 1, "the trainer to park")
     (meta,) = put()
     thread.join(30.0)
     assert not thread.is_alive()

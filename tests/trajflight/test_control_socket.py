@@ -8,7 +8,6 @@ import socket
 import stat
 import struct
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +18,8 @@ from trajflight._control import ControlServer
 from trajflight._control_client import FlightTransport, connect_control
 from trajflight.controller import ControllerClient, LocalController
 from trajflight.errors import InvalidRequestError, NotFoundError
+
+from .conftest import wait_until
 
 SERVER = {"server_id": "s0", "node": "n", "location": "grpc://127.0.0.1:1", "capacity_bytes": 10**6,
           "capacity_groups": 100}  # fmt: skip
@@ -52,14 +53,6 @@ def _publish_one(client: ControllerClient, job: str) -> None:
     client.publish(
         grant.partition, token=grant.token, rows=1, nbytes=10, tokens=1, policy_version=0, columns=()
     )
-
-
-def _wait_until(predicate: Any, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting until {what}")
-        time.sleep(0.02)
 
 
 def test_a_client_on_the_controller_s_host_calls_over_the_socket_with_the_same_answers(control):
@@ -142,9 +135,9 @@ def test_a_poll_whose_caller_closed_the_socket_is_granted_nothing(host, control)
     raw.connect(path)
     body = _rpc.dumps({"kwargs": {"job_id": "j", "owner": "gone", "max_groups": 1}, "wait": 30.0})
     raw.sendall(_frame(b"acquire") + _frame(body) + _frame(b""))
-    _wait_until(lambda: host.waiting == 1, "the poll is parked")
+    wait_until(lambda: host.waiting == 1, "the poll is parked")
     raw.close()
-    _wait_until(lambda: host.waiting == 0, "the handler noticed its caller left", timeout=15.0)
+    wait_until(lambda: host.waiting == 0, "the handler noticed its caller left", timeout=15.0)
     _publish_one(client, "j")
     assert client.counts("j")["READY"] == 1
     assert client.acquire("j", "live", max_groups=1) is not None
@@ -160,7 +153,7 @@ def test_a_parked_poll_over_the_socket_is_woken_by_a_publish(host, control):
         target=lambda: got.update(lease=trainer.acquire("j", "t", max_groups=1, wait=20))
     )
     thread.start()
-    _wait_until(lambda: host.waiting == 1, "the trainer is parked")
+    wait_until(lambda: host.waiting == 1, "the trainer is parked")
     _publish_one(writer, "j")
     thread.join(20)
     assert got["lease"] is not None

@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -28,7 +27,7 @@ from trajflight.errors import StaleFenceError
 from trajflight.flight_server import GroupRead, LeaseToken
 from trajflight.keys import Partition
 
-from .conftest import put_groups
+from .conftest import put_groups, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -69,14 +68,6 @@ def plane() -> Iterator[trajflight.LocalCluster]:
         yield cluster
 
 
-def _wait_until(predicate, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting until {what}")
-        time.sleep(0.05)
-
-
 def _stored(plane: trajflight.LocalCluster, client: trajflight.Client, job: str) -> dict:
     """Every stored group as an analyst reads it (tokenless), with its columns."""
     storage = client.storage.client(plane.server_locations[0])
@@ -107,10 +98,10 @@ def test_a_stopped_trainer_past_its_ttl_is_refused_reads_and_appends(plane):
         leased = [tuple(p) for p in first["leased"]]
         os.kill(child.pid, signal.SIGSTOP)  # no more renewals: the lease runs out
         controller = client.controller
-        _wait_until(
+        wait_until(
             lambda: all(controller.group(p).state is GroupState.UNKNOWN for p in leased), "the lease expired"
         )
-        _wait_until(lambda: controller.fence_list() == (), "the servers were fenced")
+        wait_until(lambda: controller.fence_list() == (), "the servers were fenced")
         os.kill(child.pid, signal.SIGCONT)
         child.stdin.write("go\n")
         child.stdin.flush()
@@ -147,8 +138,8 @@ def test_an_expired_lease_is_fenced_on_the_server_even_before_anyone_leases_agai
     storage = client.storage.client(group.location)
     read = GroupRead(Partition(*group.partition), LeaseToken(lease.token))
     assert storage.get([read]).num_rows == group.rows  # the holder reads while the lease lives
-    _wait_until(lambda: client.controller.group(group.partition).state is GroupState.READY, "it expired")
-    _wait_until(lambda: client.controller.fence_list() == (), "the server was fenced")
+    wait_until(lambda: client.controller.group(group.partition).state is GroupState.READY, "it expired")
+    wait_until(lambda: client.controller.fence_list() == (), "the server was fenced")
     with pytest.raises(StaleFenceError):
         storage.get([read])
     with pytest.raises(StaleFenceError):
