@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import threading
 import time
 from collections import Counter
@@ -105,6 +106,8 @@ __all__ = [
     "MAX_RESTORE_BYTES",
     "ControlServer",
 ]
+
+log = logging.getLogger("trajflight.controller")
 
 MAX_REQUEST_BYTES = 16 << 20
 """Largest request body of every action but ``restore`` (bytes)."""
@@ -195,9 +198,12 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
             verify = None if keyring is None else verifying(keyring.verify, controller.metrics.count_refusal)
             try:
                 self._socket = ControlSocket(self._local_action, verify)
-            except BaseException:
-                self.shutdown()
-                raise
+            except OSError as exc:  # a temporary directory whose path is too long for a Unix socket
+                log.warning(
+                    "the controller's same-host socket could not be created (%s); clients on this host "
+                    "call it over Flight",
+                    exc,
+                )
 
     def shutdown(self) -> None:
         """Stop serving: parked long-polling acquires are answered with UnavailableError first (so this

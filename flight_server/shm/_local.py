@@ -128,6 +128,9 @@ class LocalChannelServer:
         old = os.umask(0o177)
         try:
             self._sock.bind(path)
+        except OSError:
+            self._sock.close()  # a path too long for a socket, or a directory that is gone
+            raise
         finally:
             os.umask(old)
         self._sock.listen(64)

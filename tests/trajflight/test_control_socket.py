@@ -7,6 +7,7 @@ import os
 import socket
 import stat
 import struct
+import tempfile
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -158,3 +159,20 @@ def test_a_parked_poll_over_the_socket_is_woken_by_a_publish(host, control):
     thread.join(20)
     assert got["lease"] is not None
     assert _transport(trainer).route == "socket"
+
+
+def test_a_temporary_directory_too_deep_for_a_socket_leaves_the_server_on_flight(host, tmp_path, monkeypatch):
+    """A Unix socket path has at most 107 bytes: under a deeper TMPDIR the server serves Flight only and
+    says so, instead of failing to start."""
+    deep = tmp_path / ("d" * 120)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    server = ControlServer(host)
+    try:
+        assert "control_socket" not in server._info(b"")
+        client = connect_control(server.location, timeout=10)
+        client.open_job("j", 1)
+        assert _transport(client).route == "flight"
+        assert list(deep.iterdir()) == []  # the directory made for the socket is gone too
+    finally:
+        server.shutdown()
