@@ -243,15 +243,13 @@ SWITCHES: tuple[Switch, ...] = (
         "decode x G (jagged, all columns)",
         ((_jagged, "_builder", lambda: _jagged._public),),
     ),
-    Switch(
-        "mask scatter below the threshold (padded)",
-        "decode x G (padded, list columns)",
-        ((_decode, "_DENSE_KERNEL_FROM", 0),),
-    ),
-    Switch(
-        "dense kernel above the threshold (padded)",
-        "decode one batch (padded, list columns)",
-        ((_decode, "_DENSE_KERNEL_FROM", 1 << 62),),
+    *(
+        Switch(
+            f"one row pass per shared offsets ({operation})",
+            operation,
+            ((_decode, "_offset_groups", lambda lists: [[name] for name in lists]),),
+        )
+        for operation in ("decode one batch (padded, list columns)", "decode x G (padded, list columns)")
     ),
 )
 
