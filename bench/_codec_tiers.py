@@ -28,7 +28,6 @@ from trajflight.bench._stats import cpu_per_call
 from trajflight.codec import (
     STANDARD_SCHEMA,
     _arrays,
-    _decode,
     _encode,
     _encode_many,
     _encode_merged,
@@ -242,14 +241,6 @@ SWITCHES: tuple[Switch, ...] = (
         "direct nested-tensor constructor (_jagged)",
         "decode x G (jagged, all columns)",
         ((_jagged, "_builder", lambda: _jagged._public),),
-    ),
-    *(
-        Switch(
-            f"one row pass per shared offsets ({operation})",
-            operation,
-            ((_decode, "_offset_groups", lambda lists: [[name] for name in lists]),),
-        )
-        for operation in ("decode one batch (padded, list columns)", "decode x G (padded, list columns)")
     ),
 )
 

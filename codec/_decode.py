@@ -22,7 +22,7 @@ Memory and ownership:
   ``top_p_probs`` are decoded together they must be null for the same samples (or their outer offsets
   would disagree); checked only where one has null rows.
 * ``layout="padded"`` builds a new ``[rows, max_len]`` array or tensor per column (one copy, one pass
-  over the rows for all columns of equal offsets, :mod:`trajflight.codec._pad`); the tensors are over
+  over the rows, :mod:`trajflight.codec._pad`); the tensors are over
   numpy memory (``torch.from_numpy``: they own it, and are not resizable); ``device="cuda"`` adds the
   one pinned staging copy and an asynchronous host-to-device copy (:mod:`trajflight.codec._device`).
 
@@ -324,7 +324,7 @@ def _check_layout(layout: str) -> None:
 def _pad_numpy(
     name: str, values: np.ndarray, offsets: np.ndarray, max_len: int, pad: Any
 ) -> Padded[np.ndarray]:
-    (out,) = pad_rows([values], offsets, max_len, [padding_numpy(name, pad, values.dtype)])
+    out = pad_rows(values, offsets, max_len, padding_numpy(name, pad, values.dtype))
     return Padded(out, np.diff(offsets).astype(np.int64))
 
 
@@ -406,41 +406,21 @@ class _SharedOffsets:
         self._seen.append((offsets.to_numpy(zero_copy_only=False), at))
 
 
-def _offset_groups(lists: Mapping[str, _List]) -> list[list[str]]:
-    """The names of ``lists`` grouped by equal offsets, in order of first appearance."""
-    shared = _SharedOffsets()
-    groups: list[list[str]] = []
-    for name, plan in lists.items():
-        at = shared.find(plan.offsets)
-        if at is None:
-            shared.add(plan.offsets, len(groups))
-            groups.append([name])
-        else:
-            groups[at].append(name)
-    return groups
-
-
 def _padded(plans: Mapping[str, _Plan], pad: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Each ``list<T>`` column of ``plans`` padded to ``[rows, max_len]`` plus its int64 lengths (new
-    tensors over numpy memory, see :mod:`trajflight.codec._pad`); columns of equal offsets in one pass.
-
-    Checks every column's padding value before padding any.
-    """
+    tensors over numpy memory, see :mod:`trajflight.codec._pad`). Checks every column's padding value
+    before padding any."""
     import torch
     from torch.utils.dlpack import from_dlpack
 
     lists = {name: plan for name, plan in plans.items() if isinstance(plan, _List)}
-    values = {name: plan.values.to_numpy(zero_copy_only=True) for name, plan in lists.items()}
     pads = {name: padding_torch(name, pad, from_dlpack(plan.values).dtype) for name, plan in lists.items()}
     out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    for names in _offset_groups(lists):
-        plan = lists[names[0]]
+    for name, plan in lists.items():
+        values = plan.values.to_numpy(zero_copy_only=True)
         offsets = plan.offsets.to_numpy(zero_copy_only=True)
-        lengths = np.diff(offsets).astype(np.int64)
-        padded = pad_rows([values[n] for n in names], offsets, plan.max_len, [pads[n] for n in names])
-        for i, (name, array) in enumerate(zip(names, padded, strict=True)):
-            # Each column its own lengths tensor, as a column padded alone gets: a write to one is local.
-            out[name] = (torch.from_numpy(array), torch.from_numpy(lengths.copy() if i else lengths))
+        padded = pad_rows(values, offsets, plan.max_len, pads[name])
+        out[name] = (torch.from_numpy(padded), torch.from_numpy(np.diff(offsets).astype(np.int64)))
     return out
 
 

@@ -1,8 +1,7 @@
 """Padding ragged columns to ``[rows, max_len]`` arrays: the one route of ``layout="padded"``.
 
-:func:`pad_rows` pads every column that shares one offsets array in a single pass over the rows (a
-group's ``response_ids``, ``response_logprobs`` and ``loss_mask``): one slice copy per row and column,
-written once. A zero padding value (all bits zero) is not written at all: the output comes from
+:func:`pad_rows` copies each row once (one numpy slice copy per row) and pads its tail; a zero padding
+value (all bits zero) is not written at all: the output comes from
 ``numpy.zeros``, which asks the allocator for zeroed memory (``calloc``), so the pages that hold only
 padding are never touched here. On a training batch most of a padded tensor is padding; torch's
 jagged -> dense kernel and a boolean-mask scatter both write every element and cost several times as
@@ -20,7 +19,7 @@ zero-padded output moves to the first pass over it.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -88,40 +87,29 @@ def padding_torch(name: str, pad: Any, dtype: torch.dtype) -> np.ndarray:
     return _checked(name, pad, make, dtype)
 
 
-def pad_rows(
-    values: Sequence[np.ndarray], offsets: np.ndarray, max_len: int, pads: Sequence[np.ndarray]
-) -> list[np.ndarray]:
-    """Pad columns that share ``offsets``: ``out[k][i, :n_i]`` is row ``i`` of ``values[k]``, the rest
-    of the row is ``pads[k]`` (a 0-d array of that column's dtype).
+def pad_rows(values: np.ndarray, offsets: np.ndarray, max_len: int, pad: np.ndarray) -> np.ndarray:
+    """``values`` padded: ``out[i, :n_i]`` is row ``i``, the rest of the row is ``pad``.
 
     Args:
-        values: Each column's values (1-D; row ``i`` is ``values[k][offsets[i]:offsets[i + 1]]``).
+        values: The column's values (1-D; row ``i`` is ``values[offsets[i]:offsets[i + 1]]``).
         offsets: The rows' offsets, starting at zero.
-        max_len: The longest row's length (the outputs' width; not checked).
-        pads: Each column's padding value, as :func:`padding_torch` or :func:`padding_numpy` make it.
+        max_len: The longest row's length (the output's width; not checked).
+        pad: The padding value, a 0-d array of ``values.dtype`` as :func:`padding_torch` or
+            :func:`padding_numpy` make it.
 
     Returns:
-        One new C-contiguous ``[rows, max_len]`` array per column, owning its memory.
+        A new C-contiguous ``[rows, max_len]`` array that owns its memory.
     """
     rows = max(len(offsets) - 1, 0)
-    outs: list[np.ndarray] = []
-    copies: list[tuple[np.ndarray, np.ndarray]] = []
-    fills: list[tuple[np.ndarray, np.ndarray]] = []
-    for column, pad in zip(values, pads, strict=True):
-        zero = not pad.tobytes().strip(b"\0")  # all bits zero: not -0.0
-        out = (np.zeros if zero else np.empty)((rows, max_len), dtype=column.dtype)
-        outs.append(out)
-        copies.append((out.reshape(-1), column))
-        if not zero:
-            fills.append((out.reshape(-1), pad))
-    bounds = offsets.tolist()
+    zero = not pad.tobytes().strip(b"\0")  # all bits zero: not -0.0
+    out = (np.zeros if zero else np.empty)((rows, max_len), dtype=values.dtype)
+    flat = out.reshape(-1)
     row = 0
-    for start, end in itertools.pairwise(bounds):
+    for start, end in itertools.pairwise(offsets.tolist()):
         stop = row + end - start
         if stop > row:
-            for flat, column in copies:
-                flat[row:stop] = column[start:end]
-        for flat, pad in fills:
+            flat[row:stop] = values[start:end]
+        if not zero:
             flat[stop : row + max_len] = pad
         row += max_len
-    return outs
+    return out

@@ -1,8 +1,8 @@
 """``layout="padded"``: the one-pass padder (``codec/_pad.py``) against a padding built row by row.
 
-Each test pins a branch of the padder: columns sharing offsets padded in one pass, zero padding left to
-``numpy.zeros`` (and ``-0.0``, which is not zero bits), unsigned dtypes, empty rows and batches, and
-padding values that a float64 round trip or a float16 would change.
+Each test pins a branch of the padder or a case the routes before it got wrong: columns sharing offsets,
+zero padding left to ``numpy.zeros`` (and ``-0.0``, which is not zero bits), unsigned dtypes, empty rows
+and batches, and padding values that a float64 round trip or a float16 would change.
 """
 
 from __future__ import annotations
