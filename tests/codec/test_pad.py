@@ -20,17 +20,8 @@ from trajflight.codec import decode, decode_numpy
 from trajflight.errors import InvalidRequestError
 
 NUMERIC = [
-    pa.int8(),
-    pa.int16(),
-    pa.int32(),
-    pa.int64(),
-    pa.uint8(),
-    pa.uint16(),
-    pa.uint32(),
-    pa.uint64(),
-    pa.float16(),
-    pa.float32(),
-    pa.float64(),
+    *(pa.type_for_alias(f"{kind}{bits}") for kind in ("int", "uint") for bits in (8, 16, 32, 64)),
+    *(pa.type_for_alias(f"float{bits}") for bits in (16, 32, 64)),
 ]
 
 
