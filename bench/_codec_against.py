@@ -114,6 +114,12 @@ def _operations(codec: ModuleType, groups: Sequence[SyntheticGroup]) -> dict[str
         "decode one batch (padded, list columns)": lambda: codec.decode(
             table, columns=LIST_COLUMNS, layout="padded"
         ),
+        "decode x G (padded, list columns)": lambda: [
+            codec.decode(b, columns=LIST_COLUMNS, layout="padded") for b in batches
+        ],
+        "decode_numpy one batch (padded, list columns)": lambda: codec.decode_numpy(
+            table, columns=LIST_COLUMNS, layout="padded"
+        ),
     }
 
 

@@ -28,7 +28,6 @@ from trajflight.bench._stats import cpu_per_call
 from trajflight.codec import (
     STANDARD_SCHEMA,
     _arrays,
-    _decode,
     _encode,
     _encode_many,
     _encode_merged,
@@ -242,16 +241,6 @@ SWITCHES: tuple[Switch, ...] = (
         "direct nested-tensor constructor (_jagged)",
         "decode x G (jagged, all columns)",
         ((_jagged, "_builder", lambda: _jagged._public),),
-    ),
-    Switch(
-        "mask scatter below the threshold (padded)",
-        "decode x G (padded, list columns)",
-        ((_decode, "_DENSE_KERNEL_FROM", 0),),
-    ),
-    Switch(
-        "dense kernel above the threshold (padded)",
-        "decode one batch (padded, list columns)",
-        ((_decode, "_DENSE_KERNEL_FROM", 1 << 62),),
     ),
 )
 

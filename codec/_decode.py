@@ -21,10 +21,10 @@ Memory and ownership:
   that drops them. A column declared non-nullable refuses null rows. Where ``top_p_ids`` and
   ``top_p_probs`` are decoded together they must be null for the same samples (or their outer offsets
   would disagree); checked only where one has null rows.
-* ``layout="padded"`` builds a new ``[rows, max_len]`` tensor (one copy: for torch by a boolean-mask
-  scatter, or from a lease's size on by torch's jagged -> dense kernel, the same tensor either way);
-  ``device="cuda"`` adds the one pinned staging copy and an asynchronous host-to-device copy
-  (:mod:`trajflight.codec._device`).
+* ``layout="padded"`` builds a new ``[rows, max_len]`` array or tensor per column (one copy, one pass
+  over the rows, :mod:`trajflight.codec._pad`); the tensors are over
+  numpy memory (``torch.from_numpy``: they own it, and are not resizable); ``device="cuda"`` adds the
+  one pinned staging copy and an asynchronous host-to-device copy (:mod:`trajflight.codec._device`).
 
 It does not guarantee that decoded CPU tensors stay valid if the caller frees Arrow memory by other
 means than dropping references (for example by unmapping a file it mapped itself).
@@ -32,7 +32,7 @@ means than dropping references (for example by unmapping a file it mapped itself
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
@@ -42,6 +42,7 @@ import pyarrow.compute as pc
 
 from trajflight.codec._containers import DoublyRagged, NumpyBatch, Padded, Ragged, TorchBatch
 from trajflight.codec._jagged import jagged
+from trajflight.codec._pad import pad_rows, padding_numpy, padding_torch
 from trajflight.codec._validate import check_null_entries, check_same_null_rows
 from trajflight.errors import InvalidRequestError, SchemaError
 
@@ -167,18 +168,6 @@ def _fill_scalar(name: str, value: Any, type_: pa.DataType) -> pa.Scalar:
         raise InvalidRequestError(
             f"fill_nulls[{name!r}] = {given!r} does not fit the column's type {type_} ({exc}); pass a "
             "value of that type",
-            column=name,
-        ) from exc
-
-
-def _check_padding(name: str, pad: Any, fill: Callable[[], object], dtype: object) -> None:
-    """Refuse a padding value the column's dtype cannot hold: ``fill()`` fills one element with it."""
-    try:
-        fill()
-    except (TypeError, ValueError, OverflowError, RuntimeError) as exc:  # torch raises RuntimeError
-        raise InvalidRequestError(
-            f"padding_value {pad!r} cannot pad column {name!r} of dtype {dtype} ({exc}); pass a number "
-            "that fits it",
             column=name,
         ) from exc
 
@@ -335,23 +324,8 @@ def _check_layout(layout: str) -> None:
 def _pad_numpy(
     name: str, values: np.ndarray, offsets: np.ndarray, max_len: int, pad: Any
 ) -> Padded[np.ndarray]:
-    value = pad
-
-    def fill() -> None:
-        nonlocal value
-        if values.dtype.kind in "iu" and isinstance(pad, float | np.floating):
-            # numpy casts a NaN, infinite or out-of-range float to garbage integers (with a RuntimeWarning);
-            # torch.full refuses them. Through int() (truncating 1.5 as torch does) numpy refuses them too.
-            value = int(pad)
-        np.full((), value, dtype=values.dtype)
-
-    _check_padding(name, pad, fill, values.dtype)
-    lengths = np.diff(offsets).astype(np.int64)
-    out = np.full((len(lengths), max_len), value, dtype=values.dtype)
-    # Scatter by flat position (row * max_len + column): no [rows, max_len] boolean mask to build.
-    starts = np.arange(len(lengths), dtype=np.int64) * max_len - offsets[:-1].astype(np.int64)
-    out.reshape(-1)[np.arange(len(values), dtype=np.int64) + np.repeat(starts, lengths)] = values
-    return Padded(out, lengths)
+    out = pad_rows(values, offsets, max_len, padding_numpy(name, pad, values.dtype))
+    return Padded(out, np.diff(offsets).astype(np.int64))
 
 
 def decode_numpy(
@@ -432,35 +406,22 @@ class _SharedOffsets:
         self._seen.append((offsets.to_numpy(zero_copy_only=False), at))
 
 
-def _pad_torch(
-    name: str, values: torch.Tensor, offsets: torch.Tensor, max_len: int, pad: Any
-) -> Padded[torch.Tensor]:
+def _padded(plans: Mapping[str, _Plan], pad: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Each ``list<T>`` column of ``plans`` padded to ``[rows, max_len]`` plus its int64 lengths (new
+    tensors over numpy memory, see :mod:`trajflight.codec._pad`). Checks every column's padding value
+    before padding any."""
     import torch
+    from torch.utils.dlpack import from_dlpack
 
-    def fill() -> None:
-        if isinstance(pad, int | np.integer) and not values.dtype.is_floating_point:
-            # torch.full wraps an integer out of an unsigned dtype's range (-1 -> 255 for the loss mask)
-            # where numpy refuses it.
-            info = torch.iinfo(values.dtype)
-            if not info.min <= pad <= info.max:
-                raise OverflowError(f"{pad} is outside {info.min}..{info.max}")
-        torch.full((), pad, dtype=values.dtype)
-
-    _check_padding(name, pad, fill, values.dtype)
-    lengths = (offsets[1:] - offsets[:-1]).to(torch.int64)
-    if len(lengths) * max_len >= _DENSE_KERNEL_FROM:
-        # torch's jagged -> dense kernel wins on a whole lease, a boolean-mask scatter on one small group
-        # (BENCHMARKS.md, "The codec": both sides of the threshold).
-        nested = jagged(values, offsets, max_len)
-        return Padded(
-            torch.nested.to_padded_tensor(nested, pad, output_size=(len(lengths), max_len)), lengths
-        )
-    out = torch.full((len(lengths), max_len), pad, dtype=values.dtype)
-    out[torch.arange(max_len) < lengths[:, None]] = values
-    return Padded(out, lengths)
-
-
-_DENSE_KERNEL_FROM = 1 << 20  # padded elements from which torch's jagged -> dense kernel is used
+    lists = {name: plan for name, plan in plans.items() if isinstance(plan, _List)}
+    pads = {name: padding_torch(name, pad, from_dlpack(plan.values).dtype) for name, plan in lists.items()}
+    out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for name, plan in lists.items():
+        values = plan.values.to_numpy(zero_copy_only=True)
+        offsets = plan.offsets.to_numpy(zero_copy_only=True)
+        padded = pad_rows(values, offsets, plan.max_len, pads[name])
+        out[name] = (torch.from_numpy(padded), torch.from_numpy(np.diff(offsets).astype(np.int64)))
+    return out
 
 
 def decode(
@@ -482,7 +443,8 @@ def decode(
             third of its cost where torch allows, :mod:`trajflight.codec._jagged`);
             ``"ragged"``: as :class:`Ragged` values plus int32 offsets tensors in ``.ragged`` (the same
             memory, without any nested-tensor construction cost);
-            ``"padded"``: as :class:`Padded` (``[rows, max_len]`` tensor plus int64 lengths, one copy).
+            ``"padded"``: as :class:`Padded` (``[rows, max_len]`` tensor plus int64 lengths, one copy,
+            over numpy memory it owns: not resizable).
             With ``"jagged"`` and ``"ragged"``, list columns whose rows have the same lengths (a group's
             response ids, logprobs and loss mask) share one offsets tensor, so that torch accepts
             elementwise operations between their jagged tensors (``logprobs * loss_mask``).
@@ -526,6 +488,7 @@ def decode(
             "or no GPU visible); decode with device=None, or install a CUDA build of torch"
         )
     rows, plans = _plans(data, columns, fill_nulls)
+    padded = _padded(plans, padding_value) if layout == "padded" else None
     # Host tensors first (zero-copy views of Arrow), in a flat list so a device move is one copy.
     host: list[torch.Tensor] = []
     slots: dict[str, tuple[int, ...]] = {}
@@ -536,11 +499,10 @@ def decode(
         if isinstance(plan, _Flat):
             pieces: tuple[torch.Tensor, ...] = (from_dlpack(plan.values),)
         elif isinstance(plan, _List):
-            values = from_dlpack(plan.values)
-            if layout == "padded":
-                padded = _pad_torch(name, values, from_dlpack(plan.offsets), plan.max_len, padding_value)
-                pieces = (padded.values, padded.lengths)
+            if padded is not None:
+                pieces = padded[name]
             else:
+                values = from_dlpack(plan.values)
                 max_lens[name] = plan.max_len
                 at = shared.find(plan.offsets)
                 if at is not None:  # the same rows as an earlier column: one offsets tensor for both
