@@ -9,7 +9,8 @@ Pure conversion: no I/O, no threads. torch is imported lazily, by the calls that
 * :func:`with_partitions`: groups encoded elsewhere, their key columns set to the partitions they were
   granted.
 * :func:`decode` / :func:`decode_numpy`: one or many groups -> torch tensors / numpy arrays.
-* :func:`validate_group`: typed checks of data that comes from outside.
+* :func:`validate_group`: typed checks of data that comes from outside; :func:`validate_groups` the same
+  of many groups at once.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from trajflight.codec._encode_many import EncodedGroups, encode_groups
 from trajflight.codec._partitions import with_partitions
 from trajflight.codec._schema import STANDARD_SCHEMA, TrajectorySchema
 from trajflight.codec._validate import validate_group
+from trajflight.codec._validate_many import validate_groups
 
 __all__ = [
     "STANDARD_SCHEMA",
@@ -38,5 +40,6 @@ __all__ = [
     "encode_group",
     "encode_groups",
     "validate_group",
+    "validate_groups",
     "with_partitions",
 ]

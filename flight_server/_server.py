@@ -28,7 +28,6 @@ then exits (see :mod:`trajflight.flight_server._cli`).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -37,10 +36,11 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.flight as flight
 
 from trajflight.auth import Claims, Keyring, Role, authorize
-from trajflight.codec import STANDARD_SCHEMA, TrajectorySchema, validate_group
+from trajflight.codec import STANDARD_SCHEMA, TrajectorySchema, validate_group, validate_groups
 from trajflight.errors import (
     AuthenticationError,
     ConfigError,
@@ -438,13 +438,18 @@ class StorageServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow s
             if not put.num_rows:
                 raise InvalidRequestError(f"put_many: group {put.key.group_id} announces no samples")
         schema = check_stream_schema(reader.schema)
-        with contextlib.ExitStack() as stack:
-            reservations = [stack.enter_context(self.store.begin_put(p.key, schema, p.nbytes)) for p in puts]
+        keys = [p.key for p in puts]
+        # One admission for the whole stream (one hold of the store's lock, the schema checked once).
+        reservations = self.store.begin_puts(keys, [p.nbytes or 0 for p in puts], schema)
+        try:
             per_group = receive_groups(context, reader, puts, reservations)
-            for put, batches in zip(puts, per_group, strict=True):
-                for batch in batches:
-                    validate_group(batch, self.store.schema, expect=put.key, full=True)
+            # The stream's batches share its schema: validated as one table, group by group where unsure.
+            stream = pa.Table.from_batches([b for batches in per_group for b in batches], schema)
+            validate_groups(stream, self.store.schema, keys, [p.num_rows or 0 for p in puts])
             self.store.publish_many(list(zip(reservations, per_group, strict=True)), schema, request.writer)
+        finally:
+            for res in reservations:
+                res.release()  # a no-op for those published
 
     def _append(
         self,

@@ -169,26 +169,31 @@ class GroupStore:
         self._capacity.check_slot(len(self._groups) + len(self._pending))
         self._pending[key] = res
 
-    def begin_puts(self, keys: Sequence[Partition], announced: Sequence[int]) -> list[Reservation]:
-        """:meth:`begin_put` of each key (schema None) with its announced bytes, all or none.
+    def begin_puts(
+        self, keys: Sequence[Partition], announced: Sequence[int], schema: pa.Schema | None = None
+    ) -> list[Reservation]:
+        """:meth:`begin_put` of each key with its announced bytes, all or none; ``schema`` is the stream's
+        (every group's), None where it is checked at publish (a same-node put: it is in the segment).
 
         The checks, their order and their errors are :meth:`begin_put`'s, group by group in the order
         given (the first group refused is the one named). They run under one hold of the lock, so a batch
         is admitted whole or not at all; and when every group passes (checked for the batch at once: its
-        epochs, its keys, its slots and its bytes in total), nothing runs per group but making its
-        reservation.
+        epochs, its schema once per job, its keys, its slots and its bytes in total), nothing runs per
+        group but making its reservation.
 
         Raises:
-            StaleFenceError, AlreadyExistsError, CapacityExceededError, InvalidRequestError; nothing stays
-            reserved.
+            StaleFenceError, SchemaError (with ``schema``), AlreadyExistsError, CapacityExceededError,
+            InvalidRequestError; nothing stays reserved.
         """
         if len(keys) != len(announced):
             raise InvalidRequestError(f"begin_puts: {len(announced)} sizes for {len(keys)} groups")
         if not keys:
             return []
+        if schema is not None:
+            self.schema.check(schema)  # as begin_put does, before the lock; the same for every group
         with self._lock:
             stranded = self._stranded()
-            if self._admits_all_locked(keys, announced, stranded):
+            if self._admits_all_locked(keys, announced, stranded, schema):
                 out = [
                     Reservation(self, key, True, nbytes) for key, nbytes in zip(keys, announced, strict=True)
                 ]
@@ -202,7 +207,7 @@ class GroupStore:
             try:
                 for key, nbytes in zip(keys, announced, strict=True):
                     res = Reservation(self, key, counts_group=True)
-                    self._admit_locked(res, None)
+                    self._admit_locked(res, schema)
                     out.append(res)
                     if nbytes:
                         self._capacity.reserve(res, nbytes, stranded)
@@ -213,17 +218,32 @@ class GroupStore:
                 raise
             return out  # pragma: no cover - the check for the batch refuses only what one of these does
 
-    def _admits_all_locked(self, keys: Sequence[Partition], announced: Sequence[int], stranded: int) -> bool:
-        """True when :meth:`begin_puts` admits every group: no epoch fenced, no key stored, being put or
-        named twice, enough group slots, and the bytes fit (each, and in total). Caller holds the lock."""
+    def _admits_all_locked(
+        self,
+        keys: Sequence[Partition],
+        announced: Sequence[int],
+        stranded: int,
+        schema: pa.Schema | None,
+    ) -> bool:
+        """True when :meth:`begin_puts` admits every group: no epoch fenced, the schema fits each job (where
+        given), no key stored, being put or named twice, enough group slots, and the bytes fit (each, and
+        in total). Caller holds the lock."""
         stored, pending = self._groups, self._pending
         if not self._capacity.fits(len(stored) + len(pending), announced, stranded):
             return False
-        return (
+        if not (
             len(set(keys)) == len(keys)
             and not any(key in stored or key in pending for key in keys)
             and self._fences.admits(keys)
-        )
+        ):
+            return False
+        if schema is not None:
+            try:
+                for first in {key.job_id: key for key in keys}.values():  # it depends on the job only
+                    self._fences.check_schema(first, schema)
+            except SchemaError:
+                return False  # admitted one by one, so that the error is the first refused group's
+        return True
 
     def publish(
         self, res: Reservation, batches: Sequence[pa.RecordBatch], schema: pa.Schema, writer: str
@@ -246,17 +266,31 @@ class GroupStore:
     ) -> list[Stored]:
         """Publish several received, validated groups all at once or not at all; consumes reservations.
 
+        With an arena, several groups are placed together (:meth:`ShmStore.place_together`): one
+        segment, one copy. Each group counts what it holds against capacity; where that is more than its
+        reservation, the rest is reserved under one hold of the lock for all of them.
+
         Raises:
-            Like :meth:`publish`; on any error no group of ``items`` becomes visible.
+            Like :meth:`publish`; on any error no group of ``items`` becomes visible (the reservations are
+            the caller's to give back, unless the commit refused: it gives them back).
         """
         groups: list[Stored] = []
         try:
-            for res, batches in items:
-                table, nbytes, seg = self._part(batches, schema)
-                segs = () if seg is None else (seg,)
-                groups.append(StoredGroup(res.key, (table,), (nbytes,), table, writer, self._clock(), segs))
-                if nbytes > res.reserved:
-                    self.reserve_bytes(res, nbytes - res.reserved)
+            if self.shm is not None and len(items) > 1:
+                groups = self.shm.place_together(items, schema, writer)
+            else:
+                for res, batches in items:
+                    table, nbytes, seg = self._part(batches, schema)
+                    segs = () if seg is None else (seg,)
+                    now = self._clock()
+                    groups.append(StoredGroup(res.key, (table,), (nbytes,), table, writer, now, segs))
+            short = [(res, g.nbytes - res.reserved) for (res, _), g in zip(items, groups, strict=True)]
+            short = [(res, n) for res, n in short if n > 0]
+            if short:
+                with self._lock:
+                    stranded = self._stranded()
+                    for res, n in short:
+                        self._capacity.reserve(res, n, stranded)
         except BaseException:
             self._release_parts(groups)
             raise

@@ -132,6 +132,8 @@ def _group(columns: Mapping[str, Any], fixed: _Fixed) -> tuple[int, int]:
                     size = _column(value, type_, rows)
             elif width and kind is np.ndarray and value.ndim == 1:
                 size = value.size * width
+            elif type_ is None and kind is np.ndarray and value.ndim == 1 and value.dtype.kind in "biuf":
+                size = value.nbytes  # an inferred numeric column aliases the array: what _column counts
             elif width and kind is int:
                 size = rows * width + _bits(rows)
             else:
@@ -161,8 +163,12 @@ def _plan(type_: pa.DataType | None) -> _PlanT:
 
 def _extra_plan(name: str, schema: Any) -> _PlanT:
     """A user column's plan: its declared type, or inferred."""
-    declared = isinstance(schema, TrajectorySchema) and name in schema
-    return _plan(schema.field(name).type if declared else None)
+    if isinstance(schema, TrajectorySchema) and name in schema:
+        return _plan(schema.field(name).type)
+    return _INFERRED
+
+
+_INFERRED: _PlanT = (None, 0, 0, False)
 
 
 def _digits_below(n: int) -> int:

@@ -25,11 +25,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from trajflight.codec import TrajectorySchema, validate_group
+from trajflight.codec import TrajectorySchema, validate_group, validate_groups
 from trajflight.errors import CapacityExceededError, InvalidRequestError, NotFoundError, SchemaError
 from trajflight.flight_server._segments import open_segment, serialize_segment
 from trajflight.flight_server._store_records import Reservation, StoredGroup, StoreLimits, fmt_key
@@ -43,8 +42,6 @@ __all__ = ["Puts", "ShmReservation", "ShmStore"]
 
 T = TypeVar("T")
 Stored = StoredGroup[Segment]
-
-_KEY_NAMES = ("job_id", "epoch", "group_id")
 
 
 class Puts(Protocol):
@@ -147,6 +144,37 @@ class ShmStore:
                 self.arena.release(seg)
             raise
         return open_segment(buffer), placed[0].capacity, placed[0]
+
+    def place_together(
+        self,
+        items: Sequence[tuple[Reservation, Sequence[pa.RecordBatch]]],
+        schema: pa.Schema,
+        writer: str,
+    ) -> list[Stored]:
+        """Received groups placed in one segment as one IPC stream of their batches, in order (one copy
+        and one segment write for all, not one per group), as a same-host batch is: each group holds the
+        whole stream as its first part from its first row (sliced on first use), and a share of the
+        segment by the bytes it received (the shares add up to the segment). The segment goes back to the
+        arena with the last of them, so a group kept long keeps the whole segment in tmpfs.
+
+        Raises:
+            CapacityExceededError: tmpfs is full (nothing is kept).
+        """
+        table, capacity, seg = self.place([b for _, batches in items for b in batches], schema)
+        seg.refs = len(items)  # one reference per group, released with each
+        weights = [max(1, res.received) for res, _ in items]
+        total = sum(weights)
+        shares = [capacity * w // total for w in weights]
+        shares[-1] += capacity - sum(shares)
+        now, parts, segments = self._clock(), (table,), (seg,)
+        groups: list[Stored] = []
+        offset = 0
+        for (res, batches), share in zip(items, shares, strict=True):
+            rows = sum(b.num_rows for b in batches)
+            group = StoredGroup(res.key, parts, (share,), None, writer, now, segments, (offset,), (), rows)
+            groups.append(group)
+            offset += rows
+        return groups
 
     def release(self, groups: Iterable[Stored]) -> None:
         """Give dropped groups' segments back to the arena (outside the store's lock)."""
@@ -327,7 +355,7 @@ class ShmStore:
             raise InvalidRequestError(
                 f"shm batch: {table.num_rows} rows written, {sum(rows)} announced; put it again"
             )
-        _validate_shared(table, self._schema, keys, rows)
+        validate_groups(table, self._schema, keys, rows)
         parts, segments = (table,), (seg,)
         out: list[Stored] = []
         offset = 0
@@ -460,54 +488,3 @@ def _validate_each(table: pa.Table, schema: TrajectorySchema, key: Partition) ->
     for batch in table.to_batches():
         if batch.num_rows:
             validate_group(batch, schema, expect=key, full=True)
-
-
-def _holds_keys(column: pa.Array, name: str, keys: Sequence[Partition], rows: Sequence[int]) -> bool:
-    """Whether key column ``name`` (no nulls) holds the keys of groups ``keys`` of ``rows`` rows each, one
-    after another. Raises OverflowError for a key beyond int64 (the caller then checks group by group)."""
-    if name == "job_id":
-        want = pa.array(np.repeat(np.array([k.job_id for k in keys], dtype=object), rows), pa.string())
-        return bool(column.cast(want.type).equals(want))
-    values = np.array([k.epoch for k in keys] if name == "epoch" else [k.group_id for k in keys], np.int64)
-    if column.type == pa.int64():  # the standard type: compared in place, no Arrow array built
-        held = column.to_numpy()  # no nulls: a view of the column's buffer
-        want = np.repeat(values, rows)
-        return held.shape == want.shape and bool((held == want).all())
-    return bool(column.cast(pa.int64()).equals(pa.array(np.repeat(values, rows))))
-
-
-def _validate_shared(
-    table: pa.Table, schema: TrajectorySchema, keys: Sequence[Partition], rows: Sequence[int]
-) -> None:
-    """``validate_group(full=True)`` of every group of a shared stream, in one pass where it is one batch.
-
-    ``validate_group`` checks rows one by one (Arrow validity, schema, nulls, per-token lengths) plus one
-    constant key per batch; so a stream of one batch is validated once with the key columns that vary
-    between groups replaced by constants, and those are compared with the expected per-row keys in one
-    vectorised pass (where every group has one job and epoch, only ``group_id`` varies: ``validate_group``
-    checks the other two against the first key). A stream of several batches, or any failure, is checked
-    group by group, so the error names the group and its own row.
-    """
-    try:
-        batches = table.to_batches()
-        if len(batches) != 1:
-            raise SchemaError("several batches")  # take the per-group path, which copies nothing
-        first, whole = keys[0], batches[0]
-        one_job = all(k.job_id == first.job_id and k.epoch == first.epoch for k in keys)
-        for name in ("group_id",) if one_job else _KEY_NAMES:
-            index = whole.schema.get_field_index(name)
-            column = whole.column(index) if index >= 0 else None
-            if column is not None:
-                # Compared before validate_group sees it (it validates the constants put in its place):
-                # a key column with offsets out of range must never be read.
-                column.validate(full=True)
-            if column is None or column.null_count or not _holds_keys(column, name, keys, rows):
-                raise SchemaError(f"column {name!r} does not match the groups' keys")
-            constant = pa.repeat(pa.scalar(getattr(first, name), type=column.type), whole.num_rows)
-            whole = whole.set_column(index, whole.schema.field(index), constant)
-        validate_group(whole, schema, expect=first, full=True)
-    except (SchemaError, OverflowError, pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
-        offset = 0
-        for key, n in zip(keys, rows, strict=True):  # the precise error, group by group
-            _validate_each(table.slice(offset, n), schema, key)
-            offset += n

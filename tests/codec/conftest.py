@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    # --import-mode=importlib does not put test folders on sys.path: test_validate_many reuses
+    # test_validate's group strategy by name.
+    sys.path.insert(0, _HERE)
 
 
 def ragged(lengths: list[int], dtype: Any, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -92,6 +92,24 @@ def test_a_user_column_keeps_one_type_per_job():
             client.put_groups([(b, make_group(b).append_column("score", pa.array([1] * 8, pa.int64())))])
 
 
+def test_a_put_many_whose_user_column_changes_type_is_refused_whole_naming_its_first_group():
+    """The stream's schema is checked against the job once for the whole put_many, as each group's was."""
+    stored, keys = Partition("job-a", 0, 1), [Partition("job-a", 0, g) for g in (2, 3)]
+
+    def scored(key: Partition, type_: pa.DataType) -> pa.RecordBatch:
+        return make_group(key).append_column("score", pa.array([1] * 8, type_))
+
+    with serving() as (_, client):
+        client.put_groups([(stored, scored(stored, pa.float64()))])
+        with pytest.raises(SchemaError, match=r"group 2\).*one type per column") as info:
+            client.put_groups([(k, scored(k, pa.int64())) for k in keys])
+        assert info.value.column == "score"
+        stats = client.stats()
+        assert (stats["groups"], stats["pending_puts"], stats["reserved_bytes"]) == (1, 0, 0)
+        client.put_groups([(k, scored(k, pa.float64())) for k in keys])  # nothing kept the keys
+        assert client.stats()["groups"] == 3
+
+
 def test_write_size_limit_splits_a_group_into_batches_of_one_put():
     group = make_group(KEY, k=32, response_len=512)
     with serving() as (_, client_unused):

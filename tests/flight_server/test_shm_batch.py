@@ -33,6 +33,7 @@ from trajflight.flight_server import (
     StorageServer,
     StoreLimits,
 )
+from trajflight.flight_server._segments import stream_size
 from trajflight.flight_server._wire import (
     PutDescriptor,
     ShmAbortRequest,
@@ -133,6 +134,29 @@ def test_a_batch_is_reserved_as_one_segment_and_one_reservation_and_read_back_bi
         # The segment goes back with the last of its groups.
         client.delete([GroupRead(k, LeaseToken(1)) for k in KEYS[:2]])
         assert client.stats()["shm"]["live_segments"] == 1
+        client.delete([GroupRead(KEYS[2], LeaseToken(1))])
+        assert client.stats()["shm"]["live_segments"] == 0
+        assert nothing_held(client)
+
+
+def test_a_flight_put_many_is_placed_in_one_segment_that_goes_back_with_its_last_group():
+    """Groups put over Flight in one stream are copied once into one segment (not a segment each), as a
+    same-host batch is: each group reads back its own rows bit-exact, over Flight and mapped, capacity
+    counts the segment once (the groups' shares add up to it), and it goes back with the last group."""
+    groups = [(key, make_group(key, 8, seed=i)) for i, key in enumerate(KEYS)]
+    with serving() as (_, client):
+        client.put_groups(groups, writer="rollout-1")
+        stats = client.stats()
+        assert (stats["groups"], stats["shm"]["live_segments"]) == (3, 1)
+        schema = groups[0][1].schema
+        assert stats["bytes"] == size_class(stream_size(schema, [b for _, b in groups]))
+        for key, batch in groups:
+            assert client.get([key]).equals(pa.Table.from_batches([batch]))
+            assert client.shm_get([key]).equals(pa.Table.from_batches([batch]))
+        assert client.get(KEYS).equals(pa.Table.from_batches([b for _, b in groups]))
+        client.delete([GroupRead(k, LeaseToken(1)) for k in KEYS[:2]])
+        assert client.stats()["shm"]["live_segments"] == 1
+        assert client.get([KEYS[2]]).equals(pa.Table.from_batches([groups[2][1]]))
         client.delete([GroupRead(KEYS[2], LeaseToken(1))])
         assert client.stats()["shm"]["live_segments"] == 0
         assert nothing_held(client)
