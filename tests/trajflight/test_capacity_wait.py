@@ -93,3 +93,34 @@ def test_grants_of_a_waiting_call_whose_reply_was_not_delivered_are_abandoned():
             assert client.counts("j")["ALLOCATED"] == 1
         finally:
             server.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_a_writer_parked_for_capacity_keeps_the_archives_cue_rising(tmp_path):
+    """The archive writes what it holds at once when the count of capacity refusals rises. A writer parked
+    on the controller is refused once and then asks again only when capacity comes back, so every look
+    that finds it parked counts too: the archive holding the commits it waits for flushes them, long
+    before ``archive_flush``."""
+    with trajflight.LocalCluster(
+        servers=1, processes=False, archive=tmp_path, archive_flush=600.0
+    ) as cluster:
+        client = cluster.client()
+        client.open_job("cue", 1, {"capacity_groups": 1, "capacity_retry_after": "600s"})
+        writer = client.writer("cue", 1)
+        put_groups(writer, 1)
+        out: dict[str, Any] = {}
+        thread = threading.Thread(
+            target=lambda: out.update(infos=put_groups(writer, 1, first=1)), daemon=True
+        )
+        thread.start()
+        deadline = time.monotonic() + 20.0
+        while cluster.controller.waiting_for_capacity == 0:
+            assert time.monotonic() < deadline, "the writer never waited on the controller"
+            time.sleep(0.01)
+        looked = cluster._capacity_refusals()
+        assert cluster._capacity_refusals() > looked
+        with client.trainer("cue").lease(1, wait=5) as batch:
+            batch.fetch_table(["reward"])
+        thread.join(25.0)  # the archive wrote and deleted the committed group: its capacity came back
+        assert not thread.is_alive()
+        assert [i.state for i in out["infos"]] == ["READY"]
