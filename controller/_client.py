@@ -225,13 +225,19 @@ class ControllerClient:
         back: the host parks the call and runs it again whenever capacity is released. ``wait`` is cut to
         the deadline less the reply's time (:func:`~._transports.poll_window`); a host parks one poll for
         at most :data:`~trajflight.controller._host.MAX_WAIT` seconds, and a longer ``wait`` is made of
-        several polls. The last refusal is raised when ``wait`` ends; ``wait=0`` asks once."""
+        several polls. The last refusal is raised when ``wait`` ends; ``wait=0`` asks once.
+
+        It asks first as every call does (wait 0): most asks fit, and only a refused one is parked."""
         check_seconds(wait, "wait")
         t = self._t(timeout)
-        if not wait:
+        start = time.monotonic()
+        try:
             return self._run(command, t)
+        except CapacityExceededError:
+            if not wait:
+                raise
         name, kwargs = command.name, command.arguments()
-        start, total, covered = time.monotonic(), poll_window(wait, t), 0.0
+        total, covered = poll_window(wait, t), 0.0
         while True:
             poll = min(total - covered, MAX_WAIT)
             try:

@@ -56,6 +56,12 @@ def _put(client: ControllerClient, n: int) -> list:
     return out
 
 
+def _train(client: ControllerClient, lease) -> None:
+    """Take every group of ``lease`` through prepare, training and commit as batch ``b``."""
+    for step in (client.prepare, client.start_training, client.finish_training, client.commit):
+        step(lease.token, "b")
+
+
 def _wait_for_restart(client: ControllerClient, old_pid: int, timeout: float = 60.0) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -147,13 +153,7 @@ def test_killed_actor_restarts_with_larger_tokens_and_training_groups_unknown(co
 def test_sweeper_in_the_actor_confirms_deletes_and_releases_capacity(controller):
     _put(controller, 3)
     lease = controller.acquire("j", "t", max_groups=3)
-    for step in (
-        controller.prepare,
-        controller.start_training,
-        controller.finish_training,
-        controller.commit,
-    ):
-        step(lease.token, "b")
+    _train(controller, lease)
     deadline = time.monotonic() + 20.0
     while controller.counts("j")["deleted"] < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -258,13 +258,7 @@ def test_a_refused_allocate_with_wait_is_granted_when_the_actors_sweeper_frees_r
     thread.start()
     time.sleep(0.5)  # let it park (granted at once instead, had it come late: the test still holds)
     lease = controller.acquire("k", "t", max_groups=1)
-    for step in (
-        controller.prepare,
-        controller.start_training,
-        controller.finish_training,
-        controller.commit,
-    ):
-        step(lease.token, "b")
+    _train(controller, lease)
     thread.join(15.0)  # below MAX_WAIT: a poll that was not woken would still be parked
     assert not thread.is_alive()
     assert out["grant"].partition.group_id == 1

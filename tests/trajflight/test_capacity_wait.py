@@ -124,3 +124,33 @@ def test_a_writer_parked_for_capacity_keeps_the_archives_cue_rising(tmp_path):
         thread.join(25.0)  # the archive wrote and deleted the committed group: its capacity came back
         assert not thread.is_alive()
         assert [i.state for i in out["infos"]] == ["READY"]
+
+
+def test_a_controller_that_refuses_at_once_is_asked_again_after_its_hint(monkeypatch):
+    """A host that does not wait (it answers a waiting allocate with its refusal at once) is not asked
+    in a busy loop: the writer sleeps the refusal's ``retry_after`` between asks, as it did before."""
+    from trajflight import _writer
+    from trajflight.errors import CapacityExceededError
+
+    class Refusing:
+        def __init__(self) -> None:
+            self.waits: list[float] = []
+
+        def register_writer(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+        def allocate(self, *args: Any, wait: float, timeout: float, **kwargs: Any) -> str:
+            self.waits.append(wait)
+            if len(self.waits) < 3:
+                raise CapacityExceededError("full", retry_after=0.01)
+            return "grant"
+
+    slept: list[float] = []
+    clock = type("WriterTime", (), {"monotonic": staticmethod(time.monotonic), "sleep": slept.append})
+    monkeypatch.setattr(_writer, "time", clock)  # the writer's module only
+    controller = Refusing()
+    session = type("FakeSession", (), {"controller": controller})()
+    writer = _writer.Writer(session, "j", 1, node="n")  # type: ignore[arg-type]
+    assert writer._allocate(100, time.monotonic() + 30.0) == "grant"
+    assert slept == [0.01, 0.01]
+    assert all(w > 0 for w in controller.waits)  # it asked the controller to wait each time
