@@ -20,16 +20,18 @@ from trajflight import _rpc
 from trajflight._control import ControlServer
 from trajflight.controller import ControllerClient, LocalController
 
-from .conftest import put_groups
+from .conftest import put_groups, wait_until
 
 
-@pytest.fixture(params=["in-process", "control-rpc"])
+@pytest.fixture(params=["in-process", "control-socket", "control-flight"])
 def writer_client(request: pytest.FixtureRequest, cluster: trajflight.LocalCluster) -> Iterator[Any]:
-    """The writer's client: the cluster's own (direct calls), or one connected to its control endpoint."""
+    """The writer's client: the cluster's own (direct calls), or one connected to its control endpoint,
+    over the same-host socket or over Flight."""
     if request.param == "in-process":
         yield cluster.client()
         return
-    with trajflight.connect(cluster.address, timeout=30.0) as remote:
+    route = "flight" if request.param == "control-flight" else "auto"
+    with trajflight.connect(cluster.address, timeout=30.0, transport=route) as remote:
         yield remote
 
 
@@ -56,10 +58,7 @@ def test_a_writer_blocked_on_a_full_job_completes_soon_after_the_trainer_commits
 
     thread = threading.Thread(target=put, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20.0
-    while cluster.controller.waiting_for_capacity == 0 and thread.is_alive():
-        assert time.monotonic() < deadline, "the writer never waited on the controller"
-        time.sleep(0.01)
+    wait_until(lambda: cluster.controller.waiting_for_capacity or not thread.is_alive(), "the writer parks")
     assert "error" not in out, out  # refused at once: the hint is far beyond the deadline
     with client.trainer(job).lease(1, wait=5) as batch:
         batch.fetch_table(["reward"])
@@ -113,10 +112,7 @@ def test_a_writer_parked_for_capacity_keeps_the_archives_cue_rising(tmp_path):
             target=lambda: out.update(infos=put_groups(writer, 1, first=1)), daemon=True
         )
         thread.start()
-        deadline = time.monotonic() + 20.0
-        while cluster.controller.waiting_for_capacity == 0:
-            assert time.monotonic() < deadline, "the writer never waited on the controller"
-            time.sleep(0.01)
+        wait_until(lambda: cluster.controller.waiting_for_capacity, "the writer parks")
         looked = cluster._capacity_refusals()
         assert cluster._capacity_refusals() > looked
         with client.trainer("cue").lease(1, wait=5) as batch:
