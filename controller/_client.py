@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from trajflight.errors import NotFoundError
+from trajflight.errors import CapacityExceededError, NotFoundError
 
 from ._checkpoint import checkpoint_seq
 from ._commands import (
@@ -78,7 +78,7 @@ from ._records import (
     PutGrant,
     ServerInfo,
 )
-from ._transports import LocalTransport, RayTransport, Transport
+from ._transports import LocalTransport, RayTransport, Transport, poll_window
 
 __all__ = ["ControllerClient", "connect_ray", "start_ray_controller"]
 
@@ -220,11 +220,57 @@ class ControllerClient:
         return self._run(GetPolicyStatus(job_id=job_id), timeout)
 
     # ------------------------------------------------------------------ partitions
+    def _waiting(self, command: Command[R], wait: float, timeout: float | None) -> R:
+        """Run ``command``, which capacity may refuse, waiting up to ``wait`` seconds for capacity to come
+        back: the host parks the call and runs it again whenever capacity is released. ``wait`` is cut to
+        the deadline less the reply's time (:func:`~._transports.poll_window`); a host parks one poll for
+        at most :data:`~trajflight.controller._host.MAX_WAIT` seconds, and a longer ``wait`` is made of
+        several polls. The last refusal is raised when ``wait`` ends; ``wait=0`` asks once.
+
+        It asks first as every call does (wait 0): most asks fit, and only a refused one is parked."""
+        check_seconds(wait, "wait")
+        t = self._t(timeout)
+        start = time.monotonic()
+        try:
+            return self._run(command, t)
+        except CapacityExceededError:
+            if not wait:
+                raise
+        name, kwargs = command.name, command.arguments()
+        total, covered = poll_window(wait, t), 0.0
+        while True:
+            poll = min(total - covered, MAX_WAIT)
+            try:
+                left = max(0.0, start + t - time.monotonic())
+                out: R = self.transport.invoke(name, kwargs, left, wait=poll)
+                return out
+            except CapacityExceededError:
+                covered += poll
+                if covered >= total:  # at most ceil(wait / MAX_WAIT) polls
+                    raise
+
     def allocate(
-        self, job_id: str, epoch: int, writer_id: str, *, nbytes: int, timeout: float | None = None
+        self,
+        job_id: str,
+        epoch: int,
+        writer_id: str,
+        *,
+        nbytes: int,
+        wait: float = 0.0,
+        timeout: float | None = None,
     ) -> PutGrant:
-        """Next partition, placed, with capacity reserved; CapacityExceededError carries ``retry_after``."""
-        return self._run(Allocate(job_id=job_id, epoch=epoch, writer_id=writer_id, nbytes=nbytes), timeout)
+        """Next partition, placed, with capacity reserved (``Ledger.allocate``).
+
+        Args:
+            wait: Seconds to wait for capacity when it is full: the host parks the call and grants it as
+                soon as capacity is released (cut to the deadline less the reply's time); 0: refuse at once.
+
+        Raises:
+            CapacityExceededError: capacity stayed full for ``wait`` (``retry_after`` set: the job's hint).
+            InvalidRequestError: ``wait`` is not a finite number of seconds >= 0 (or a bad argument).
+        """
+        command = Allocate(job_id=job_id, epoch=epoch, writer_id=writer_id, nbytes=nbytes)
+        return self._waiting(command, wait, timeout)
 
     def allocate_many(
         self,
@@ -233,6 +279,7 @@ class ControllerClient:
         writer_id: str,
         *,
         nbytes: Sequence[int],
+        wait: float = 0.0,
         timeout: float | None = None,
     ) -> list[PutGrant]:
         """Next partitions for several groups in one controller operation (``Ledger.allocate_many``).
@@ -245,19 +292,20 @@ class ControllerClient:
 
         Args:
             nbytes: Bytes to reserve for each group; a non-empty list of positive ints.
+            wait: Seconds to wait, as :meth:`allocate` waits, while not even the first group fits.
 
         Returns:
             At least one grant, in the order of ``nbytes``.
 
         Raises:
-            CapacityExceededError: not even the first group fits (``retry_after`` set).
+            CapacityExceededError: not even the first group fits, and did not within ``wait``
+                (``retry_after`` set).
             InvalidRequestError: ``nbytes`` is empty, or a size is not positive or exceeds
                 ``max_group_bytes``; nothing was granted.
             StaleFenceError, NotFoundError, InvalidStateError: as for :meth:`allocate`.
         """
-        return self._run(
-            AllocateMany(job_id=job_id, epoch=epoch, writer_id=writer_id, nbytes=nbytes), timeout
-        )
+        command = AllocateMany(job_id=job_id, epoch=epoch, writer_id=writer_id, nbytes=nbytes)
+        return self._waiting(command, wait, timeout)
 
     def publish(
         self,

@@ -64,4 +64,5 @@ def open_job(
         if g.state is ALLOCATED or (g.state is READY and drop):
             groups.to_gc(g, DROPPED, now)
     jobs.start_epoch(job, epoch, cfg)
+    groups.capacity_changed()  # a new configuration; writers of the fenced epoch learn it as they retry
     return cfg

@@ -6,8 +6,11 @@ its delete is confirmed. :class:`Groups` keeps those in step: every change of a 
 through it. It also answers for an operator's ``resolve`` of UNKNOWN groups.
 
 ``ready_version`` grows whenever a group becomes READY (or a hold on acquirers may have lifted): hosts
-wake long-polling acquirers on a change. It does not decide *when* a group changes state; the ledger's
-other collaborators do, and pass ``now`` where a change schedules work.
+wake long-polling acquirers on a change. ``capacity_version`` grows whenever capacity comes back (a delete
+confirmed, a reservation given back, or capacity added): hosts wake writers waiting for capacity.
+
+It does not decide *when* a group changes state; the ledger's other collaborators do, and pass ``now``
+where a change schedules work.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ class Groups:
         servers: The servers they are placed on (charged and refunded here).
     """
 
-    __slots__ = ("_columns", "_jobs", "_servers", "ready_version", "table")
+    __slots__ = ("_columns", "_jobs", "_servers", "capacity_version", "ready_version", "table")
 
     def __init__(self, jobs: Jobs, servers: Servers) -> None:
         self.table: dict[Partition, _Group] = {}
@@ -45,6 +48,8 @@ class Groups:
         self._columns: dict[frozenset[str], tuple[str, ...]] = {}
         self.ready_version = 0
         """Incremented whenever a group becomes READY: hosts wake long-polling acquirers on a change."""
+        self.capacity_version = 0
+        """Incremented whenever capacity may have come back: hosts wake writers waiting for capacity."""
 
     def new_job(self, job_id: str, epoch: int, cfg: JobConfig) -> _Job:
         """A job record whose READY index knows which of its entries still stand for READY groups."""
@@ -59,6 +64,10 @@ class Groups:
     def changed(self) -> None:
         """Tell hosts that acquirers should look again (a hold may have lifted)."""
         self.ready_version += 1
+
+    def capacity_changed(self) -> None:
+        """Tell hosts that writers refused for capacity should ask again (capacity was added or freed)."""
+        self.capacity_version += 1
 
     # ------------------------------------------------------------------ the table
     def add(self, job: _Job, g: _Group) -> None:
@@ -84,12 +93,15 @@ class Groups:
         server.used_groups -= 1
         job.used_bytes -= g.nbytes
         job.used_groups -= 1
+        self.capacity_version += 1
         return g
 
     def give_back(self, job: _Job, g: _Group, nbytes: int) -> None:
         """Refund ``nbytes`` of ``g``'s reservation (a publication smaller than its grant)."""
         self._servers.by_id[g.server_id].used_bytes -= nbytes
         job.used_bytes -= nbytes
+        if nbytes:
+            self.capacity_version += 1
 
     # ------------------------------------------------------------------ state changes
     def set_state(self, g: _Group, state: GroupState) -> None:

@@ -11,7 +11,14 @@ client polls again, see ``ControllerClient.acquire``). It is woken and answered 
 :class:`~trajflight.errors.UnavailableError` when the controller closes, and gives up (granting nothing,
 or releasing what it had just been granted) as soon as its caller is gone (``abandoned``).
 
-It does not guarantee fairness between long-polling acquirers (whoever wakes first takes the groups).
+A call refused for capacity may wait too (``run(..., wait=)``, the route of a writer's ``allocate`` and
+``allocate_many``): it is parked, asked again whenever the ledger's ``capacity_version`` moves (a delete
+confirmed, a reservation given back, a server added), for at most :data:`MAX_WAIT` seconds, and then
+answered with the refusal it got last. It is answered with UnavailableError when the controller closes or
+its caller is gone (``abandoned``), and gives back the grants it was made as its caller left.
+
+It does not guarantee fairness between long-polling acquirers (whoever wakes first takes the groups), nor
+between writers waiting for capacity.
 """
 
 from __future__ import annotations
@@ -24,10 +31,11 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
-from trajflight.errors import DeadlineExceededError, TrajflightError, UnavailableError
+from trajflight.errors import CapacityExceededError, DeadlineExceededError, TrajflightError, UnavailableError
 
 from ._checkpoint import checkpoint_seq
 from ._commands import (
+    Abandon,
     Checkpoint,
     Command,
     ConfirmCheckpoint,
@@ -45,7 +53,7 @@ from ._entries import check_seconds
 from ._fences import run_fences
 from ._files import read_file, write_atomic
 from ._metrics import ControllerMetrics
-from ._records import DeleteWork, FenceWork, Lease
+from ._records import DeleteWork, FenceWork, Lease, PutGrant
 
 __all__ = ["MAX_WAIT", "POLL_CHECK", "LocalController", "check_timeout"]
 
@@ -54,10 +62,11 @@ Deleter = Callable[[DeleteWork], None]
 Fencer = Callable[[Sequence[FenceWork]], None]
 
 MAX_WAIT = 20.0
-"""Longest one long-polling ``acquire`` waits on a host (seconds); a longer ``wait`` is cut to it."""
+"""Longest one long-polling call (``acquire``, or one waiting for capacity) waits on a host (seconds); a
+longer ``wait`` is cut to it."""
 
 POLL_CHECK = 0.1
-"""How often a parked ``acquire`` looks whether its caller is gone (seconds)."""
+"""How often a parked call looks whether its caller is gone (seconds)."""
 
 
 def check_timeout(timeout: object) -> float | None:
@@ -110,6 +119,7 @@ class LocalController:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._parked = 0
+        self._waiting_for_capacity = 0
         self._core.metrics.watch(self._figures)
         if start:
             self.start()
@@ -156,6 +166,11 @@ class LocalController:
         """Long-polling acquires parked right now (for operators and tests)."""
         return self._parked
 
+    @property
+    def waiting_for_capacity(self) -> int:
+        """Calls parked right now until capacity comes back (for operators and tests)."""
+        return self._waiting_for_capacity
+
     def __enter__(self) -> LocalController:
         self.start()
         return self
@@ -191,25 +206,103 @@ class LocalController:
         """
         return self.run(parse(method, kwargs or {}), timeout=timeout)
 
-    def run(self, command: Command[R], *, timeout: float | None = None) -> R:
+    def run(
+        self,
+        command: Command[R],
+        *,
+        timeout: float | None = None,
+        wait: float = 0.0,
+        abandoned: Callable[[], bool] | None = None,
+    ) -> R:
         """Run one command (``now`` is supplied by the host) before ``timeout`` seconds.
 
+        With ``wait`` (seconds, cut to ``timeout`` and to :data:`MAX_WAIT`), a command refused for capacity
+        is parked and run again whenever capacity comes back, until it is not refused or ``wait`` ends (then
+        the last refusal is raised). ``abandoned`` (checked every :data:`POLL_CHECK` seconds while parked,
+        and right after a grant) says that its caller is gone: the put grants of a command that succeeded
+        as it left are abandoned at once. ``wait=0`` runs the command once, as every other call does.
+
         Raises:
+            CapacityExceededError: refused for capacity, and none came back within ``wait``.
             DeadlineExceededError: the lock was not obtained in time (the call did not run).
-            UnavailableError: the controller is closed.
-            InvalidRequestError: ``timeout`` is not ``None`` or a finite number >= 0.
+            UnavailableError: the controller is closed (or closed while the call was parked), or the
+                caller is gone (nothing was granted to it).
+            InvalidRequestError: ``timeout`` or ``wait`` is not a finite number >= 0.
             TrajflightError: whatever the ledger raised.
         """
         timeout = check_timeout(timeout)
-        deadline = None if timeout is None else time.monotonic() + timeout
+        wait = min(check_seconds(wait, "wait"), MAX_WAIT)
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
         self._lock(deadline)
         try:
-            before = self._core.ledger.ready_version
-            try:
-                return self._core.run(command)
-            finally:
-                if self._core.ledger.ready_version != before:
-                    self._cond.notify_all()
+            if not wait:
+                return self._apply(command)
+            return self._await_capacity(
+                command, start + (wait if timeout is None else min(wait, timeout)), abandoned
+            )
+        finally:
+            self._cond.release()
+
+    def _versions(self) -> tuple[int, int]:
+        ledger = self._core.ledger
+        return ledger.ready_version, ledger.capacity_version
+
+    def _apply(self, command: Command[R]) -> R:
+        """Run ``command`` (lock held) and wake parked calls when groups became READY or capacity freed."""
+        before = self._versions()
+        try:
+            return self._core.run(command)
+        finally:
+            if self._versions() != before:
+                self._cond.notify_all()
+
+    def _await_capacity(self, command: Command[R], end: float, abandoned: Callable[[], bool] | None) -> R:
+        """Run ``command`` (lock held) until capacity does not refuse it, parked between tries until the
+        ledger's capacity version moves, at most until ``end`` (monotonic)."""
+        self._waiting_for_capacity += 1
+        try:
+            while True:
+                seen = self._core.ledger.capacity_version
+                try:
+                    result = self._apply(command)
+                except CapacityExceededError:
+                    while self._core.ledger.capacity_version == seen:
+                        self._check_caller(abandoned)
+                        remaining = end - time.monotonic()
+                        if remaining <= 0:
+                            raise
+                        self._cond.wait(remaining if abandoned is None else min(remaining, POLL_CHECK))
+                    self._check_caller(abandoned)
+                    continue
+                if abandoned is not None and abandoned():
+                    self._abandon_grants(result)
+                    self._check_caller(abandoned)
+                return result
+        finally:
+            self._waiting_for_capacity -= 1
+
+    def _check_caller(self, abandoned: Callable[[], bool] | None) -> None:
+        """Raise UnavailableError when the controller closed or a parked call's caller is gone."""
+        if self._closed:
+            raise UnavailableError("the controller is shutting down; connect to its successor and put again")
+        if abandoned is not None and abandoned():
+            raise UnavailableError("the caller left (or its server is shutting down); nothing was granted")
+
+    def _abandon_grants(self, result: object) -> None:
+        """Give up the put grants in ``result`` (a grant or a list of them) of a caller that left; call
+        with the lock held."""
+        for grant in result if isinstance(result, list) else [result]:
+            if isinstance(grant, PutGrant):
+                with contextlib.suppress(TrajflightError):  # published or dropped meanwhile: nothing to give
+                    self._apply(Abandon(partition=grant.partition, token=grant.token))
+
+    def abandon_grants(self, result: object, *, timeout: float | None = None) -> None:
+        """Give up at once the put grants in ``result`` (a grant or a list of them) made to a caller that
+        is gone before it got them (a reply that could not be delivered); anything else is left alone."""
+        self._lock(None if timeout is None else time.monotonic() + timeout)
+        try:
+            self._abandon_grants(result)
         finally:
             self._cond.release()
 
@@ -255,7 +348,7 @@ class LocalController:
                     return None
                 if command is None:
                     command = parse("acquire", kwargs)
-                lease = self._core.run(command)
+                lease = self._apply(command)
                 if lease is not None and abandoned is not None and abandoned():
                     self._give_back(lease)
                     return None
@@ -321,12 +414,12 @@ class LocalController:
         with self._cond:
             if self._closed:
                 return 0
-            before = self._core.ledger.ready_version
+            before = self._versions()
             self._core.run(Tick())
             self._core.sample_timeline()
             work = self._core.run(TakeDeletes(limit=self._delete_batch))
             fences = self._core.run(TakeFences(limit=self._delete_batch))
-            if self._core.ledger.ready_version != before:
+            if self._versions() != before:
                 self._cond.notify_all()
         held = self._batch_deleter is not None and self._batch_deleter.pending > 0
         if not work and not fences and not held:
@@ -338,12 +431,15 @@ class LocalController:
                 return (
                     0  # closed meanwhile: the journal is gone; the work is handed out again after a restart
                 )
+            before = self._versions()
             for item, ok, error in results:
                 self._core.run(DeleteDone(partition=item.partition, ok=ok, error=error))
             for fence, ok, error in fenced:
                 self._core.run(
                     FenceDone(partition=fence.partition, generation=fence.generation, ok=ok, error=error)
                 )
+            if self._versions() != before:  # confirmed deletes freed capacity (or unparked groups)
+                self._cond.notify_all()
         return len(work) + len(fences) + (len(results) if held else 0)
 
     def timeline(self) -> list[dict[str, Any]]:

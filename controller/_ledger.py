@@ -94,6 +94,12 @@ class Ledger:
         """Incremented whenever a group becomes READY: hosts wake long-polling acquirers on a change."""
         return self._groups.ready_version
 
+    @property
+    def capacity_version(self) -> int:
+        """Incremented whenever capacity may have come back (a delete confirmed, a reservation given back,
+        a server registered or resized, a job's epoch or restore): hosts wake writers waiting for it."""
+        return self._groups.capacity_version
+
     def _advance(self, now: float) -> float:
         if now > self._now:
             self._now = float(now)
@@ -128,6 +134,7 @@ class Ledger:
         check_int(capacity_bytes, "capacity_bytes")
         check_int(capacity_groups, "capacity_groups")
         server, known = self._servers.register(server_id, node, location, capacity_bytes, capacity_groups)
+        self._groups.capacity_changed()
         if known:
             self._groups.unpark(self._upkeep.reach.reached(server_id))
         return server.info()

@@ -3,9 +3,12 @@
 The actor runs on an asyncio loop: each ledger call runs to completion between two awaits (so calls are
 serialised without a lock) and a long-polling ``acquire`` awaits an event instead of blocking, so other
 callers proceed while it waits, for at most :data:`~._host.MAX_WAIT` seconds (a longer ``wait`` is cut
-to it; the client polls again). :meth:`ControllerActor.close` answers parked acquires with
-UnavailableError before the actor is killed. A sweeper task applies expiries as they fall due and runs
-deletes and fences through the injected ``deleter`` and ``fencer`` in a worker thread.
+to it; the client polls again); an ``invoke`` with a ``wait`` refused for capacity awaits the same event
+and runs again whenever the ledger's ``capacity_version`` moves (``LocalController.run``). A caller that
+gives up (the client's deadline cancels the call) is cancelled at its await, granted nothing.
+:meth:`ControllerActor.close` answers parked calls with UnavailableError before the actor is killed. A
+sweeper task applies expiries as they fall due and runs deletes and fences through the injected
+``deleter`` and ``fencer`` in a worker thread.
 
 Metrics: the actor keeps the controller's Prometheus registry (``controller._metrics``) as the in-process
 host does, and serves it through the endpoint the injected ``metrics`` factory makes (``info`` names its
@@ -36,7 +39,7 @@ from typing import Any, Protocol, TypeVar
 from prometheus_client import CollectorRegistry
 
 from trajflight import logs
-from trajflight.errors import TrajflightError, UnavailableError
+from trajflight.errors import CapacityExceededError, TrajflightError, UnavailableError
 
 from ._checkpoint import checkpoint_seq
 from ._commands import (
@@ -159,11 +162,12 @@ class ControllerActor:
 
     def _apply(self, command: Command[R]) -> R:
         event = self._ensure_started()
-        before = self._core.ledger.ready_version
+        ledger = self._core.ledger
+        before = ledger.ready_version, ledger.capacity_version
         try:
             return self._core.run(command)
         finally:
-            if self._core.ledger.ready_version != before:
+            if (ledger.ready_version, ledger.capacity_version) != before:
                 event.set()
                 self._changed = asyncio.Event()
 
@@ -180,13 +184,38 @@ class ControllerActor:
     async def _read_figures(self) -> dict[str, Any]:
         return self._core.run(Figures())
 
-    async def invoke(self, method: str, kwargs: dict[str, Any]) -> Reply:
+    async def invoke(self, method: str, kwargs: dict[str, Any], wait: float = 0.0) -> Reply:
         """Run one client operation (a command of route ``CALL``); reply ``("ok", result)`` or
-        ``("err", TrajflightError)``."""
+        ``("err", TrajflightError)``. With ``wait`` (seconds, at most :data:`~._host.MAX_WAIT`), one
+        refused for capacity awaits capacity and runs again whenever some is released, until ``wait``
+        ends (then the last refusal is the reply)."""
         try:
-            return ("ok", self._apply(client_call(method, kwargs)))
+            command = client_call(method, kwargs)
+            wait = min(check_seconds(wait, "wait"), MAX_WAIT)
+            return ("ok", await self._await_capacity(command, time.monotonic() + wait))
         except TrajflightError as exc:
             return ("err", exc)
+
+    async def _await_capacity(self, command: Command[R], end: float) -> R:
+        """Run ``command`` until capacity does not refuse it, awaiting a release between tries, at most
+        until ``end`` (monotonic; in the past: one try)."""
+        ledger = self._core.ledger
+        while True:
+            seen = ledger.capacity_version
+            try:
+                return self._apply(command)
+            except CapacityExceededError:
+                while ledger.capacity_version == seen:
+                    remaining = end - time.monotonic()
+                    if self._closing:
+                        raise UnavailableError(
+                            "the controller is shutting down; put again once it is back"
+                        ) from None
+                    if remaining <= 0:
+                        raise
+                    event = self._ensure_started()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(event.wait(), remaining)
 
     async def invoke_many(self, calls: list[tuple[str, dict[str, Any]]]) -> list[Reply]:
         """Run several client operations in order, in one actor call (each reply as for :meth:`invoke`)."""

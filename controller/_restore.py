@@ -203,6 +203,7 @@ def restore_job(
         if key not in known:
             _purge(parts, job, item, now)
     parts.groups.changed()
+    parts.groups.capacity_changed()  # a new epoch and configuration
 
 
 def _lose(parts: Parts, job: _Job, g: _Group, reason: str, now: float) -> None:

@@ -3,7 +3,8 @@
 A transport carries one command as its operation name and keyword arguments (the form the Flight wire and
 the journal use too; the host parses it back into its command, :mod:`._commands`), plus the three client
 operations the hosts serve with methods of their own: the long-polling ``acquire``, ``checkpoint`` and
-``restore`` (the client passes bytes: it writes and reads checkpoint files in its own process). Errors
+``restore`` (the client passes bytes: it writes and reads checkpoint files in its own process). A call
+may carry a ``wait``: the host parks it while capacity refuses it (``LocalController.run``). Errors
 are the ledger's own classes, plus :class:`~trajflight.errors.DeadlineExceededError` and, for Ray,
 :class:`~trajflight.errors.UnavailableError` (the actor is gone or restarting; a call may have run
 although it failed, as with any Ray actor call).
@@ -20,14 +21,21 @@ from ._host import LocalController
 from ._ray_host import import_ray
 from ._records import Lease
 
-__all__ = ["LocalTransport", "RayTransport", "Transport"]
+__all__ = ["LocalTransport", "RayTransport", "Transport", "poll_window"]
+
+
+def poll_window(wait: float, timeout: float) -> float:
+    """The part of ``wait`` a host may park a call of deadline ``timeout`` (seconds) for: it leaves the
+    reply a quarter of the deadline (at most 1 s) to arrive, so that "nothing came" is the host's answer
+    rather than a deadline error."""
+    return min(wait, max(0.0, timeout - min(1.0, timeout / 4)))
 
 
 class Transport(Protocol):
     """How a :class:`ControllerClient` reaches its host."""
 
-    def invoke(self, method: str, kwargs: dict[str, Any], timeout: float) -> Any:
-        """Run one ledger call; raise typed errors."""
+    def invoke(self, method: str, kwargs: dict[str, Any], timeout: float, wait: float = 0.0) -> Any:
+        """Run one ledger call, parked up to ``wait`` seconds while capacity refuses it; typed errors."""
         ...
 
     def acquire(self, kwargs: dict[str, Any], wait: float, timeout: float) -> Lease | None:
@@ -49,9 +57,10 @@ class LocalTransport:
     def __init__(self, host: LocalController) -> None:
         self.host = host
 
-    def invoke(self, method: str, kwargs: dict[str, Any], timeout: float) -> Any:
-        """Run one client operation (a command of route ``CALL``) on the local host."""
-        return self.host.run(client_call(method, kwargs), timeout=timeout)
+    def invoke(self, method: str, kwargs: dict[str, Any], timeout: float, wait: float = 0.0) -> Any:
+        """Run one client operation (a command of route ``CALL``) on the local host, parked up to ``wait``
+        seconds while capacity refuses it."""
+        return self.host.run(client_call(method, kwargs), timeout=timeout, wait=wait)
 
     def acquire(self, kwargs: dict[str, Any], wait: float, timeout: float) -> Lease | None:
         """Long-poll acquire on the local host; ``wait`` is cut to ``timeout``."""
@@ -92,9 +101,10 @@ class RayTransport:
             raise value
         return value
 
-    def invoke(self, method: str, kwargs: dict[str, Any], timeout: float) -> Any:
-        """Run one ledger call in the actor; raise the ledger's error, a deadline or an unavailable host."""
-        return self._get(self.actor.invoke.remote(method, kwargs), timeout)
+    def invoke(self, method: str, kwargs: dict[str, Any], timeout: float, wait: float = 0.0) -> Any:
+        """Run one ledger call in the actor, parked up to ``wait`` seconds while capacity refuses it; raise
+        the ledger's error, a deadline or an unavailable host."""
+        return self._get(self.actor.invoke.remote(method, kwargs, poll_window(wait, timeout)), timeout)
 
     def invoke_many(self, calls: list[tuple[str, dict[str, Any]]], timeout: float) -> list[Any]:
         """Run several calls in one actor round trip; return each result, or raise the first error."""
@@ -120,9 +130,9 @@ class RayTransport:
 
     def acquire(self, kwargs: dict[str, Any], wait: float, timeout: float) -> Lease | None:
         """Long-poll acquire in the actor (other callers proceed while it waits)."""
-        # Leave the reply time to arrive before the deadline, so that "nothing came" is None, not a timeout.
-        wait = min(wait, max(0.0, timeout - min(1.0, timeout / 4)))
-        result: Lease | None = self._get(self.actor.acquire.remote(kwargs, wait), timeout)
+        result: Lease | None = self._get(
+            self.actor.acquire.remote(kwargs, poll_window(wait, timeout)), timeout
+        )
         return result
 
     def checkpoint(self, job_id: str, path: str | None, timeout: float) -> bytes:

@@ -148,6 +148,7 @@ class LocalCluster:
         self.node = host_id()
         self.server_locations: list[str] = []
         self._procs: list[subprocess.Popen[str]] = []
+        self._parked_looks = 0
         self._threads: list[Any] = []
         self._logs: list[IO[bytes]] = []
         self._logdir: tempfile.TemporaryDirectory[str] | None = None
@@ -237,9 +238,15 @@ class LocalCluster:
         )
 
     def _capacity_refusals(self) -> int:
-        """Writers refused for capacity so far (the archive's cue to write its held groups at once)."""
+        """Writers refused for capacity so far (the archive's cue to write its held groups at once), plus
+        one for every look that finds a writer parked on the controller until capacity comes back: it is
+        refused all the while, but asks again only when capacity is released, which the held groups do."""
         controller = self.controller
-        return 0 if controller is None else controller.metrics.refusals()["capacity"]
+        if controller is None:
+            return 0
+        self._parked_looks += controller.waiting_for_capacity > 0
+        refused: int = controller.metrics.refusals()["capacity"]
+        return refused + self._parked_looks
 
     def _close_archive(self) -> None:
         """Stop the archive's worker and pool (what it held stays on the GC list: a successor archives

@@ -9,8 +9,9 @@ derives from the controller's declared commands (``trajflight.controller.COMMAND
 
 Actions (``do_action`` type -> JSON body -> one result):
 
-* ``call``: ``{"method", "kwargs", "timeout"}`` -> the ledger's answer; only the client operations in
-  :data:`CALLS` (the commands of route ``CALL``) are served (no internal ledger method is reachable).
+* ``call``: ``{"method", "kwargs", "timeout", "wait"?}`` -> the ledger's answer; only the client operations
+  in :data:`CALLS` (the commands of route ``CALL``) are served (no internal ledger method is reachable).
+  With ``wait`` a call refused for capacity is parked until capacity comes back (``LocalController.run``).
 * ``acquire``: ``{"kwargs", "wait", "timeout"}`` -> a lease or null (long poll; other calls proceed).
 * ``checkpoint``: ``{"job_id", "timeout"}`` -> bytes; ``restore``: ``{"source", "kwargs", ...}`` with the
   checkpoint's bytes as ``source``. A ``path`` to write or a ``source`` path to read is refused: the
@@ -39,7 +40,8 @@ characters of what the caller sent.
 A long-polling ``acquire`` is parked at most :data:`~trajflight.controller._host.MAX_WAIT` seconds. It
 gives up as soon as its caller is gone (the call is cancelled: a killed trainer), and a lease granted to a
 caller that left before the reply was delivered is released at once, so a dead poll never holds groups
-until their TTL. :meth:`ControlServer.shutdown` answers parked acquires with UnavailableError first, so
+until their TTL. A call waiting for capacity is held to the same rules: its put grants go back at once
+when its caller left. :meth:`ControlServer.shutdown` answers parked calls with UnavailableError first, so
 it never waits them out.
 
 It does not bind a lease to the identity that acquired it: a trainer of a job may act on any lease
@@ -246,14 +248,14 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
     def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> Any:
         kind = action.type
         with server_errors(f"controller action {brief(kind)}"):
-            payload, lease = self._respond(
+            payload, granted = self._respond(
                 kind, action.body.to_pybytes(), call_claims(context), context.is_cancelled
             )
-        if lease is not None:
-            if context.is_cancelled():  # the caller left while it was granted: give the groups back
-                self.controller.release_abandoned(lease, timeout=5.0)
+        if granted is not None:
+            if context.is_cancelled():  # the caller left while it was granted: give it all back
+                self._give_back(granted)
                 return []
-            return self._deliver(lease, payload)
+            return self._deliver(granted, payload)
         return [payload]
 
     def _local_action(self, kind: str, body: bytearray, payload: bytearray, claims: Claims | None) -> bytes:
@@ -271,17 +273,18 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
                 raise InvalidRequestError(
                     f"controller action {brief(kind)} takes no payload", field="payload"
                 )
-            answer, lease = self._respond(kind, bytes(body), claims, gone)
-        if lease is not None and gone():  # as over Flight: a lease nobody will receive goes back at once
-            self.controller.release_abandoned(lease, timeout=5.0)
+            answer, granted = self._respond(kind, bytes(body), claims, gone)
+        if granted is not None and gone():  # as over Flight: a grant nobody will receive goes back at once
+            self._give_back(granted)
             return _rpc.dumps(None)
         return answer
 
     def _respond(
         self, kind: str, raw: bytes, claims: Claims | None, gone: Callable[[], bool]
-    ) -> tuple[bytes, Lease | None]:
+    ) -> tuple[bytes, Any]:
         """The answer to action ``kind`` with body ``raw`` from a caller holding ``claims`` (``gone``: whether
-        that caller left, for a long poll), and the lease it grants (``acquire``) if any.
+        that caller left, for a long poll), and what a long poll granted if anything: the lease of an
+        ``acquire``, the put grants of a ``call`` that waited for capacity.
 
         Raises:
             TrajflightError: bounded (:func:`_bounded`); the endpoint turns it into its wire error.
@@ -303,18 +306,27 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
             payload = _rpc.dumps(result)
         except TrajflightError as exc:
             raise _bounded(exc) from exc
-        return payload, result if kind == "acquire" else None
+        polled = kind == "acquire" or (kind == "call" and body.get("wait"))
+        return payload, result if polled else None
 
-    def _deliver(self, lease: Lease, payload: bytes) -> Iterator[bytes]:
-        """Send a granted lease; release it at once when the reply cannot be delivered (the caller is gone:
-        Flight stops iterating after a failed write, and this generator is closed without resuming)."""
+    def _give_back(self, granted: Any) -> None:
+        """Give back what a long poll granted a caller that is gone: a lease, or a waiting call's grants."""
+        if isinstance(granted, Lease):
+            self.controller.release_abandoned(granted, timeout=5.0)
+        else:
+            self.controller.abandon_grants(granted, timeout=5.0)
+
+    def _deliver(self, granted: Any, payload: bytes) -> Iterator[bytes]:
+        """Send a long poll's grant (a lease, or put grants); give it back at once when the reply cannot be
+        delivered (the caller is gone: Flight stops iterating after a failed write, and this generator is
+        closed without resuming)."""
         delivered = False
         try:
             yield payload
             delivered = True
         finally:
             if not delivered:
-                self.controller.release_abandoned(lease, timeout=5.0)
+                self._give_back(granted)
 
     def _dispatch(
         self, kind: str, body: dict[str, Any], gone: Callable[[], bool], claims: Claims | None
@@ -326,7 +338,9 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
         if kind == "token":
             return self._mint(body, claims).reveal()
         if kind == "call":
-            return self._call(body.get("method"), body.get("kwargs") or {}, timeout, claims)
+            command = self._authorized(body.get("method"), body.get("kwargs") or {}, claims)
+            wait = check_seconds(body.get("wait", 0.0), "wait")
+            return self._run(command, timeout, wait, lambda: self._closing or gone())
         if kind == "many":
             calls = body.get("calls")
             if not isinstance(calls, list) or not all(
@@ -480,12 +494,15 @@ class ControlServer(flight.FlightServerBase):  # type: ignore[misc]  # pyarrow h
             return [self.controller.call("lease_job", {"token": args["token"]}, timeout=None)]
         return []
 
-    def _call(self, method: Any, kwargs: dict[str, Any], timeout: float | None, claims: Claims | None) -> Any:
-        return self._run(self._authorized(method, kwargs, claims), timeout)
-
-    def _run(self, command: Command[Any], timeout: float | None) -> Any:
+    def _run(
+        self,
+        command: Command[Any],
+        timeout: float | None,
+        wait: float = 0.0,
+        abandoned: Callable[[], bool] | None = None,
+    ) -> Any:
         method = command.name
-        result = self.controller.run(command, timeout=timeout)
+        result = self.controller.run(command, timeout=timeout, wait=wait, abandoned=abandoned)
         published = result.groups if method == "publish_ahead" else result
         if method in _COUNTED:
             self._count(_COUNTED[method], len(published) if isinstance(published, tuple | list) else 1)

@@ -151,8 +151,9 @@ class FlightTransport:
         token = self._action("token", body, timeout)
         return Credential(str(token))
 
-    def invoke(self, method: str, kwargs: dict[str, Any], timeout: float) -> Any:
-        return self._action("call", {"method": method, "kwargs": kwargs}, timeout)
+    def invoke(self, method: str, kwargs: dict[str, Any], timeout: float, wait: float = 0.0) -> Any:
+        body = {"method": method, "kwargs": kwargs, **({"wait": wait} if wait else {})}
+        return self._action("call", body, timeout)
 
     def invoke_many(self, calls: list[tuple[str, dict[str, Any]]], timeout: float) -> list[Any]:
         """Run several operations in one round trip (stops at the first error, which is raised)."""

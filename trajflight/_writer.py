@@ -9,7 +9,9 @@ servers store the groups; one controller operation publishes them, charged what 
 of a writer made with ``grant_ahead=True``, the same operation grants its next partition ahead,
 :mod:`trajflight._ahead`, so that a steady-state put makes one controller call). When capacity
 is full the put waits up to its deadline, then raises :class:`~trajflight.errors.CapacityExceededError`
-(backpressure, never an unbounded queue).
+(backpressure, never an unbounded queue): it waits on the controller (``allocate(wait=...)``), which
+grants it as soon as capacity is released; a controller that refuses at once is asked again after its
+``retry_after`` hint.
 
 It does not retry: a put that fails after its partitions were granted leaves them to expire (the job's
 ``grant_ttl``), and the groups already stored with them are deleted then; the caller puts again.
@@ -21,8 +23,8 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -42,6 +44,8 @@ from trajflight.errors import (
 from trajflight.keys import Partition
 
 __all__ = ["Writer"]
+
+T = TypeVar("T")
 
 
 def _stored_bytes(batch: pa.RecordBatch) -> int:
@@ -224,37 +228,60 @@ class Writer:
 
     def _allocate(self, nbytes: int, deadline: float) -> PutGrant:
         """A placed partition from the controller, waiting for capacity until ``deadline``."""
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise DeadlineExceededError(f"put of a group to job {self.job_id!r} did not finish in time")
-            try:
-                return self.session.controller.allocate(
-                    self.job_id, self.epoch, self.writer_id, nbytes=nbytes, timeout=remaining
-                )
-            except CapacityExceededError as exc:
-                time.sleep(_capacity_wait(exc, deadline))
+        controller = self.session.controller
+        return self._waiting(
+            lambda wait, timeout: controller.allocate(
+                self.job_id, self.epoch, self.writer_id, nbytes=nbytes, wait=wait, timeout=timeout
+            ),
+            deadline,
+        )
 
     def _allocate_many(self, sizes: Sequence[int], deadline: float) -> list[PutGrant]:
         """Placed partitions for groups of ``sizes``, in order, waiting for capacity until ``deadline``.
 
         One controller operation grants every group that fits. When capacity runs out part way, the rest
-        is asked for again at once: capacity may have come back meanwhile; if not, the refusal carries the
-        job's ``retry_after`` and the put waits as :meth:`_allocate` does. Grants already made are held
-        while it waits (they expire ``grant_ttl`` after they were made).
+        is asked for again at once: capacity may have come back meanwhile; if not, the controller holds
+        the call until it does, as for :meth:`_allocate`. Grants already made are held while it waits
+        (they expire ``grant_ttl`` after they were made).
         """
+        controller = self.session.controller
         grants: list[PutGrant] = []
+
+        def rest(wait: float, timeout: float) -> list[PutGrant]:
+            out: list[PutGrant] = controller.allocate_many(
+                self.job_id,
+                self.epoch,
+                self.writer_id,
+                nbytes=sizes[len(grants) :],
+                wait=wait,
+                timeout=timeout,
+            )
+            return out
+
         while len(grants) < len(sizes):
+            grants += self._waiting(rest, deadline)
+        return grants
+
+    def _waiting(self, ask: Callable[[float, float], T], deadline: float) -> T:
+        """``ask(wait, timeout)`` of the controller until capacity lets it through or ``deadline`` passes.
+
+        The controller holds the call until capacity is released, up to the put's deadline less the time
+        its reply needs; its refusal then is final. A controller that refused long before that (one that
+        does not wait) is asked again after the refusal's ``retry_after`` hint, as long as the deadline
+        allows.
+        """
+        while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise DeadlineExceededError(f"put of a group to job {self.job_id!r} did not finish in time")
+            asked = time.monotonic()
             try:
-                grants += self.session.controller.allocate_many(
-                    self.job_id, self.epoch, self.writer_id, nbytes=sizes[len(grants) :], timeout=remaining
-                )
+                return ask(remaining, remaining)
             except CapacityExceededError as exc:
+                # A waiting controller answers after about 3/4 of the time left (the reply keeps the rest).
+                if time.monotonic() - asked >= remaining / 4:
+                    raise _refused_until_deadline(exc) from exc
                 time.sleep(_capacity_wait(exc, deadline))
-        return grants
 
     def _publication(
         self,
@@ -413,13 +440,22 @@ def _charged(nbytes: int, reserved: int) -> int:
 
 def _capacity_wait(exc: CapacityExceededError, deadline: float) -> float:
     """Seconds to wait before asking for capacity again, as ``exc`` hints; raise if past ``deadline``."""
-    wait = float(getattr(exc, "retry_after", 1.0) or 1.0)
+    wait = _retry_after(exc)
     if time.monotonic() + wait > deadline:
-        raise CapacityExceededError(
-            f"{exc.message} (waited until the put's deadline; retry later or raise capacity)",
-            retry_after=wait,
-        ) from exc
+        raise _refused_until_deadline(exc) from exc
     return wait
+
+
+def _retry_after(exc: CapacityExceededError) -> float:
+    return float(getattr(exc, "retry_after", 1.0) or 1.0)
+
+
+def _refused_until_deadline(exc: CapacityExceededError) -> CapacityExceededError:
+    """The refusal a put raises when capacity stayed full until its deadline (the job's hint kept)."""
+    return CapacityExceededError(
+        f"{exc.message} (waited until the put's deadline; retry later or raise capacity)",
+        retry_after=_retry_after(exc),
+    )
 
 
 def _policy_version(batch: pa.RecordBatch, default: int) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 
@@ -53,6 +54,12 @@ def _put(client: ControllerClient, n: int) -> list:
         )
         out.append(grant.partition)
     return out
+
+
+def _train(client: ControllerClient, lease) -> None:
+    """Take every group of ``lease`` through prepare, training and commit as batch ``b``."""
+    for step in (client.prepare, client.start_training, client.finish_training, client.commit):
+        step(lease.token, "b")
 
 
 def _wait_for_restart(client: ControllerClient, old_pid: int, timeout: float = 60.0) -> dict:
@@ -146,13 +153,7 @@ def test_killed_actor_restarts_with_larger_tokens_and_training_groups_unknown(co
 def test_sweeper_in_the_actor_confirms_deletes_and_releases_capacity(controller):
     _put(controller, 3)
     lease = controller.acquire("j", "t", max_groups=3)
-    for step in (
-        controller.prepare,
-        controller.start_training,
-        controller.finish_training,
-        controller.commit,
-    ):
-        step(lease.token, "b")
+    _train(controller, lease)
     deadline = time.monotonic() + 20.0
     while controller.counts("j")["deleted"] < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -240,3 +241,24 @@ def test_the_actor_fences_expired_leases_and_retries_failed_fences(ray_runtime, 
         assert "server down (1 groups)" in fence.last_error
     finally:
         ray_runtime.kill(client.transport.actor, no_restart=True)
+
+
+def test_a_refused_allocate_with_wait_is_granted_when_the_actors_sweeper_frees_room(controller):
+    """The actor awaits capacity for a waiting allocate (as it awaits READY groups for acquire) and grants
+    it once the commit's delete is confirmed, long before the wait or the job's retry hint run out."""
+    controller.open_job("k", 1, {"capacity_groups": 1, "capacity_retry_after": "600s"})
+    controller.register_writer("k", 1, "w0", node="n0")
+    grant = controller.allocate("k", 1, "w0", nbytes=100)
+    controller.publish(grant.partition, token=grant.token, rows=1, nbytes=100, tokens=1, policy_version=0,
+                       columns=())  # fmt: skip
+    out: dict = {}
+    thread = threading.Thread(
+        target=lambda: out.update(grant=controller.allocate("k", 1, "w0", nbytes=100, wait=60, timeout=90))
+    )
+    thread.start()
+    time.sleep(0.5)  # let it park (granted at once instead, had it come late: the test still holds)
+    lease = controller.acquire("k", "t", max_groups=1)
+    _train(controller, lease)
+    thread.join(15.0)  # below MAX_WAIT: a poll that was not woken would still be parked
+    assert not thread.is_alive()
+    assert out["grant"].partition.group_id == 1
