@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from trajflight.codec._containers import DoublyRagged, NumpyBatch, Padded, Ragged, TorchBatch
+from trajflight.codec._decode_layout import ColumnLayout, Kind, layout_of
 from trajflight.codec._jagged import jagged
 from trajflight.codec._pad import pad_rows, padding_numpy, padding_torch
 from trajflight.codec._validate import check_null_entries, check_same_null_rows
@@ -81,14 +82,6 @@ class _Other:
 
 
 _Plan = _Flat | _List | _List2 | _Other
-
-
-def _is_numeric(type_: pa.DataType) -> bool:
-    return bool(pa.types.is_integer(type_) or pa.types.is_floating(type_))
-
-
-def _is_list(type_: pa.DataType) -> bool:
-    return bool(pa.types.is_list(type_) or pa.types.is_large_list(type_))
 
 
 def _as_table(data: BatchLike) -> pa.Table:
@@ -221,16 +214,16 @@ def _refuse_null_entry(name: str, array: pa.Array) -> None:
     )
 
 
-def _null_rows_as_no_tokens(name: str, array: pa.Array, schema: pa.Schema) -> pa.Array:
+def _null_rows_as_no_tokens(name: str, array: pa.Array, nullable: bool) -> pa.Array:
     """``array`` (a list of lists) whose null rows read as rows of zero tokens: no candidates.
 
     ``array`` itself (no copy) where it has no null row, or where every null row already spans no token,
     as Arrow builds them (``encode_group`` given ``None``); otherwise a copy without the tokens under
-    null rows. A column that ``schema`` declares non-nullable refuses null rows.
+    null rows. A column declared non-nullable (``nullable`` False) refuses null rows.
     """
     if not array.null_count:
         return array
-    if not schema.field(name).nullable:  # looked up only here, off the common path
+    if not nullable:
         _no_null_rows(name, array, "the column is declared non-nullable")  # raises
     spans = np.diff(array.offsets.to_numpy(zero_copy_only=False))
     valid = array.is_valid().to_numpy(zero_copy_only=False)
@@ -244,18 +237,18 @@ def _null_rows_as_no_tokens(name: str, array: pa.Array, schema: pa.Schema) -> pa
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), tokens)
 
 
-def _plan(name: str, array: pa.Array, fill_nulls: Mapping[str, Any], schema: pa.Schema) -> _Plan:
-    type_ = array.type
-    if _is_numeric(type_) or pa.types.is_boolean(type_):
+def _plan(column: ColumnLayout, array: pa.Array, fill_nulls: Mapping[str, Any]) -> _Plan:
+    name, kind = column.name, column.kind
+    if kind is Kind.FLAT:
         return _flat(name, array, fill_nulls)
-    if _is_list(type_) and _is_numeric(type_.value_type):
+    if kind is Kind.LIST:
         _no_null_rows(name, array, "ragged columns decode without nulls")
         values, offsets, max_len = _rebased(array, longest=True)
         if values.null_count:
             _refuse_null_entry(name, array)
         return _List(_aligned(values), offsets, max_len)
-    if _is_list(type_) and _is_list(type_.value_type) and _is_numeric(type_.value_type.value_type):
-        array = _null_rows_as_no_tokens(name, array, schema)
+    if kind is Kind.LIST2:
+        array = _null_rows_as_no_tokens(name, array, column.nullable)
         tokens, outer, _ = _rebased(array)
         values, inner, _ = _rebased(tokens)
         if tokens.null_count or values.null_count:
@@ -267,13 +260,13 @@ def _plan(name: str, array: pa.Array, fill_nulls: Mapping[str, Any], schema: pa.
 def _plans(
     data: BatchLike, columns: Sequence[str] | None, fill_nulls: Mapping[str, Any] | None
 ) -> tuple[int, dict[str, _Plan]]:
-    table = _as_table(data)
+    source = data if isinstance(data, pa.RecordBatch) else _as_table(data)
     if isinstance(columns, str | bytes):
         raise InvalidRequestError(
             f"columns must be a list of column names, got the string {columns!r}; pass columns=[{columns!r}]"
         )
     try:
-        names = list(table.schema.names if columns is None else columns)
+        requested = None if columns is None else tuple(columns)
     except TypeError:
         raise InvalidRequestError(
             f"columns must be a list of column names, got {type(columns).__name__}"
@@ -283,18 +276,16 @@ def _plans(
             f"fill_nulls must be a mapping of column name to fill value, got {type(fill_nulls).__name__}; "
             "pass fill_nulls={'column': value}"
         )
-    missing = [n for n in names if n not in table.schema.names]
-    if missing:
-        raise SchemaError(
-            f"columns {missing} are not in the batch (it has {table.schema.names})", column=missing[0]
-        )
-    fills = dict(fill_nulls or {})
-    schema = table.schema
-    arrays = {n: _single_chunk(table.column(n)) for n in names}
-    plans = {n: _plan(n, array, fills, schema) for n, array in arrays.items()}
-    if isinstance(plans.get("top_p_ids"), _List2) and isinstance(plans.get("top_p_probs"), _List2):
+    layout = layout_of(source.schema, requested)
+    fills = {} if fill_nulls is None else dict(fill_nulls)
+    if isinstance(source, pa.RecordBatch):  # one group: its columns are single arrays already
+        arrays = {c.name: source.column(c.index) for c in layout.columns}
+    else:
+        arrays = {c.name: _single_chunk(source.column(c.index)) for c in layout.columns}
+    plans = {c.name: _plan(c, arrays[c.name], fills) for c in layout.columns}
+    if layout.candidates:
         _check_candidate_rows(arrays["top_p_ids"], arrays["top_p_probs"])
-    return table.num_rows, plans
+    return source.num_rows, plans
 
 
 def _check_candidate_rows(ids: pa.Array, probs: pa.Array) -> None:
