@@ -518,6 +518,7 @@ def decode(
         tensors_out, keepalive = to_device(host, str(device))
 
     out = TorchBatch(rows, tuple(plans), {}, {}, {}, {}, arrow, "cpu" if on_cpu else str(device), keepalive)
+    first_over: dict[int, torch.Tensor] = {}  # offsets slot -> the first jagged tensor over it
     for name, plan in plans.items():
         if name not in slots:
             continue
@@ -529,7 +530,10 @@ def decode(
         elif isinstance(plan, _List) and layout == "ragged":
             out.ragged[name] = Ragged(got[0], got[1])
         elif isinstance(plan, _List):
-            out.tensors[name] = jagged(got[0], got[1], max_lens[name])
+            # Columns of one offsets tensor: the later ones are built from the first (cheaper).
+            like = first_over.get(slots[name][1])
+            out.tensors[name] = nested = jagged(got[0], got[1], max_lens[name], like=like)
+            first_over.setdefault(slots[name][1], nested)
         else:
             out.doubly_ragged[name] = DoublyRagged(got[0], got[1], got[2])
     return out
