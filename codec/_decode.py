@@ -381,20 +381,25 @@ class _SharedOffsets:
     """
 
     def __init__(self) -> None:
-        self._seen: list[tuple[np.ndarray, int]] = []
+        self._seen: list[tuple[pa.Array, int]] = []
 
     def find(self, offsets: pa.Array) -> int | None:
-        """The host slot of earlier offsets equal to ``offsets``, or None."""
-        if not self._seen:
-            return None
-        view = offsets.to_numpy(zero_copy_only=False)
+        """The host slot of earlier offsets equal to ``offsets`` (in value: int32 and int64 offsets of the
+        same rows match), or None."""
         for earlier, at in self._seen:
-            if len(earlier) == len(view) and np.array_equal(earlier, view):
+            if len(earlier) != len(offsets):
+                continue
+            if earlier.type.equals(offsets.type):  # Arrow's comparison: a fraction of numpy's fixed cost
+                if earlier.equals(offsets):
+                    return at
+            elif np.array_equal(
+                earlier.to_numpy(zero_copy_only=False), offsets.to_numpy(zero_copy_only=False)
+            ):
                 return at
         return None
 
     def add(self, offsets: pa.Array, at: int) -> None:
-        self._seen.append((offsets.to_numpy(zero_copy_only=False), at))
+        self._seen.append((offsets, at))
 
 
 def _padded(plans: Mapping[str, _Plan], pad: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
