@@ -113,7 +113,7 @@ def _sibling_builder() -> Sibling | None:
     def sibling(values: torch.Tensor, like: torch.Tensor, max_seqlen: int) -> torch.Tensor:
         # NestedTensor.__new__ without its offsets-derived part: the sizes and strides are like's.
         size, strides = like._size, like._strides  # type: ignore[attr-defined]
-        nested: torch.Tensor = torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
+        nested: NestedTensor = torch.Tensor._make_wrapper_subclass(
             NestedTensor,
             size,
             strides,
@@ -130,10 +130,10 @@ def _sibling_builder() -> Sibling | None:
             keys,
             storage_size=values.untyped_storage().size(),
         )
-        nested._ragged_idx = 1  # type: ignore[attr-defined]
-        nested._size = size  # type: ignore[attr-defined]
-        nested._strides = strides  # type: ignore[attr-defined]
-        NestedTensor.__init__(  # type: ignore[misc]
+        nested._ragged_idx = 1
+        nested._size = size
+        nested._strides = strides
+        NestedTensor.__init__(
             nested,
             values,
             like._offsets,  # type: ignore[attr-defined]

@@ -11,6 +11,12 @@ from trajflight.codec import _jagged
 from trajflight.codec._jagged import jagged
 
 DTYPES = (torch.int32, torch.int64, torch.float32, torch.uint8)
+# Row lengths, value dtype and offsets dtype of a jagged tensor.
+ROWS = {
+    "lengths": st.lists(st.integers(0, 9), min_size=1, max_size=8),
+    "dtype": st.sampled_from(DTYPES),
+    "offsets_dtype": st.sampled_from((torch.int32, torch.int64)),
+}
 
 
 def _public(values: torch.Tensor, offsets: torch.Tensor, max_seqlen: int) -> torch.Tensor:
@@ -24,11 +30,7 @@ def _offsets(lengths: list[int], dtype: torch.dtype) -> torch.Tensor:
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    lengths=st.lists(st.integers(0, 9), min_size=1, max_size=8),
-    dtype=st.sampled_from(DTYPES),
-    offsets_dtype=st.sampled_from((torch.int32, torch.int64)),
-)
+@given(**ROWS)
 def test_jagged_equals_the_public_constructor(lengths, dtype, offsets_dtype):
     offsets = _offsets(lengths, offsets_dtype)
     values = torch.arange(int(offsets[-1]), dtype=torch.int64).to(dtype)
@@ -83,11 +85,7 @@ def test_a_missing_torch_internal_falls_back_to_the_public_constructor(monkeypat
 
 
 @settings(max_examples=40, deadline=None)
-@given(
-    lengths=st.lists(st.integers(0, 9), min_size=1, max_size=8),
-    dtype=st.sampled_from(DTYPES),
-    offsets_dtype=st.sampled_from((torch.int32, torch.int64)),
-)
+@given(**ROWS)
 def test_a_tensor_built_like_another_equals_the_public_constructor(lengths, dtype, offsets_dtype):
     offsets = _offsets(lengths, offsets_dtype)
     first = jagged(torch.arange(int(offsets[-1]), dtype=torch.int32), offsets, max(lengths))
