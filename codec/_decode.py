@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from trajflight.codec._containers import DoublyRagged, NumpyBatch, Padded, Ragged, TorchBatch
-from trajflight.codec._decode_layout import ColumnLayout, Kind, layout_of
+from trajflight.codec._decode_columns import DecodeColumn, Kind, columns_of
 from trajflight.codec._jagged import jagged
 from trajflight.codec._pad import pad_rows, padding_numpy, padding_torch
 from trajflight.codec._validate import check_null_entries, check_same_null_rows
@@ -237,7 +237,7 @@ def _null_rows_as_no_tokens(name: str, array: pa.Array, nullable: bool) -> pa.Ar
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), tokens)
 
 
-def _plan(column: ColumnLayout, array: pa.Array, fill_nulls: Mapping[str, Any]) -> _Plan:
+def _plan(column: DecodeColumn, array: pa.Array, fill_nulls: Mapping[str, Any]) -> _Plan:
     name, kind = column.name, column.kind
     if kind is Kind.FLAT:
         return _flat(name, array, fill_nulls)
@@ -276,14 +276,14 @@ def _plans(
             f"fill_nulls must be a mapping of column name to fill value, got {type(fill_nulls).__name__}; "
             "pass fill_nulls={'column': value}"
         )
-    layout = layout_of(source.schema, requested)
+    wanted = columns_of(source.schema, requested)
     fills = {} if fill_nulls is None else dict(fill_nulls)
     if isinstance(source, pa.RecordBatch):  # one group: its columns are single arrays already
-        arrays = {c.name: source.column(c.index) for c in layout.columns}
+        arrays = {c.name: source.column(c.index) for c in wanted.columns}
     else:
-        arrays = {c.name: _single_chunk(source.column(c.index)) for c in layout.columns}
-    plans = {c.name: _plan(c, arrays[c.name], fills) for c in layout.columns}
-    if layout.candidates:
+        arrays = {c.name: _single_chunk(source.column(c.index)) for c in wanted.columns}
+    plans = {c.name: _plan(c, arrays[c.name], fills) for c in wanted.columns}
+    if wanted.candidates:
         _check_candidate_rows(arrays["top_p_ids"], arrays["top_p_probs"])
     return source.num_rows, plans
 

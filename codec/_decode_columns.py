@@ -1,12 +1,12 @@
 """What decoding a set of columns needs to know that the Arrow schema alone fixes, worked out once.
 
-A decode of one small group spends most of its time on fixed per-column work: finding each column,
+A decode of one small group spends much of its time on fixed per-column work: finding each column,
 sorting its type into a kind (primitive, ``list<T>``, ``list<list<T>>``, other) and checking the
-requested names. :func:`layout_of` does that once per (schema, requested columns) and keeps the answer for
+requested names. :func:`columns_of` does that once per (schema, requested columns) and keeps the answer for
 the few schemas last met; a decode then only reads the columns' buffers.
 
 It does not remember anything about the data (nulls, alignment, offsets): those are read on every decode.
-Equality of schemas is ``Schema.equals`` (names, order, types and nullability, not metadata), so a layout
+Equality of schemas is ``Schema.equals`` (names, order, types and nullability, not metadata), so an entry
 is never reused for a schema whose columns have other types or nullability.
 """
 
@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from trajflight.errors import SchemaError
 
-__all__ = ["ColumnLayout", "DecodeLayout", "Kind", "layout_of"]
+__all__ = ["DecodeColumn", "DecodeColumns", "Kind", "columns_of"]
 
 # Layouts kept: a trainer meets a handful of (schema, columns) pairs; a bound keeps a stream of
 # ever-new schemas from growing memory.
@@ -38,7 +38,7 @@ class Kind(Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class ColumnLayout:
+class DecodeColumn:
     """One requested column: its name, its index in the schema, its kind and nullability."""
 
     name: str
@@ -48,11 +48,11 @@ class ColumnLayout:
 
 
 @dataclass(frozen=True, slots=True)
-class DecodeLayout:
+class DecodeColumns:
     """The requested columns of one schema, in the order asked for.
 
     Attributes:
-        schema: The Arrow schema this layout was worked out for.
+        schema: The Arrow schema these columns were worked out for.
         requested: The ``columns`` argument as a tuple, None for every column.
         columns: One entry per decoded column.
         candidates: Whether ``top_p_ids`` and ``top_p_probs`` both decode as ``list<list<T>>`` (their null
@@ -61,7 +61,7 @@ class DecodeLayout:
 
     schema: pa.Schema
     requested: tuple[str, ...] | None
-    columns: tuple[ColumnLayout, ...]
+    columns: tuple[DecodeColumn, ...]
     candidates: bool
 
 
@@ -84,7 +84,7 @@ def kind_of(type_: pa.DataType) -> Kind:
     return Kind.OTHER
 
 
-def _make(schema: pa.Schema, requested: tuple[str, ...] | None) -> DecodeLayout:
+def _make(schema: pa.Schema, requested: tuple[str, ...] | None) -> DecodeColumns:
     names = schema.names
     wanted = names if requested is None else requested
     missing = [n for n in wanted if n not in names]  # a list: an unhashable name is missing, not a crash
@@ -99,39 +99,40 @@ def _make(schema: pa.Schema, requested: tuple[str, ...] | None) -> DecodeLayout:
                 column=name,
             )
         field = schema.field(index)
-        columns.append(ColumnLayout(name, index, kind_of(field.type), field.nullable))
+        columns.append(DecodeColumn(name, index, kind_of(field.type), field.nullable))
     kinds = {c.name: c.kind for c in columns}
     candidates = kinds.get("top_p_ids") is Kind.LIST2 and kinds.get("top_p_probs") is Kind.LIST2
-    return DecodeLayout(schema, requested, tuple(columns), candidates)
+    return DecodeColumns(schema, requested, tuple(columns), candidates)
 
 
 class _Recent:
-    """The layouts of the few (schema, requested columns) pairs last met, most recent first.
+    """The entries of the few (schema, requested columns) pairs last met, most recent first.
 
-    Decoders run in several threads (a trainer's fetches): the tuple is replaced whole, never changed in
-    place, so a lookup sees one snapshot; a racing update can drop an entry, which costs one ``_make``.
+    Decoders run in several threads (a trainer's fetches): a lookup reads one snapshot of the tuple
+    without locking; an update replaces the tuple whole, under the lock. Two threads missing together
+    both call ``_make`` and keep one answer.
     """
 
     def __init__(self, size: int) -> None:
         self._size = size
-        self._entries: tuple[DecodeLayout, ...] = ()
+        self._entries: tuple[DecodeColumns, ...] = ()
         self._lock = threading.Lock()
 
-    def get(self, schema: pa.Schema, requested: tuple[str, ...] | None) -> DecodeLayout:
+    def get(self, schema: pa.Schema, requested: tuple[str, ...] | None) -> DecodeColumns:
         entries = self._entries
-        for i, layout in enumerate(entries):
-            if layout.requested == requested and (layout.schema is schema or layout.schema.equals(schema)):
+        for i, entry in enumerate(entries):
+            if entry.requested == requested and (entry.schema is schema or entry.schema.equals(schema)):
                 if i:
-                    self._put(layout)
-                return layout
-        layout = _make(schema, requested)  # raises for a missing column: nothing remembered
-        self._put(layout)
-        return layout
+                    self._put(entry)
+                return entry
+        found = _make(schema, requested)  # raises for a missing column: nothing remembered
+        self._put(found)
+        return found
 
-    def _put(self, layout: DecodeLayout) -> None:
+    def _put(self, entry: DecodeColumns) -> None:
         with self._lock:
-            rest = tuple(e for e in self._entries if e is not layout)
-            self._entries = (layout, *rest[: self._size - 1])
+            rest = tuple(e for e in self._entries if e is not entry)
+            self._entries = (entry, *rest[: self._size - 1])
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -140,8 +141,8 @@ class _Recent:
 _recent = _Recent(_RECENT)
 
 
-def layout_of(schema: pa.Schema, requested: Sequence[str] | None) -> DecodeLayout:
-    """The decode layout of ``requested`` columns (None: all) of ``schema``, remembered for the
+def columns_of(schema: pa.Schema, requested: Sequence[str] | None) -> DecodeColumns:
+    """The decode plan of the ``requested`` columns (None: all) of ``schema``, remembered for the
     :data:`_RECENT` pairs last met (equal schemas, by ``Schema.equals``, share one).
 
     Raises:

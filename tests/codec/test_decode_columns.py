@@ -1,4 +1,4 @@
-"""decode's remembered column layouts (codec._decode_layout): never stale for another schema, bounded."""
+"""decode's remembered column plans (codec._decode_columns): never stale for another schema, bounded."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from trajflight.codec import _decode_layout, decode, decode_numpy
-from trajflight.codec._decode_layout import Kind, layout_of
+from trajflight.codec import _decode_columns, decode, decode_numpy
+from trajflight.codec._decode_columns import Kind, columns_of
 from trajflight.errors import SchemaError
 
 
@@ -31,7 +31,7 @@ def test_two_schemas_alternating_decode_each_as_its_own():
         assert [r.tolist() for r in two.tensors["a"].unbind()] == [[1, 2], [3]]
 
 
-def test_the_same_names_with_other_types_are_not_served_a_stale_layout():
+def test_the_same_names_with_other_types_are_not_served_a_stale_entry():
     as_int = _batch({"x": pa.int32()})
     as_list = _batch({"x": pa.list_(pa.int32())})
     as_string = pa.record_batch({"x": pa.array(["p", "q"])})
@@ -41,7 +41,7 @@ def test_the_same_names_with_other_types_are_not_served_a_stale_layout():
     assert decode(as_int).tensors["x"].tolist() == [1, 2]
 
 
-def test_nullability_is_part_of_the_layout():
+def test_nullability_is_part_of_the_entry():
     nested = pa.list_(pa.list_(pa.int32()))
     rows = pa.array([[[1]], None], type=nested)
     loose = pa.RecordBatch.from_arrays([rows], schema=pa.schema([pa.field("c", nested, nullable=True)]))
@@ -52,7 +52,7 @@ def test_nullability_is_part_of_the_layout():
     assert decode(loose).doubly_ragged["c"].outer_offsets.tolist() == [0, 1, 1]
 
 
-def test_projected_columns_have_their_own_layouts():
+def test_projected_columns_have_their_own_entries():
     batch = _batch({"a": pa.int64(), "b": pa.list_(pa.int32()), "c": pa.float32()})
     assert decode(batch, columns=["c", "a"]).columns == ("c", "a")
     assert decode(batch).columns == ("a", "b", "c")
@@ -63,18 +63,18 @@ def test_projected_columns_have_their_own_layouts():
     assert decode(batch, columns=["a"]).tensors["a"].tolist() == [1, 2]
 
 
-def test_equal_schemas_share_one_layout_and_metadata_does_not_matter():
+def test_equal_schemas_share_one_entry_and_metadata_does_not_matter():
     one = _batch({"a": pa.int64()})
     two = _batch({"a": pa.int64()}).replace_schema_metadata({"k": "v"})
-    assert layout_of(one.schema, None) is layout_of(two.schema, None)
-    assert layout_of(one.schema, ["a"]) is not layout_of(one.schema, None)
-    assert layout_of(one.schema, None).columns[0].kind is Kind.FLAT
+    assert columns_of(one.schema, None) is columns_of(two.schema, None)
+    assert columns_of(one.schema, ["a"]) is not columns_of(one.schema, None)
+    assert columns_of(one.schema, None).columns[0].kind is Kind.FLAT
 
 
 def test_the_memo_is_bounded():
-    for i in range(3 * _decode_layout._RECENT):
+    for i in range(3 * _decode_columns._RECENT):
         decode(_batch({f"col{i}": pa.int32()}))
-    assert len(_decode_layout._recent) == _decode_layout._RECENT
+    assert len(_decode_columns._recent) == _decode_columns._RECENT
 
 
 def test_a_column_named_twice_is_refused_by_name():
