@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from trajflight.codec._containers import DoublyRagged, NumpyBatch, Padded, Ragged, TorchBatch
+from trajflight.codec._decode_columns import DecodeColumn, Kind, columns_of
 from trajflight.codec._jagged import jagged
 from trajflight.codec._pad import pad_rows, padding_numpy, padding_torch
 from trajflight.codec._validate import check_null_entries, check_same_null_rows
@@ -81,14 +82,6 @@ class _Other:
 
 
 _Plan = _Flat | _List | _List2 | _Other
-
-
-def _is_numeric(type_: pa.DataType) -> bool:
-    return bool(pa.types.is_integer(type_) or pa.types.is_floating(type_))
-
-
-def _is_list(type_: pa.DataType) -> bool:
-    return bool(pa.types.is_list(type_) or pa.types.is_large_list(type_))
 
 
 def _as_table(data: BatchLike) -> pa.Table:
@@ -221,16 +214,16 @@ def _refuse_null_entry(name: str, array: pa.Array) -> None:
     )
 
 
-def _null_rows_as_no_tokens(name: str, array: pa.Array, schema: pa.Schema) -> pa.Array:
+def _null_rows_as_no_tokens(name: str, array: pa.Array, nullable: bool) -> pa.Array:
     """``array`` (a list of lists) whose null rows read as rows of zero tokens: no candidates.
 
     ``array`` itself (no copy) where it has no null row, or where every null row already spans no token,
     as Arrow builds them (``encode_group`` given ``None``); otherwise a copy without the tokens under
-    null rows. A column that ``schema`` declares non-nullable refuses null rows.
+    null rows. A column declared non-nullable (``nullable`` False) refuses null rows.
     """
     if not array.null_count:
         return array
-    if not schema.field(name).nullable:  # looked up only here, off the common path
+    if not nullable:
         _no_null_rows(name, array, "the column is declared non-nullable")  # raises
     spans = np.diff(array.offsets.to_numpy(zero_copy_only=False))
     valid = array.is_valid().to_numpy(zero_copy_only=False)
@@ -244,18 +237,18 @@ def _null_rows_as_no_tokens(name: str, array: pa.Array, schema: pa.Schema) -> pa
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), tokens)
 
 
-def _plan(name: str, array: pa.Array, fill_nulls: Mapping[str, Any], schema: pa.Schema) -> _Plan:
-    type_ = array.type
-    if _is_numeric(type_) or pa.types.is_boolean(type_):
+def _plan(column: DecodeColumn, array: pa.Array, fill_nulls: Mapping[str, Any]) -> _Plan:
+    name, kind = column.name, column.kind
+    if kind is Kind.FLAT:
         return _flat(name, array, fill_nulls)
-    if _is_list(type_) and _is_numeric(type_.value_type):
+    if kind is Kind.LIST:
         _no_null_rows(name, array, "ragged columns decode without nulls")
         values, offsets, max_len = _rebased(array, longest=True)
         if values.null_count:
             _refuse_null_entry(name, array)
         return _List(_aligned(values), offsets, max_len)
-    if _is_list(type_) and _is_list(type_.value_type) and _is_numeric(type_.value_type.value_type):
-        array = _null_rows_as_no_tokens(name, array, schema)
+    if kind is Kind.LIST2:
+        array = _null_rows_as_no_tokens(name, array, column.nullable)
         tokens, outer, _ = _rebased(array)
         values, inner, _ = _rebased(tokens)
         if tokens.null_count or values.null_count:
@@ -267,13 +260,13 @@ def _plan(name: str, array: pa.Array, fill_nulls: Mapping[str, Any], schema: pa.
 def _plans(
     data: BatchLike, columns: Sequence[str] | None, fill_nulls: Mapping[str, Any] | None
 ) -> tuple[int, dict[str, _Plan]]:
-    table = _as_table(data)
+    source = data if isinstance(data, pa.RecordBatch) else _as_table(data)
     if isinstance(columns, str | bytes):
         raise InvalidRequestError(
             f"columns must be a list of column names, got the string {columns!r}; pass columns=[{columns!r}]"
         )
     try:
-        names = list(table.schema.names if columns is None else columns)
+        requested = None if columns is None else tuple(columns)
     except TypeError:
         raise InvalidRequestError(
             f"columns must be a list of column names, got {type(columns).__name__}"
@@ -283,18 +276,16 @@ def _plans(
             f"fill_nulls must be a mapping of column name to fill value, got {type(fill_nulls).__name__}; "
             "pass fill_nulls={'column': value}"
         )
-    missing = [n for n in names if n not in table.schema.names]
-    if missing:
-        raise SchemaError(
-            f"columns {missing} are not in the batch (it has {table.schema.names})", column=missing[0]
-        )
-    fills = dict(fill_nulls or {})
-    schema = table.schema
-    arrays = {n: _single_chunk(table.column(n)) for n in names}
-    plans = {n: _plan(n, array, fills, schema) for n, array in arrays.items()}
-    if isinstance(plans.get("top_p_ids"), _List2) and isinstance(plans.get("top_p_probs"), _List2):
+    wanted = columns_of(source.schema, requested)
+    fills = {} if fill_nulls is None else dict(fill_nulls)
+    if isinstance(source, pa.RecordBatch):  # one group: its columns are single arrays already
+        arrays = {c.name: source.column(c.index) for c in wanted.columns}
+    else:
+        arrays = {c.name: _single_chunk(source.column(c.index)) for c in wanted.columns}
+    plans = {c.name: _plan(c, arrays[c.name], fills) for c in wanted.columns}
+    if wanted.candidates:
         _check_candidate_rows(arrays["top_p_ids"], arrays["top_p_probs"])
-    return table.num_rows, plans
+    return source.num_rows, plans
 
 
 def _check_candidate_rows(ids: pa.Array, probs: pa.Array) -> None:
@@ -390,20 +381,25 @@ class _SharedOffsets:
     """
 
     def __init__(self) -> None:
-        self._seen: list[tuple[np.ndarray, int]] = []
+        self._seen: list[tuple[pa.Array, int]] = []
 
     def find(self, offsets: pa.Array) -> int | None:
-        """The host slot of earlier offsets equal to ``offsets``, or None."""
-        if not self._seen:
-            return None
-        view = offsets.to_numpy(zero_copy_only=False)
+        """The host slot of earlier offsets equal to ``offsets`` (in value: int32 and int64 offsets of the
+        same rows match), or None."""
         for earlier, at in self._seen:
-            if len(earlier) == len(view) and np.array_equal(earlier, view):
+            if len(earlier) != len(offsets):
+                continue
+            if earlier.type.equals(offsets.type):  # Arrow's comparison: a fraction of numpy's fixed cost
+                if earlier.equals(offsets):
+                    return at
+            elif np.array_equal(
+                earlier.to_numpy(zero_copy_only=False), offsets.to_numpy(zero_copy_only=False)
+            ):
                 return at
         return None
 
     def add(self, offsets: pa.Array, at: int) -> None:
-        self._seen.append((offsets.to_numpy(zero_copy_only=False), at))
+        self._seen.append((offsets, at))
 
 
 def _padded(plans: Mapping[str, _Plan], pad: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -527,6 +523,7 @@ def decode(
         tensors_out, keepalive = to_device(host, str(device))
 
     out = TorchBatch(rows, tuple(plans), {}, {}, {}, {}, arrow, "cpu" if on_cpu else str(device), keepalive)
+    first_over: dict[int, torch.Tensor] = {}  # offsets slot -> the first jagged tensor over it
     for name, plan in plans.items():
         if name not in slots:
             continue
@@ -538,7 +535,10 @@ def decode(
         elif isinstance(plan, _List) and layout == "ragged":
             out.ragged[name] = Ragged(got[0], got[1])
         elif isinstance(plan, _List):
-            out.tensors[name] = jagged(got[0], got[1], max_lens[name])
+            # Columns of one offsets tensor: the later ones are built from the first (cheaper).
+            like = first_over.get(slots[name][1])
+            out.tensors[name] = nested = jagged(got[0], got[1], max_lens[name], like=like)
+            first_over.setdefault(slots[name][1], nested)
         else:
             out.doubly_ragged[name] = DoublyRagged(got[0], got[1], got[2])
     return out

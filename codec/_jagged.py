@@ -9,6 +9,12 @@ keeps the direct way only if the two agree on everything a caller can see (type,
 dimension, ``max_seqlen``, offsets, values aliasing, contents). Anything else (another torch, values
 that require grad, whose public result is an autograd view of them) takes the public function.
 
+Columns of the same rows (a group's response ids, logprobs and loss mask) share one offsets tensor; the
+second and later of them are built from the first (``like=``): the sizes and strides that ``NestedTensor``
+derives from the offsets (a nested int looked up in a weak registry, then multiplied) are taken from it,
+which halves their cost. That way is proven on its own probe, against the public function, and falls
+back to the direct one where the probe disagrees.
+
 It does not guarantee more than the probe checks: a torch whose constructor changed in a way one probe
 cannot see would need the probe extended. The direct way stays because it pays on the standard workload
 (BENCHMARKS.md, "The codec").
@@ -27,17 +33,38 @@ if TYPE_CHECKING:
 __all__ = ["jagged", "quiet_torch_fx_notice"]
 
 Builder = Callable[["torch.Tensor", "torch.Tensor", int], "torch.Tensor"]
+Sibling = Callable[["torch.Tensor", "torch.Tensor", int], "torch.Tensor"]  # (values, like, max_seqlen)
 
 
-def jagged(values: torch.Tensor, offsets: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+def jagged(
+    values: torch.Tensor, offsets: torch.Tensor, max_seqlen: int, *, like: torch.Tensor | None = None
+) -> torch.Tensor:
     """The jagged nested tensor of rows ``values[offsets[i]:offsets[i+1]]``, aliasing both tensors.
 
     Equal to ``torch.nested.nested_tensor_from_jagged(values, offsets, max_seqlen=max_seqlen)`` in all
-    a caller can see; ``max_seqlen`` must be the longest row's length (it is not checked).
+    a caller can see; ``max_seqlen`` must be the longest row's length (it is not checked). ``like``, an
+    earlier result of this function over the same ``offsets`` tensor, makes it cheaper (it is used only
+    where its offsets are ``offsets`` and its values have the shape and strides of ``values``).
     """
     if values.requires_grad:
         return _public(values, offsets, max_seqlen)
+    if like is not None and _fits(values, offsets, like):
+        sibling = _sibling_builder()
+        if sibling is not None:
+            return sibling(values, like, max_seqlen)
     return _builder()(values, offsets, max_seqlen)
+
+
+def _fits(values: torch.Tensor, offsets: torch.Tensor, like: torch.Tensor) -> bool:
+    """Whether ``like``'s sizes and strides are those a tensor over ``values`` and ``offsets`` gets."""
+    inner = getattr(like, "_values", None)
+    return (
+        getattr(like, "_offsets", None) is offsets
+        and inner is not None
+        and values.shape == inner.shape
+        and values.stride() == inner.stride()
+        and values.device == inner.device
+    )
 
 
 def _public(values: torch.Tensor, offsets: torch.Tensor, max_seqlen: int) -> torch.Tensor:
@@ -70,6 +97,68 @@ def _builder() -> Builder:
     except Exception:
         logging.getLogger(__name__).debug("direct nested-tensor construction unavailable", exc_info=True)
     return _public
+
+
+@functools.cache
+def _sibling_builder() -> Sibling | None:
+    """A constructor of a jagged tensor from one over the same offsets, where proven on a probe."""
+    try:
+        import torch
+        from torch._C import DispatchKey, DispatchKeySet
+        from torch.nested._internal.nested_tensor import NestedTensor, _store_val_in_tensor
+    except ImportError:
+        return None
+    keys = DispatchKeySet(DispatchKey.NestedTensor).add(DispatchKey.AutogradNestedTensor)
+
+    def sibling(values: torch.Tensor, like: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+        # NestedTensor.__new__ without its offsets-derived part: the sizes and strides are like's.
+        size, strides = like._size, like._strides  # type: ignore[attr-defined]
+        nested: NestedTensor = torch.Tensor._make_wrapper_subclass(
+            NestedTensor,
+            size,
+            strides,
+            0,
+            torch.contiguous_format,
+            values.dtype,
+            torch.jagged,
+            values.device,
+            False,
+            False,
+            "sizes",
+            False,
+            True,
+            keys,
+            storage_size=values.untyped_storage().size(),
+        )
+        nested._ragged_idx = 1
+        nested._size = size
+        nested._strides = strides
+        NestedTensor.__init__(
+            nested,
+            values,
+            like._offsets,  # type: ignore[attr-defined]
+            _ragged_idx=1,
+            _metadata_cache={"max_seqlen": _store_val_in_tensor(max_seqlen)},
+        )
+        return nested
+
+    try:
+        offsets = torch.tensor([0, 2, 2, 7], dtype=torch.int32)
+        first = _builder()(torch.arange(7, dtype=torch.int32), offsets, 5)
+        values = torch.arange(7, dtype=torch.float32) / 2
+        got, want = sibling(values, first, 5), _public(values, offsets, 5)
+        if (
+            _same(got, want, values, offsets)
+            and got.shape == want.shape
+            and got.stride() == want.stride()
+            and torch.equal((got * first).values(), (want * first).values())  # one nested int: compatible
+        ):
+            return sibling
+    except Exception:
+        logging.getLogger(__name__).debug(
+            "nested-tensor construction from a sibling unavailable", exc_info=True
+        )
+    return None
 
 
 def _same(got: torch.Tensor, want: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor) -> bool:

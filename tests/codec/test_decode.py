@@ -520,3 +520,20 @@ def test_a_null_inside_a_list_row_is_refused_naming_row_and_entry(decoder, colum
         decoder(batch.slice(100))
     assert info.value.row == row - 100
     assert decoder(batch.slice(0, 100)).num_rows == 100  # the null lies outside the slice's rows
+
+
+def test_list_and_large_list_columns_of_the_same_rows_share_offsets():
+    """The shared-offsets lookup compares values, not Arrow types: int32 and int64 offsets of equal rows
+    give one offsets tensor, so their jagged tensors combine elementwise."""
+    rows = [[1, 2], [], [3, 4, 5]]
+    batch = pa.record_batch(
+        {
+            "a": pa.array(rows, type=pa.list_(pa.int32())),
+            "b": pa.array(rows, type=pa.large_list(pa.int32())),
+            "c": pa.array([[1], [2], [3]], type=pa.list_(pa.int32())),
+        }
+    )
+    out = decode(batch)
+    assert out.tensors["a"].offsets() is out.tensors["b"].offsets()
+    assert out.tensors["c"].offsets() is not out.tensors["a"].offsets()
+    assert [t.tolist() for t in (out.tensors["a"] * out.tensors["b"]).unbind()] == [[1, 4], [], [9, 16, 25]]

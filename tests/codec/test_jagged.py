@@ -11,6 +11,12 @@ from trajflight.codec import _jagged
 from trajflight.codec._jagged import jagged
 
 DTYPES = (torch.int32, torch.int64, torch.float32, torch.uint8)
+# Row lengths, value dtype and offsets dtype of a jagged tensor.
+ROWS = {
+    "lengths": st.lists(st.integers(0, 9), min_size=1, max_size=8),
+    "dtype": st.sampled_from(DTYPES),
+    "offsets_dtype": st.sampled_from((torch.int32, torch.int64)),
+}
 
 
 def _public(values: torch.Tensor, offsets: torch.Tensor, max_seqlen: int) -> torch.Tensor:
@@ -24,11 +30,7 @@ def _offsets(lengths: list[int], dtype: torch.dtype) -> torch.Tensor:
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    lengths=st.lists(st.integers(0, 9), min_size=1, max_size=8),
-    dtype=st.sampled_from(DTYPES),
-    offsets_dtype=st.sampled_from((torch.int32, torch.int64)),
-)
+@given(**ROWS)
 def test_jagged_equals_the_public_constructor(lengths, dtype, offsets_dtype):
     offsets = _offsets(lengths, offsets_dtype)
     values = torch.arange(int(offsets[-1]), dtype=torch.int64).to(dtype)
@@ -80,3 +82,50 @@ def test_a_missing_torch_internal_falls_back_to_the_public_constructor(monkeypat
     finally:
         monkeypatch.undo()
         _jagged._builder.cache_clear()
+
+
+@settings(max_examples=40, deadline=None)
+@given(**ROWS)
+def test_a_tensor_built_like_another_equals_the_public_constructor(lengths, dtype, offsets_dtype):
+    offsets = _offsets(lengths, offsets_dtype)
+    first = jagged(torch.arange(int(offsets[-1]), dtype=torch.int32), offsets, max(lengths))
+    values = torch.arange(int(offsets[-1]), dtype=torch.int64).to(dtype)
+    got, want = jagged(values, offsets, max(lengths), like=first), _public(values, offsets, max(lengths))
+    assert type(got) is type(want)
+    assert got.shape == want.shape
+    assert got.stride() == want.stride()
+    assert got.dtype == want.dtype
+    assert got._max_seqlen == want._max_seqlen == max(lengths)
+    assert got.offsets() is offsets
+    assert got.values().data_ptr() == values.data_ptr()
+    assert torch.equal(got.to_padded_tensor(0), want.to_padded_tensor(0))
+    # Columns of one offsets tensor combine elementwise, as torch allows for the public ones.
+    assert torch.equal((got * first.to(dtype)).values(), (want * first.to(dtype)).values())
+
+
+def test_like_over_other_offsets_is_not_used():
+    first = jagged(torch.arange(5), torch.tensor([0, 2, 5]), 3)
+    offsets = torch.tensor([0, 4, 5])
+    got = jagged(torch.arange(5), offsets, 4, like=first)
+    assert got.offsets() is offsets
+    assert [t.tolist() for t in got.unbind()] == [[0, 1, 2, 3], [4]]
+
+
+@pytest.mark.skipif(not torch.__version__.startswith("2.13."), reason="proven on torch 2.13 only")
+def test_the_sibling_constructor_is_used_on_the_pinned_torch():
+    assert _jagged._sibling_builder() is not None
+
+
+def test_a_sibling_probe_that_disagrees_falls_back(monkeypatch):
+    monkeypatch.setattr(_jagged, "_same", lambda *args: False)
+    _jagged._sibling_builder.cache_clear()
+    try:
+        assert _jagged._sibling_builder() is None
+        offsets = torch.tensor([0, 1, 3])
+        first = jagged(torch.arange(3), offsets, 2)
+        assert [t.tolist() for t in jagged(torch.arange(3) * 2, offsets, 2, like=first).unbind()] == [
+            [0],
+            [2, 4],
+        ]
+    finally:
+        _jagged._sibling_builder.cache_clear()
