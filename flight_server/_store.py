@@ -484,7 +484,7 @@ class GroupStore:
         # and the tokens are checked again, then raised, only once the table exists.
         with self._lock:
             groups = self._checked_reads_locked(reads)
-        table = concat_groups([_project(g, columns) for g in groups])
+        table = concat_groups([_projected(run, columns) for run in _runs(groups)])
         with self._lock:
             self._fenced_reads_locked(reads)
         return table
@@ -695,10 +695,33 @@ class GroupStore:
             }
 
 
-def _project(group: Stored, columns: Sequence[str] | None) -> pa.Table:
+def _runs(groups: Sequence[Stored]) -> list[tuple[Stored, pa.Table]]:
+    """The groups' tables in order, consecutive rows of one stored batch read as one slice of it.
+
+    Groups put together (one ``put_many`` or same-host batch) share one stored stream as their only part;
+    where a read names them in their stored order, their rows are one slice of it, so a reader gets one
+    record batch per stored batch instead of one per group (a remote reader's decode then joins nothing).
+    Each run is paired with its first group, which names it in errors."""
+    runs: list[tuple[Stored, int, int]] = []  # (first group, first row, rows) over first.parts[0]
+    for group in groups:
+        rows = group.table.num_rows
+        if runs and len(group.parts) == 1 and group.offsets:
+            first, start, n = runs[-1]
+            if start >= 0 and group.parts[0] is first.parts[0] and group.offsets[0] == start + n:
+                runs[-1] = (first, start, n + rows)
+                continue
+        runs.append((group, group.offsets[0] if len(group.parts) == 1 and group.offsets else -1, rows))
+    return [
+        (first, first.table if start < 0 or n == first.table.num_rows else first.parts[0].slice(start, n))
+        for first, start, n in runs
+    ]
+
+
+def _projected(run: tuple[Stored, pa.Table], columns: Sequence[str] | None) -> pa.Table:
+    group, table = run
     if columns is None:
-        return group.table
-    names = group.table.schema.names
+        return table
+    names = table.schema.names
     missing = [c for c in columns if c not in names]
     if missing:
         raise SchemaError(
@@ -706,7 +729,7 @@ def _project(group: Stored, columns: Sequence[str] | None) -> pa.Table:
             f"{echo(', '.join(names))}",
             column=missing[0],
         )
-    return group.table.select(list(columns))
+    return table.select(list(columns))
 
 
 _fmt = fmt_key

@@ -356,3 +356,29 @@ def test_a_publish_naming_a_shared_segment_in_part_changes_nothing():
         every = ShmPublishRequest(tuple((i, written) for i in ids))
         assert client._action("shm_publish", encode(every), None)["published"] == 3
         assert client.shm_get(KEYS).equals(pa.Table.from_batches([batch]))
+
+
+def test_a_flight_read_of_a_batch_in_its_order_streams_one_record_batch_per_run():
+    """A trainer on another node reads a same-host batch over Flight: groups named in their stored order
+    come back as one slice of the stored batch (one record batch, so its decode joins nothing); any other
+    order, a gap, a projection or an appended member still reads bit-exact."""
+    batch = joined(KEYS)
+    whole = pa.Table.from_batches([batch])
+    with serving() as (_, client):
+        client.shm_put_groups(rows_of(KEYS, batch), joined=batch)
+        in_order = client.get(KEYS)
+        assert in_order.equals(whole)
+        assert {c.num_chunks for c in in_order.columns} == {1}
+        projected = client.get(KEYS[1:], columns=["response_ids", "group_id"])
+        assert projected.equals(whole.slice(8, 16).select(["response_ids", "group_id"]))
+        assert {c.num_chunks for c in projected.columns} == {1}
+        shuffled = client.get([KEYS[2], KEYS[0], KEYS[1]])
+        assert shuffled.equals(pa.concat_tables([whole.slice(16, 8), whole.slice(0, 8), whole.slice(8, 8)]))
+        gap = client.get([KEYS[0], KEYS[2]])
+        assert gap.equals(pa.concat_tables([whole.slice(0, 8), whole.slice(16, 8)]))
+        assert {c.num_chunks for c in gap.columns} == {2}
+        extra = pa.table({"ref_logprob": pa.array([float(i) for i in range(8)], pa.float32())})
+        client.append_columns(KEYS[1], extra, LeaseToken(1))
+        mixed = client.get(KEYS)  # the appended member reads alone, its neighbours as they are
+        assert mixed.drop_columns(["ref_logprob"]).equals(whole)
+        assert mixed.column("ref_logprob").to_pylist()[8:16] == [float(i) for i in range(8)]
