@@ -704,7 +704,7 @@ def _runs(groups: Sequence[Stored]) -> list[tuple[Stored, pa.Table]]:
     Each run is paired with its first group, which names it in errors."""
     runs: list[tuple[Stored, int, int]] = []  # (first group, first row, rows) over first.parts[0]
     for group in groups:
-        rows = group.table.num_rows
+        rows = _rows(group)
         if runs and len(group.parts) == 1 and group.offsets:
             first, start, n = runs[-1]
             if start >= 0 and group.parts[0] is first.parts[0] and group.offsets[0] == start + n:
@@ -712,9 +712,14 @@ def _runs(groups: Sequence[Stored]) -> list[tuple[Stored, pa.Table]]:
                 continue
         runs.append((group, group.offsets[0] if len(group.parts) == 1 and group.offsets else -1, rows))
     return [
-        (first, first.table if start < 0 or n == first.table.num_rows else first.parts[0].slice(start, n))
+        (first, first.table if start < 0 or n == _rows(first) else first.parts[0].slice(start, n))
         for first, start, n in runs
     ]
+
+
+def _rows(group: Stored) -> int:
+    """The group's samples, without slicing a batch member's view only to count them."""
+    return group.rows if group.view is None else group.view.num_rows
 
 
 def _projected(run: tuple[Stored, pa.Table], columns: Sequence[str] | None) -> pa.Table:
