@@ -97,6 +97,20 @@ class HostCore:
         self.recovered_leases = self.ledger.recover(self.ledger.incarnation + 1, now=now)
         self.compact()
 
+    def poll_wait(self, remaining: float, overdue: float) -> float:
+        """How long a parked long poll may sleep before it looks again: at most ``remaining``, and no
+        later than the ledger's next deadline still ahead (a lease or grant ending may free groups).
+
+        A deadline already past is the sweeper's to apply, and the host notifies its waiters when the
+        sweeper changes anything; such a deadline bounds the sleep by ``overdue`` (the sweeper's
+        interval) rather than making the poll spin while, say, a slow delete holds the sweeper.
+        """
+        nxt = self.ledger.next_deadline()
+        if nxt is None:
+            return remaining
+        ahead = nxt - self.clock()
+        return min(remaining, max(0.001, ahead) if ahead > 0 else overdue)
+
     @property
     def incarnation(self) -> int:
         """The ledger's current incarnation (increases by one per recovery)."""

@@ -355,9 +355,7 @@ class LocalController:
                 remaining = end - time.monotonic()
                 if lease is not None or remaining <= 0:
                     return lease
-                nxt = self._core.ledger.next_deadline()
-                if nxt is not None:
-                    remaining = min(remaining, max(0.001, nxt - self._core.clock()))
+                remaining = self._core.poll_wait(remaining, self._sweep_interval)
                 if abandoned is not None:
                     remaining = min(remaining, POLL_CHECK)
                 self._cond.wait(remaining)

@@ -248,9 +248,7 @@ class ControllerActor:
             remaining = end - time.monotonic()
             if lease is not None or remaining <= 0:
                 return ("ok", lease)
-            nxt = self._core.ledger.next_deadline()
-            if nxt is not None:
-                remaining = min(remaining, max(0.001, nxt - time.time()))
+            remaining = self._core.poll_wait(remaining, self._sweep_interval)
             event = self._ensure_started()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), remaining)

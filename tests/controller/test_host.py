@@ -105,6 +105,40 @@ def test_long_poll_acquire_wakes_when_a_group_is_published():
         assert result["waited"] < 4.0
 
 
+def test_a_parked_acquire_does_not_spin_while_a_slow_delete_holds_the_sweeper():
+    """A delete that falls due while the sweeper is stuck in a slow one stays overdue until the sweeper
+    comes back; a trainer parked meanwhile sleeps in the sweeper's interval, not 1 ms at a time (it used
+    to wake about 500 times in half a second, each retry taking the host's lock)."""
+    entered, unblock = threading.Event(), threading.Event()
+
+    def slow_deleter(work):
+        entered.set()
+        unblock.wait(30.0)  # a storage server that answers late
+
+    with LocalController(deleter=slow_deleter, sweep_interval=0.05) as host:
+        client = ControllerClient(host, timeout=10.0)
+        _setup(client)
+        _put(client, 2)
+        _train(client, client.acquire("j", "t", max_groups=1))
+        assert entered.wait(10.0)  # the sweeper is now inside the slow delete
+        _train(client, client.acquire("j", "t", max_groups=1))
+        due = host._core.ledger.next_deadline()
+        assert due is not None
+        assert due <= time.time()  # the second delete is overdue
+        applied = []
+        real_apply = host._apply
+
+        def counting_apply(command):
+            applied.append(command.name)
+            return real_apply(command)
+
+        host._apply = counting_apply
+        assert client.acquire("j", "t", max_groups=1, wait=0.5) is None
+        unblock.set()
+    acquires = applied.count("acquire")
+    assert 1 <= acquires <= 20  # 0.5 s in 0.05 s sleeps, plus the first try and a wake or two
+
+
 def test_long_poll_acquire_gives_up_after_wait():
     with LocalController() as host:
         client = ControllerClient(host)
